@@ -1,0 +1,1 @@
+"""CUDA kernels: ``simt`` (CUDA cores, readable), ``tc`` (tensor cores), ``naive`` (baseline)."""

@@ -1,0 +1,1 @@
+"""CUDA-core kernels: the textbook versions of every algorithm in the project."""

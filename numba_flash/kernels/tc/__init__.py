@@ -1,0 +1,1 @@
+"""Tensor-core kernels (mma.sync through inline PTX, see ``ptx.py``)."""
