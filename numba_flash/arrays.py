@@ -1,0 +1,212 @@
+"""Device-array adapter: CuPy, Numba, torch and (under the simulator) NumPy, zero copy.
+
+Every public call turns its array arguments into ``Tensor`` records first. A record keeps the
+caller's object, the library it came from, the element format (``float16``, ``bfloat16``,
+``float32`` or ``int32``), the shape, strides in elements, and a *storage view*: the Numba device
+array (a NumPy array under the simulator) that kernels receive. 16-bit floats are viewed as
+``uint16`` bits, so one kernel body serves float16 and bfloat16 (kernels/primitives.py converts).
+Views share memory with the caller's array: nothing is copied, and strided views (say ``q`` sliced
+out of a packed ``qkv`` tensor) keep their strides. Only the last dimension must be contiguous.
+
+Outputs are allocated in the library of a given input and launched on that library's current
+stream, so CuPy code gets CuPy arrays back and torch code gets torch tensors on its own stream.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import config, cuda
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+FLOAT_FORMATS = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One adapted array argument."""
+
+    name: str        # argument name, for error messages
+    obj: object      # the caller's array
+    lib: str         # "cupy" | "torch" | "numba" | "numpy"
+    fmt: str         # "float16" | "bfloat16" | "float32" | "int32" | other dtype name
+    shape: tuple
+    strides: tuple   # in elements
+    view: object     # what kernels receive
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+
+def _library(x):
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("cupy", "torch", "numpy"):
+        return mod
+    if cuda.is_cuda_array(x) or type(x).__name__ in ("DeviceNDArray", "FakeCUDAArray"):
+        return "numba"
+    return None
+
+
+def _format(dtype_name):
+    return {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "int32": "int32"}.get(
+        dtype_name, dtype_name)
+
+
+def _torch_dtype_name(t):
+    return str(t.dtype).replace("torch.", "")
+
+
+def adapt(x, name):
+    """Adapt one array argument; ``TypeError`` naming ``name`` if it is not a usable array."""
+    lib = _library(x)
+    if lib is None:
+        raise TypeError(f"{name}: expected a CuPy array, torch CUDA tensor or Numba device array, "
+                        f"got {type(x).__name__}")
+    if lib == "numpy" and not SIMULATOR:
+        raise TypeError(f"{name}: got a host NumPy array; pass a device array instead "
+                        f"(e.g. cupy.asarray({name}) or numba.cuda.to_device({name}))")
+    if lib == "torch":
+        return _adapt_torch(x, name)
+    if lib == "numba" and SIMULATOR:
+        host = _sim_device_view(x)
+        return _adapt_numpy_like(host, name, "numba", obj=x, view_of=host)
+    if lib == "numpy":
+        return _adapt_numpy_like(x, name, "numpy", obj=x, view_of=x)
+    if lib == "cupy":
+        return _adapt_numpy_like(x, name, "cupy", obj=x, view_of=None)
+    return _adapt_numpy_like(x, name, "numba", obj=x, view_of=x)
+
+
+def _sim_device_view(x):
+    """The NumPy array behind a simulator device array (it is what simulated kernels index)."""
+    return getattr(x, "_ary", x)
+
+
+def _adapt_numpy_like(x, name, lib, obj, view_of):
+    dtype = np.dtype(x.dtype)
+    fmt = _format(dtype.name)
+    itemsize = dtype.itemsize
+    shape = tuple(int(s) for s in x.shape)
+    strides = tuple(int(s) // itemsize for s in x.strides)
+    view = None
+    if fmt in FLOAT_FORMATS or fmt == "int32":
+        storage = np.uint16 if itemsize == 2 else dtype
+        if lib == "cupy":
+            view = cuda.as_cuda_array(x.view(storage) if itemsize == 2 else x, sync=False)
+        else:
+            view = view_of.view(storage) if itemsize == 2 else view_of
+    return Tensor(name, obj, lib, fmt, shape, strides, _sim_wrap(view))
+
+
+def _sim_wrap(view):
+    """Under the simulator, hand kernels the NumPy memory itself: a plain NumPy argument would be
+    copied in and out (and refused when strided)."""
+    if SIMULATOR and isinstance(view, np.ndarray):
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(view)
+    return view
+
+
+def _adapt_torch(x, name):
+    import torch
+
+    fmt = _format(_torch_dtype_name(x))
+    shape = tuple(int(s) for s in x.shape)
+    strides = tuple(int(s) for s in x.stride())
+    if not x.is_cuda and not SIMULATOR:
+        raise TypeError(f"{name}: got a torch tensor on {x.device}; move it to the GPU (.cuda())")
+    view = None
+    if fmt in FLOAT_FORMATS or fmt == "int32":
+        bits = x.view(torch.int16) if x.element_size() == 2 else x
+        if x.is_cuda:
+            view = cuda.as_cuda_array(bits, sync=False)
+            if x.element_size() == 2:
+                view = view.view(np.uint16)
+        else:
+            view = bits.detach().numpy()
+            if x.element_size() == 2:
+                view = view.view(np.uint16)
+    return Tensor(name, x, "torch", fmt, shape, strides, _sim_wrap(view))
+
+
+# ----------------------------------------------------------------------------- output allocation
+
+def empty(like, shape, fmt, name):
+    """Allocate an array of ``shape`` and element format ``fmt`` in the library of ``like``."""
+    lib = like.lib
+    if lib == "torch":
+        import torch
+
+        dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+              "int32": torch.int32}[fmt]
+        obj = torch.empty(shape, dtype=dt, device=like.obj.device)
+        return _adapt_torch(obj, name)
+    dt = numpy_dtype(fmt)
+    if lib == "cupy":
+        import cupy
+
+        obj = cupy.empty(shape, dtype=dt)
+        return _adapt_numpy_like(obj, name, "cupy", obj=obj, view_of=None)
+    if lib == "numba" and not SIMULATOR:
+        obj = cuda.device_array(shape, dtype=dt)
+        return _adapt_numpy_like(obj, name, "numba", obj=obj, view_of=obj)
+    obj = np.empty(shape, dtype=dt)
+    if lib == "numba":
+        dev = cuda.to_device(obj)
+        return _adapt_numpy_like(obj, name, "numba", obj=dev, view_of=_sim_device_view(dev))
+    return _adapt_numpy_like(obj, name, "numpy", obj=obj, view_of=obj)
+
+
+def numpy_dtype(fmt):
+    """NumPy dtype for an element format (bfloat16 through ml_dtypes)."""
+    if fmt == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(fmt)
+
+
+# ----------------------------------------------------------------------------- streams
+
+_external_streams = {}
+
+
+def stream_of(t, stream=None):
+    """The stream to launch on: ``stream`` if given, else the current stream of ``t``'s library."""
+    if SIMULATOR:
+        return 0
+    if stream is not None:
+        return _numba_stream(stream)
+    if t.lib == "cupy":
+        import cupy
+
+        return _external(cupy.cuda.get_current_stream().ptr)
+    if t.lib == "torch":
+        import torch
+
+        return _external(torch.cuda.current_stream(t.obj.device).cuda_stream)
+    return cuda.default_stream()
+
+
+def _numba_stream(stream):
+    """Accept a Numba stream, a CuPy / torch stream object, or a raw ``cudaStream_t`` integer."""
+    if hasattr(stream, "handle") and hasattr(stream, "synchronize") and not hasattr(stream, "ptr"):
+        if type(stream).__module__.startswith("numba"):
+            return stream
+    for attr in ("ptr", "cuda_stream"):
+        if hasattr(stream, attr):
+            return _external(int(getattr(stream, attr)))
+    if isinstance(stream, int):
+        return _external(stream)
+    raise TypeError(f"stream: expected a Numba, CuPy or torch stream or an int handle, "
+                    f"got {type(stream).__name__}")
+
+
+def _external(ptr):
+    s = _external_streams.get(ptr)
+    if s is None:
+        s = cuda.default_stream() if ptr == 0 else cuda.external_stream(ptr)
+        _external_streams[ptr] = s
+    return s

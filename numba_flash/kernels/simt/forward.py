@@ -1,0 +1,209 @@
+"""FlashAttention forward on CUDA cores: the textbook kernel (chapter 9.4.3, FA2 loop order).
+
+What it computes
+    For one (batch, query head) and one tile of BLOCK_M query rows ``Q_i``, the kernel streams
+    the key/value tiles ``K_j, V_j`` (BLOCK_N rows each) through shared memory and keeps the
+    online-softmax state of each row in registers:
+
+        S_ij = Q_i K_j^T * scale                      (never written to global memory)
+        m_new = max(m_i, rowmax(S_ij))
+        P_ij = exp(S_ij - m_new)
+        l_i  = l_i * exp(m_i - m_new) + rowsum(P_ij)
+        O_i  = O_i * exp(m_i - m_new) + P_ij V_j
+        m_i  = m_new
+    and finally writes ``O_i / l_i`` and ``lse_i = m_i + log(l_i)`` (the statistic the backward
+    pass needs to recompute P). Exponentials run in base 2: Q is pre-multiplied by
+    ``scale * log2(e)`` so each ``exp`` is one ``ex2`` instruction.
+
+Grid / block mapping
+    grid = (ceil(Sq / BLOCK_M), B * Hq); block = 128 threads. Query head ``h`` reads kv head
+    ``h // (Hq // Hk)`` (GQA/MQA). Thread ``t`` owns the register micro-tile of rows
+    ``(t >> 3) * TM + i`` (TM = BLOCK_M / 16) and, in S, the columns ``(t & 7) + 8 j``
+    (TN = BLOCK_N / 8 of them), in O the columns ``(t & 7) + 8 j`` (TD = HEAD_DIM / 8). Each row
+    is shared by the 8 consecutive lanes with the same ``t >> 3``, so a row maximum is three
+    ``shfl_xor`` steps and the row sum is reduced only once, after the loop (each lane keeps a
+    partial ``l_i``: the rescale factor is uniform across the row). A micro-tile of TM x TN
+    outputs reads TM + TN shared-memory words per step of the dot product: that ratio, not the
+    FLOP count, is what limits a CUDA-core attention kernel.
+
+Shared memory (float32 words, dynamic, see launch.forward_config)
+    Q^T  HEAD_DIM x (BLOCK_M + 1)   transposed so a warp reads consecutive words; +1 pads the
+                                    transposing writes off one bank
+    K^T  HEAD_DIM x (BLOCK_N + 1)   idem
+    V    BLOCK_N x HEAD_DIM
+    P    BLOCK_M x (BLOCK_N + P_PAD) P is scattered over the threads of a row, so PV reads it
+                                    back from shared memory; P_PAD keeps those reads conflict-free
+    e.g. 64 KiB at HEAD_DIM = 64 (BLOCK_M = BLOCK_N = 64): above the 48 KiB static limit, hence
+    the opt-in in launch.py.
+
+Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq)
+    KV tiles wholly above the diagonal are never loaded; masking is applied only on tiles that
+    cross the diagonal or the ragged end of the sequence. Rows with no visible key get
+    ``out = 0`` and ``lse = +inf``.
+
+Limits
+    HEAD_DIM a multiple of 8 up to 256; any Sq, Sk; strides other than the last honoured.
+    Accumulation in float32; inputs float16 / bfloat16 (as uint16 bits) or float32.
+"""
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from .. import primitives as prim
+
+THREADS = 128
+LANES_PER_ROW = 8  # threads sharing one query row
+ROW_GROUPS = THREADS // LANES_PER_ROW
+
+
+def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """Offsets (in float32 words) of the four shared tiles and the total size in words."""
+    tm = BLOCK_M // ROW_GROUPS
+    # Smallest P_PAD that puts the TM-row stride of the four row groups of a warp on banks
+    # 0, 8, 16, 24: the P reads of PV are then free of bank conflicts.
+    p_pad = next(p for p in range(32) if (tm * (BLOCK_N + p)) % 32 == 8)
+    q_stride, k_stride, p_stride = BLOCK_M + 1, BLOCK_N + 1, BLOCK_N + p_pad
+    q_off = 0
+    k_off = q_off + HEAD_DIM * q_stride
+    v_off = k_off + HEAD_DIM * k_stride
+    p_off = v_off + BLOCK_N * HEAD_DIM
+    words = p_off + BLOCK_M * p_stride
+    return dict(q_off=q_off, k_off=k_off, v_off=v_off, p_off=p_off, q_stride=q_stride,
+                k_stride=k_stride, p_stride=p_stride, words=words)
+
+
+@lru_cache(maxsize=None)
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+    """Python kernel function specialised for one configuration (compile with launch.compile)."""
+    assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
+    TM = BLOCK_M // ROW_GROUPS
+    TN = BLOCK_N // LANES_PER_ROW
+    TD = HEAD_DIM // LANES_PER_ROW
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
+    Q_OFF, K_OFF, V_OFF, P_OFF = lay["q_off"], lay["k_off"], lay["v_off"], lay["p_off"]
+    Q_STRIDE, K_STRIDE, P_STRIDE = lay["q_stride"], lay["k_stride"], lay["p_stride"]
+    SCRATCH = prim.scratch_size(THREADS)
+    load, store = prim.loader(FMT), prim.storer(FMT)
+    shfl_xor = prim.shfl_xor
+    NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
+    ZERO, ONE = float32(0.0), float32(1.0)
+
+    def flash_fwd_simt(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
+        smem = cuda.shared.array(0, float32)
+        scratch = cuda.shared.array(SCRATCH, float32)
+        tid = cuda.threadIdx.x
+        lane = tid & (LANES_PER_ROW - 1)
+        row0 = (tid >> 3) * TM  # first of this thread's TM rows within the tile
+        m0 = cuda.blockIdx.x * BLOCK_M
+        b = cuda.blockIdx.y // n_heads_q
+        h = cuda.blockIdx.y - b * n_heads_q
+        hk = h // group
+
+        # Q_i -> shared (transposed), pre-scaled so that S is in base-2 units.
+        for idx in range(tid, BLOCK_M * HEAD_DIM, THREADS):
+            r = idx // HEAD_DIM
+            d = idx - r * HEAD_DIM
+            x = ZERO
+            if m0 + r < seqlen_q:
+                x = load(q[b, m0 + r, h, d]) * scale_log2
+            smem[Q_OFF + d * Q_STRIDE + r] = x
+
+        # Per-thread online-softmax state, all in registers.
+        m_i = cuda.local.array(TM, float32)
+        l_i = cuda.local.array(TM, float32)
+        O_i = cuda.local.array((TM, TD), float32)
+        S = cuda.local.array((TM, TN), float32)
+        for i in range(TM):
+            m_i[i] = NEG_INF
+            l_i[i] = ZERO
+            for jd in range(TD):
+                O_i[i, jd] = ZERO
+
+        # Keys this tile of queries may see: all of them, or (causal) up to the diagonal.
+        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        kv_end = seqlen_k
+        if CAUSAL:
+            kv_end = min(seqlen_k, m0 + BLOCK_M + diag)
+        for n0 in range(0, kv_end, BLOCK_N):
+            cuda.syncthreads()  # the previous tile's K, V, P are no longer read
+            # K_j (transposed) and V_j -> shared; rows past the end are zeros.
+            for idx in range(tid, BLOCK_N * HEAD_DIM, THREADS):
+                c = idx // HEAD_DIM
+                d = idx - c * HEAD_DIM
+                kx = ZERO
+                vx = ZERO
+                if n0 + c < seqlen_k:
+                    kx = load(k[b, n0 + c, hk, d])
+                    vx = load(v[b, n0 + c, hk, d])
+                smem[K_OFF + d * K_STRIDE + c] = kx
+                smem[V_OFF + c * HEAD_DIM + d] = vx
+            cuda.syncthreads()
+
+            # S_ij = Q_i K_j^T: each thread its TM x TN micro-tile.
+            for i in range(TM):
+                for j in range(TN):
+                    S[i, j] = ZERO
+            for d in range(HEAD_DIM):
+                for i in range(TM):
+                    a = smem[Q_OFF + d * Q_STRIDE + row0 + i]
+                    for j in range(TN):
+                        S[i, j] += a * smem[K_OFF + d * K_STRIDE + lane + LANES_PER_ROW * j]
+
+            # Mask only tiles that cross the ragged end or the causal diagonal.
+            needs_mask = n0 + BLOCK_N > seqlen_k
+            if CAUSAL:
+                needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
+            if needs_mask:
+                for i in range(TM):
+                    for j in range(TN):
+                        col = n0 + lane + LANES_PER_ROW * j
+                        if col >= seqlen_k or (CAUSAL and col > m0 + row0 + i + diag):
+                            S[i, j] = NEG_INF
+
+            # Online softmax: new row maxima, rescale the old state, P_ij = exp2(S - m_new).
+            for i in range(TM):
+                mx = S[i, 0]
+                for j in range(1, TN):
+                    mx = max(mx, S[i, j])
+                mx = max(mx, shfl_xor(mx, 1, scratch, tid))
+                mx = max(mx, shfl_xor(mx, 2, scratch, tid))
+                mx = max(mx, shfl_xor(mx, 4, scratch, tid))
+                m_new = max(m_i[i], mx)
+                base = m_new if m_new != NEG_INF else ZERO  # a row with nothing visible yet
+                alpha = math.exp2(m_i[i] - base)
+                m_i[i] = m_new
+                row_sum = ZERO
+                for j in range(TN):
+                    p = math.exp2(S[i, j] - base)
+                    row_sum += p
+                    smem[P_OFF + (row0 + i) * P_STRIDE + lane + LANES_PER_ROW * j] = p
+                l_i[i] = l_i[i] * alpha + row_sum
+                for jd in range(TD):
+                    O_i[i, jd] *= alpha
+            cuda.syncthreads()
+
+            # O_i += P_ij V_j
+            for c in range(BLOCK_N):
+                for i in range(TM):
+                    p = smem[P_OFF + (row0 + i) * P_STRIDE + c]
+                    for jd in range(TD):
+                        O_i[i, jd] += p * smem[V_OFF + c * HEAD_DIM + lane + LANES_PER_ROW * jd]
+
+        # Epilogue: the full row sums, O_i / l_i and lse_i (natural log).
+        for i in range(TM):
+            l = l_i[i]
+            l += shfl_xor(l, 1, scratch, tid)
+            l += shfl_xor(l, 2, scratch, tid)
+            l += shfl_xor(l, 4, scratch, tid)
+            r = m0 + row0 + i
+            if r < seqlen_q:
+                inv = ONE / l if l > ZERO else ZERO
+                for jd in range(TD):
+                    out[b, r, h, lane + LANES_PER_ROW * jd] = store(O_i[i, jd] * inv)
+                if lane == 0:
+                    lse[b, h, r] = (m_i[i] + math.log2(l)) * LN2 if l > ZERO else POS_INF
+
+    return flash_fwd_simt

@@ -1,0 +1,155 @@
+"""Float64 NumPy references: the ground truth every kernel is tested against.
+
+They compute the same functions as the kernels, densely and in double precision, with the
+conventions of API.md: bottom-right causal alignment, GQA head mapping, natural-log lse, and
+rows with no key to attend giving ``out = 0`` and ``lse = +inf``.
+"""
+
+import numpy as np
+
+
+def to_float64(x):
+    """Any NumPy float array (float16, ml_dtypes.bfloat16, float32, ...) as float64."""
+    return np.asarray(x).astype(np.float32).astype(np.float64)
+
+
+def causal_mask(sq, sk):
+    """Boolean (sq, sk) mask of allowed keys: query i sees keys j <= i + sk - sq."""
+    return np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
+
+
+def _expand_kv(x, hq):
+    """(B, Sk, Hk, D) -> (B, Sk, Hq, D): query head h reads kv head h // (Hq // Hk)."""
+    return np.repeat(x, hq // x.shape[2], axis=2)
+
+
+def _scores(q, k, causal, softmax_scale):
+    """Scaled scores (B, Hq, Sq, Sk) in float64, masked keys at -inf."""
+    hq, d = q.shape[2], q.shape[3]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    s = np.einsum("bqhd,bkhd->bhqk", to_float64(q), to_float64(_expand_kv(k, hq))) * scale
+    if causal:
+        s = np.where(causal_mask(q.shape[1], k.shape[1]), s, -np.inf)
+    return s
+
+
+def _softmax(s):
+    """Row softmax of float64 scores and its natural-log lse; rows with no key give 0 and +inf."""
+    m = s.max(axis=-1, keepdims=True)
+    empty = ~np.isfinite(m)
+    p = np.exp(s - np.where(empty, 0.0, m))
+    l = np.where(empty, 1.0, p.sum(axis=-1, keepdims=True))
+    probs = np.where(empty, 0.0, p / l)
+    lse = np.where(empty, np.inf, m + np.log(l))[..., 0]
+    return probs, lse
+
+
+def attention_fwd_ref(q, k, v, causal=False, softmax_scale=None):
+    """Exact attention. Returns ``out (B, Sq, Hq, D)`` and ``lse (B, Hq, Sq)``, both float64."""
+    p, lse = _softmax(_scores(q, k, causal, softmax_scale))
+    out = np.einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
+    return out, lse
+
+
+def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None):
+    """Gradients of ``sum(out * dout)`` for exact attention: ``dq, dk, dv`` (float64).
+
+    dk and dv have k's shape: a kv head sums the gradients of every query head of its group.
+    """
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    p, _ = _softmax(_scores(q, k, causal, softmax_scale))
+    do = to_float64(dout)
+    ke, ve = to_float64(_expand_kv(k, hq)), to_float64(_expand_kv(v, hq))
+    dv = np.einsum("bhqk,bqhd->bkhd", p, do)
+    dp = np.einsum("bqhd,bkhd->bhqk", do, ve)
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, to_float64(q)) * scale
+    group = hq // hk
+    return (dq, dk.reshape(b, sk, hk, group, d).sum(axis=3),
+            dv.reshape(b, sk, hk, group, v.shape[-1]).sum(axis=3))
+
+
+def attention_lowp(q, k, v, causal=False, softmax_scale=None):
+    """Plain three-step attention with S, P and O each rounded to the inputs' dtype (float64 out).
+
+    DESIGN.md's tolerance rule compares a kernel's error with this one's: a flash kernel must be
+    no worse than twice what the textbook algorithm loses in the same precision.
+    """
+    dt = np.asarray(q).dtype
+    s = to_float64(_scores(q, k, False, softmax_scale).astype(dt))
+    if causal:
+        s = np.where(causal_mask(q.shape[1], k.shape[1]), s, -np.inf)
+    p, _ = _softmax(s)
+    out = np.einsum("bhqk,bkhd->bqhd", to_float64(p.astype(dt)), to_float64(_expand_kv(v, q.shape[2])))
+    return to_float64(out.astype(dt))
+
+
+def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale=None,
+                   causal=False):
+    """Exact paged MLA decode (FlashMLA's ``flash_mla_with_kvcache``) in float64.
+
+    ``q (b, s_q, h_q, d)``; ``k_cache (num_blocks, page_block_size, h_kv, d)``, V being
+    ``k_cache[..., :head_dim_v]``; ``block_table (b, max_blocks_per_seq)``; ``cache_seqlens (b,)``.
+    Sequence ``i`` is the first ``cache_seqlens[i]`` rows of its pages
+    ``block_table[i, :ceil(seqlen / page_block_size)]`` laid end to end: later table entries and
+    later slots of the last page are never read (they may hold garbage or NaN). Query head ``h``
+    reads kv head ``h // (h_q // h_kv)``. With ``causal`` (meaningful for ``s_q > 1``) query token
+    ``t`` sees keys ``< seqlen - (s_q - 1 - t)``. A row with no key gets ``out = 0``,
+    ``lse = +inf``. Returns ``out (b, s_q, h_q, head_dim_v)`` and natural-log ``lse (b, h_q, s_q)``,
+    both float64.
+    """
+    q64 = to_float64(q)
+    if q64.ndim != 4:
+        raise ValueError(f"q: expected shape (b, s_q, h_q, d), got {q64.shape}")
+    b, s_q, h_q, d = q64.shape
+    kc = np.asarray(k_cache)
+    if kc.ndim != 4 or kc.shape[3] != d:
+        raise ValueError(f"k_cache: expected shape (num_blocks, page_block_size, h_kv, {d}), "
+                         f"got {kc.shape}")
+    num_blocks, page, h_kv = kc.shape[:3]
+    if h_kv < 1 or h_q % h_kv:
+        raise ValueError(f"k_cache: h_kv = {h_kv} must divide h_q = {h_q}")
+    if not 1 <= head_dim_v <= d:
+        raise ValueError(f"head_dim_v: expected 1 <= head_dim_v <= {d}, got {head_dim_v}")
+    table = np.asarray(block_table)
+    seqlens = np.asarray(cache_seqlens)
+    if seqlens.shape != (b,):
+        raise ValueError(f"cache_seqlens: expected shape ({b},), got {seqlens.shape}")
+    if table.ndim != 2 or table.shape[0] != b:
+        raise ValueError(f"block_table: expected shape ({b}, max_blocks_per_seq), "
+                         f"got {table.shape}")
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    group = h_q // h_kv
+
+    out = np.zeros((b, s_q, h_q, head_dim_v))
+    lse = np.full((b, h_q, s_q), np.inf)
+    for i in range(b):
+        n = int(seqlens[i])
+        if n < 0:
+            raise ValueError(f"cache_seqlens: expected lengths >= 0, got {n} at index {i}")
+        if n == 0:
+            continue
+        used = -(-n // page)
+        if used > table.shape[1]:
+            raise ValueError(f"block_table: sequence {i} of length {n} needs {used} pages, "
+                             f"the table has {table.shape[1]} columns")
+        pages = table[i, :used].astype(np.int64)
+        if pages.min() < 0 or pages.max() >= num_blocks:
+            raise ValueError(f"block_table: row {i} points outside k_cache's {num_blocks} blocks")
+        kv = to_float64(kc[pages]).reshape(used * page, h_kv, d)[:n]  # (n, h_kv, d), only real rows
+        kv = np.repeat(kv, group, axis=1)  # (n, h_q, d): query head h reads kv head h // group
+        s = np.einsum("thd,nhd->htn", q64[i], kv) * scale  # (h_q, s_q, n)
+        for t in range(s_q):
+            visible = n - (s_q - 1 - t) if causal else n
+            if visible <= 0:
+                continue  # no key: out stays 0, lse stays +inf
+            st = s[:, t, :visible]
+            m = st.max(axis=-1, keepdims=True)
+            p = np.exp(st - m)
+            l = p.sum(axis=-1, keepdims=True)
+            lse[i, :, t] = (m + np.log(l))[:, 0]
+            out[i, t] = np.einsum("hn,nhd->hd", p / l, kv[:visible, :, :head_dim_v])
+    return out, lse
