@@ -1,9 +1,21 @@
 """numba_flash: exact FlashAttention and FlashMLA-style paged decode in pure-Python numba.cuda.
 
-The public API (shared/API.md) is what this module exports; everything else is internal.
+The public API (shared/API.md) is what this module exports; everything else is internal. The
+names are resolved lazily, so importing the package does not import Numba: ``python -m
+numba_flash`` and the test suite can still choose Numba's CUDA simulator when there is no GPU.
 """
 
-from .api import flash_attn_fwd, flash_attn_func
-
-__all__ = ["flash_attn_fwd", "flash_attn_func"]
 __version__ = "0.1.0"
+__all__ = ["flash_attn_fwd", "flash_attn_func"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'numba_flash' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

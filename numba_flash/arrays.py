@@ -43,7 +43,7 @@ def _library(x):
     mod = type(x).__module__.split(".")[0]
     if mod in ("cupy", "torch", "numpy"):
         return mod
-    if cuda.is_cuda_array(x) or type(x).__name__ in ("DeviceNDArray", "FakeCUDAArray"):
+    if getattr(x, "__cuda_ndarray__", False):  # Numba device arrays (simulated ones too)
         return "numba"
     return None
 

@@ -1,18 +1,15 @@
 """Decides where the suite runs: real kernels on a GPU, or Numba's CUDA simulator without one.
 
-The choice has to be made before numba.cuda is imported, so _env.py is loaded by path (importing
-the numba_flash package would import Numba first).
+The choice has to be made before numba.cuda is first imported (importing numba_flash does not
+import Numba, see its __init__).
 """
 
-import importlib.util
 import pathlib
 import sys
 
-_spec = importlib.util.spec_from_file_location(
-    "_numba_flash_env", pathlib.Path(__file__).parents[1] / "numba_flash" / "_env.py")
-_env = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_env)
-SIMULATOR = _env.use_simulator_without_gpu()
+from numba_flash._env import use_simulator_without_gpu
+
+SIMULATOR = use_simulator_without_gpu()
 
 # The simulator runs every CUDA thread as a Python thread; a short switch interval makes its
 # barriers several times faster.

@@ -85,6 +85,7 @@ Summary of the API (``fmt`` is ``"float16"`` or ``"bfloat16"``; 16-bit data are 
     pack_f16x2(lo, hi) / pack_bf16x2(lo, hi) / pack(fmt)         two float32 -> uint32
     unpack_f16x2(r) / unpack_bf16x2(r) / unpack(fmt)             uint32 -> (lo, hi) float32
     exp2_approx(x)                                               ex2.approx.ftz.f32
+    emulate_mma(a_words, b_words, c, fmt), emulate_ldmatrix(...) NumPy, one whole warp (host)
 
 ``smem`` is a C-contiguous shared array of any rank and ``offset`` a flat element offset into it
 (``row * row_stride + col``); ``gmem`` is a global array indexed as usual (an int for 1-D, a tuple
@@ -129,6 +130,78 @@ def ldmatrix_b_rowcol(lane):
     return ((lane >> 4) << 3) | (lane & 7), ((lane >> 3) & 1) << 3
 
 
+# ---- The instructions' semantics in NumPy, one warp at a time --------------------------------
+# The simulator's emulations below call these, and the GPU tests compare the real instructions
+# against them on the same inputs.
+
+_LANE = np.arange(32)[:, None]
+_GROUP, _IN_GROUP = _LANE >> 2, _LANE & 3
+_I8 = np.arange(8)[None, :]  # a0..a7
+_A_ROW = _GROUP + 8 * ((_I8 >> 1) & 1)  # (32, 8): row of A that lane's a_i holds
+_A_COL = 2 * _IN_GROUP + (_I8 & 1) + 8 * (_I8 >> 2)
+_I4 = np.arange(4)[None, :]  # b0..b3 and c0..c3
+_B_ROW = 2 * _IN_GROUP + (_I4 & 1) + 8 * (_I4 >> 1)  # (32, 4): row (k) of B that b_i holds
+_B_COL = _GROUP + 0 * _I4
+_C_ROW = _GROUP + 8 * (_I4 >> 1)  # (32, 4): row of C/D that c_i holds
+_C_COL = 2 * _IN_GROUP + (_I4 & 1)
+
+
+def _bits_to_f64(bits, fmt):
+    """uint16 bit patterns of format ``fmt`` -> float64 values."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    if fmt == "bfloat16":
+        return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+    return bits.view(np.float16).astype(np.float64)
+
+
+def _warp_tiles(a_words, b_words, fmt):
+    """The 16x16 A and 16x8 B tiles (float64) held by a warp's A and B fragments."""
+    # Little-endian: the low half of each register is the lower-numbered element.
+    a_bits = np.ascontiguousarray(a_words, dtype=np.uint32).view(np.uint16)  # (32, 8)
+    b_bits = np.ascontiguousarray(b_words, dtype=np.uint32).view(np.uint16)  # (32, 4)
+    A = np.zeros((16, 16), np.float64)
+    B = np.zeros((16, 8), np.float64)
+    A[_A_ROW, _A_COL] = _bits_to_f64(a_bits, fmt)
+    B[_B_ROW, _B_COL] = _bits_to_f64(b_bits, fmt)
+    return A, B
+
+
+def _lane_mma(A, B, c, lane):
+    # Products of 16-bit floats are exact in float64 and the 16-term sums nearly so: one rounding
+    # to float32 at the end, an ideal float32-accumulating tensor core.
+    rows, cols = _C_ROW[lane], _C_COL[lane]
+    return tuple(np.float32(np.dot(A[rows[i]], B[:, cols[i]]) + np.float64(c[i]))
+                 for i in range(4))
+
+
+def emulate_mma(a_words, b_words, c, fmt):
+    """What ``mma_f16`` / ``mma_bf16`` return for a whole warp: ``a_words (32, 4)`` and
+    ``b_words (32, 2)`` uint32 registers, ``c (32, 4)`` float32, row = lane -> ``(32, 4)``."""
+    A, B = _warp_tiles(a_words, b_words, fmt)
+    return np.array([_lane_mma(A, B, c[lane], lane) for lane in range(32)], np.float32)
+
+
+def _lane_ldmatrix(flat, offsets, lane, num, trans):
+    g, t = lane >> 2, lane & 3
+    out = []
+    for j in range(num):
+        if trans:  # M_j[2t][g], M_j[2t + 1][g]
+            lo = flat[int(offsets[8 * j + 2 * t]) + g]
+            hi = flat[int(offsets[8 * j + 2 * t + 1]) + g]
+        else:  # M_j[g][2t], M_j[g][2t + 1]
+            start = int(offsets[8 * j + g]) + 2 * t
+            lo, hi = flat[start], flat[start + 1]
+        out.append(np.uint32(int(lo) | (int(hi) << 16)))
+    return tuple(out)
+
+
+def emulate_ldmatrix(flat, offsets, num, trans):
+    """What ``ldmatrix_x{num}[_trans]`` returns for a whole warp reading the 16-bit array
+    ``flat`` when lane ``i`` passes ``offsets[i]`` -> ``(32, num)`` uint32."""
+    return np.array([_lane_ldmatrix(flat, offsets, lane, num, trans) for lane in range(32)],
+                    np.uint32)
+
+
 if SIMULATOR:
     import math
 
@@ -137,108 +210,88 @@ if SIMULATOR:
     from numba_flash.kernels.primitives import f32_to_bf16 as _f32_to_bf16
     from numba_flash.kernels.primitives import f32_to_f16 as _f32_to_f16
 
-    # Where each lane's 16-bit values sit in the tiles, as index arrays (lane, element) -> row/col.
-    _LANE = np.arange(32)[:, None]
-    _G, _T = _LANE >> 2, _LANE & 3
-    _I8 = np.arange(8)[None, :]  # a0..a7
-    _A_ROW = _G + 8 * ((_I8 >> 1) & 1)
-    _A_COL = 2 * _T + (_I8 & 1) + 8 * (_I8 >> 2)
-    _I4 = np.arange(4)[None, :]  # b0..b3
-    _B_ROW = 2 * _T + (_I4 & 1) + 8 * (_I4 >> 1)
-    _B_COL = _G + 0 * _I4
+    # Each emulation: barrier (everyone has finished reading the scratch of the previous call),
+    # publish this thread's registers, barrier, compute this lane's result from the warp's.
 
-    def _bits_to_f64(bits, bf16):
-        """uint16 bit patterns -> float64 values."""
-        if bf16:
-            return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
-        return bits.view(np.float16).astype(np.float64)
-
-    def _mma_emulated(a, b, c, scratch, tid, bf16):
-        lane = tid & 31
-        base = tid - lane
+    def _publish_mma(a, b, scratch, tid):
         row = SCRATCH_WORDS * tid
-        cuda.syncthreads()
         for i in range(4):
             scratch[row + i] = np.uint32(int(a[i]) & 0xFFFFFFFF)
         scratch[row + 4] = np.uint32(int(b[0]) & 0xFFFFFFFF)
         scratch[row + 5] = np.uint32(int(b[1]) & 0xFFFFFFFF)
-        cuda.syncthreads()
+
+    def _lane_mma_from_scratch(c, scratch, tid, fmt):
+        lane = tid & 31
+        base = tid - lane
         words = np.array(scratch[SCRATCH_WORDS * base:SCRATCH_WORDS * (base + 32)],
                          dtype=np.uint32).reshape(32, SCRATCH_WORDS)
-        # Little-endian: the low half of each register is the lower-numbered element.
-        a_bits = np.ascontiguousarray(words[:, :4]).view(np.uint16)  # (32, 8): a0..a7
-        b_bits = np.ascontiguousarray(words[:, 4:]).view(np.uint16)  # (32, 4): b0..b3
-        A = np.zeros((16, 16), np.float64)
-        B = np.zeros((16, 8), np.float64)
-        A[_A_ROW, _A_COL] = _bits_to_f64(a_bits, bf16)
-        B[_B_ROW, _B_COL] = _bits_to_f64(b_bits, bf16)
-        g, t = lane >> 2, lane & 3
-        rows = (g, g, g + 8, g + 8)
-        cols = (2 * t, 2 * t + 1, 2 * t, 2 * t + 1)
-        # Products of 16-bit floats are exact in float64 and the 16-term sums nearly so: one
-        # rounding to float32 at the end, like an ideal float32-accumulating tensor core.
-        d = tuple(np.float32(np.dot(A[rows[i]], B[:, cols[i]]) + np.float64(c[i]))
-                  for i in range(4))
-        return d
+        A, B = _warp_tiles(words[:, :4], words[:, 4:], fmt)
+        return _lane_mma(A, B, c, lane)
 
     @cuda.jit(device=True)
     def mma_f16(a, b, c, scratch, tid):
-        """D = A @ B + C for one 16x16x8 tile, float16 inputs, float32 accumulate (emulated)."""
-        return _mma_emulated(a, b, c, scratch, tid, False)
+        """D = A @ B + C for one m16n8k16 tile, float16 inputs, float32 accumulate (emulated)."""
+        cuda.syncthreads()
+        _publish_mma(a, b, scratch, tid)
+        cuda.syncthreads()
+        return _lane_mma_from_scratch(c, scratch, tid, "float16")
 
     @cuda.jit(device=True)
     def mma_bf16(a, b, c, scratch, tid):
-        """D = A @ B + C for one 16x16x8 tile, bfloat16 inputs, float32 accumulate (emulated)."""
-        return _mma_emulated(a, b, c, scratch, tid, True)
+        """D = A @ B + C for one m16n8k16 tile, bfloat16 inputs, float32 accumulate (emulated)."""
+        cuda.syncthreads()
+        _publish_mma(a, b, scratch, tid)
+        cuda.syncthreads()
+        return _lane_mma_from_scratch(c, scratch, tid, "bfloat16")
 
-    def _ldmatrix_emulated(smem, offset, scratch, tid, num, trans):
+    def _lane_ldmatrix_from_scratch(smem, scratch, tid, num, trans):
         lane = tid & 31
         base = tid - lane
-        cuda.syncthreads()
-        scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
-        cuda.syncthreads()
-        flat = smem.reshape(-1)
-        g, t = lane >> 2, lane & 3
-        out = []
-        for j in range(num):
-            if trans:  # M_j[2t][g], M_j[2t+1][g]
-                lo = flat[int(scratch[SCRATCH_WORDS * (base + 8 * j + 2 * t)]) + g]
-                hi = flat[int(scratch[SCRATCH_WORDS * (base + 8 * j + 2 * t + 1)]) + g]
-            else:  # M_j[g][2t], M_j[g][2t+1]
-                start = int(scratch[SCRATCH_WORDS * (base + 8 * j + g)]) + 2 * t
-                lo, hi = flat[start], flat[start + 1]
-            out.append(np.uint32(int(lo) | (int(hi) << 16)))
-        return tuple(out)
+        offsets = scratch[SCRATCH_WORDS * base:SCRATCH_WORDS * (base + 32):SCRATCH_WORDS]
+        return _lane_ldmatrix(smem.reshape(-1), offsets, lane, num, trans)
 
     @cuda.jit(device=True)
     def ldmatrix_x4(smem, offset, scratch, tid):
         """Four 8x8 matrices from shared memory in fragment layout (emulated)."""
-        return _ldmatrix_emulated(smem, offset, scratch, tid, 4, False)
+        cuda.syncthreads()
+        scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
+        cuda.syncthreads()
+        return _lane_ldmatrix_from_scratch(smem, scratch, tid, 4, False)
 
     @cuda.jit(device=True)
     def ldmatrix_x4_trans(smem, offset, scratch, tid):
         """Four 8x8 matrices, each transposed, in fragment layout (emulated)."""
-        return _ldmatrix_emulated(smem, offset, scratch, tid, 4, True)
+        cuda.syncthreads()
+        scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
+        cuda.syncthreads()
+        return _lane_ldmatrix_from_scratch(smem, scratch, tid, 4, True)
 
     @cuda.jit(device=True)
     def ldmatrix_x2(smem, offset, scratch, tid):
         """Two 8x8 matrices (rows from lanes 0-15) in fragment layout (emulated)."""
-        return _ldmatrix_emulated(smem, offset, scratch, tid, 2, False)
+        cuda.syncthreads()
+        scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
+        cuda.syncthreads()
+        return _lane_ldmatrix_from_scratch(smem, scratch, tid, 2, False)
 
     @cuda.jit(device=True)
     def ldmatrix_x2_trans(smem, offset, scratch, tid):
         """Two 8x8 matrices, each transposed (rows from lanes 0-15) (emulated)."""
-        return _ldmatrix_emulated(smem, offset, scratch, tid, 2, True)
+        cuda.syncthreads()
+        scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
+        cuda.syncthreads()
+        return _lane_ldmatrix_from_scratch(smem, scratch, tid, 2, True)
 
     @cuda.jit(device=True)
     def shared_address(smem, offset):
-        """The simulator has no shared address space: the byte offset of the element in its
-        array stands in for it."""
+        """The simulator has no shared address space: the element's byte offset in its array
+        stands in for it."""
         return np.uint32(int(offset) * smem.itemsize)
 
     def _copy16(smem, offset, gmem, index, valid):
         flat = smem.reshape(-1)
         n = CP_ASYNC_BYTES // flat.itemsize
+        offset = int(offset)
         if isinstance(index, tuple):
             head, last = tuple(index[:-1]), int(index[-1])
             for j in range(n):
@@ -296,10 +349,10 @@ if SIMULATOR:
 
     @cuda.jit(device=True)
     def exp2_approx(x):
-        """2**x in float32 (exact here; ``ex2.approx.ftz.f32`` on a GPU)."""
+        """2**x in float32 (correctly rounded here; ``ex2.approx.ftz.f32`` on a GPU)."""
         with np.errstate(over="ignore", under="ignore"):
             y = np.float32(np.exp2(np.float32(x)))
-        if math.isfinite(y) and y != 0 and abs(y) < np.float32(1.1754944e-38):
+        if math.isfinite(y) and abs(y) < np.float32(1.1754944e-38):
             y = np.float32(0.0)  # .ftz: subnormal results flush to zero
         return y
 

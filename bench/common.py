@@ -1,0 +1,120 @@
+"""Shared benchmark plumbing: FLOP/byte formulas, timing, result folders, CSV and tables.
+
+Method (DESIGN.md): every provider is checked for correctness first, then timed with CUDA events
+after a warm-up, taking the median of many runs, on inputs larger than the L2 cache. Results go to
+``bench/results/<date>-<gpu>/`` with the date, GPU, commit and command recorded beside the CSV.
+"""
+
+import csv
+import datetime
+import os
+import pathlib
+import subprocess
+import sys
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+# ----------------------------------------------------------------------------- formulas
+
+def attention_flops(batch, heads_q, seqlen_q, seqlen_k, head_dim, causal, mode="fwd"):
+    """FLOPs of exact attention: 4 B Hq Sq Sk D forward (two matmuls), halved when causal;
+    the backward does 2.5x the forward's (five matmuls instead of two)."""
+    f = 4.0 * batch * heads_q * seqlen_q * seqlen_k * head_dim
+    if causal:
+        f *= 0.5
+    return f * (2.5 if mode == "bwd" else 1.0)
+
+
+def mla_decode_flops(b, s_q, h_q, d, dv, mean_seqlen):
+    return b * h_q * s_q * (2.0 * d + 2.0 * dv) * mean_seqlen
+
+
+def mla_decode_bytes(b, s_q, h_q, h_kv, d, dv, mean_seqlen, elem=2):
+    """Fewest bytes a decode must move: q once, the latent cache once, out once."""
+    return b * (s_q * h_q * d + mean_seqlen * h_kv * d + s_q * h_q * dv) * elem
+
+
+# ----------------------------------------------------------------------------- timing
+
+def time_ms(fn, warmup_ms=25, rep_ms=200):
+    """Median milliseconds of ``fn()`` measured with CUDA events (triton.testing.do_bench)."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+# ----------------------------------------------------------------------------- results
+
+def gpu_name():
+    try:
+        import torch
+
+        return torch.cuda.get_device_name().replace(" ", "-")
+    except Exception:
+        return "cpu"
+
+
+def git_commit():
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       cwd=pathlib.Path(__file__).parent).strip()
+    except Exception:
+        return "unknown"
+
+
+def results_dir(out_dir=None):
+    """``bench/results/<date>-<gpu>/`` (created), or ``out_dir`` when given."""
+    if out_dir is None:
+        out_dir = RESULTS / f"{datetime.date.today().isoformat()}-{gpu_name()}"
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+def write_csv(path, rows):
+    """Rows (dicts with the same keys) -> CSV, with a commented header naming date, GPU, commit
+    and the command that produced them."""
+    path = pathlib.Path(path)
+    with path.open("w", newline="") as f:
+        f.write(f"# date: {datetime.datetime.now().isoformat(timespec='seconds')}\n")
+        f.write(f"# gpu: {gpu_name()}\n# commit: {git_commit()}\n")
+        f.write(f"# command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}\n")
+        if rows:
+            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            w.writeheader()
+            w.writerows(rows)
+    return path
+
+
+def read_csv(path):
+    with pathlib.Path(path).open() as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def format_table(rows, columns):
+    """Plain-text table of ``rows`` (dicts) over ``columns``."""
+    cells = [[str(c) for c in columns]] + [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+class Progress:
+    """A one-line progress bar on stderr (no dependency), e.g. ``[ 7/24] fwd fp16 D=64 N=4096``."""
+
+    def __init__(self, total):
+        self.total, self.done = total, 0
+
+    def step(self, label):
+        self.done += 1
+        end = "\n" if self.done == self.total or not sys.stderr.isatty() else ""
+        sys.stderr.write(f"\r[{self.done:>{len(str(self.total))}}/{self.total}] {label:<60}{end}")
+        sys.stderr.flush()

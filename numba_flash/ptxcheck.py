@@ -1,0 +1,193 @@
+"""Compile kernels to PTX and SASS without a GPU, and read back what the assembler reports.
+
+A kernel that will only ever run on a GPU can still be checked on a machine without one:
+``numba.cuda.compile_ptx`` runs Numba's front end and NVVM (no driver needed), and nvJitLink
+assembles the PTX for a given architecture with ``ptxas``, whose ``-verbose`` log gives the
+registers per thread, the stack frame and the bytes spilled to local memory. Spills are the
+usual sign that a register array is indexed by a run-time value or that a tile does not fit in
+the register file; the tests of the GPU-only kernels assert there are none.
+
+Numba decides between the simulator and the real CUDA target when ``numba.cuda`` is first
+imported, so under the simulator (the test suite's mode on machines without a GPU) the checks
+run in a child process: ``compile_report_isolated`` names a function by module (or file) and
+runs it there with ``NUMBA_ENABLE_CUDASIM=0`` (``compile_reports_isolated`` does several
+kernels in one child, paying for Numba's import once).
+
+    ptx, report = compile_report(kernel_py_func, signature, cc=(9, 0))
+    ptx, report = compile_report_isolated("pkg.module:make_target", cc=(9, 0), args=(...))
+    [(ptx, report), ...] = compile_reports_isolated([(spec, cc, args), ...])
+    report -> {"registers": 96, "spill_stores": 0, "spill_loads": 0, "stack": 0,
+               "smem": 16384, "lmem": 0, "barriers": 1, "functions": {...}, "log": "..."}
+"""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+_PROPERTIES = re.compile(r"Function properties for '?([^\s':]+)'?:?\s*$")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"[Uu]sed (\d+) registers(?:, used (\d+) barriers)?")
+_FINAL = re.compile(r"(\d+) stack, (\d+) bytes smem, .* (\d+) bytes lmem")
+
+
+def compile_ptx(pyfunc, signature, cc=(9, 0), **options):
+    """PTX text of a kernel (``device=False``) for compute capability ``cc``. ``pyfunc`` is the
+    Python function or a ``@cuda.jit`` dispatcher (its ``py_func`` is used); ``options`` go to
+    ``numba.cuda.compile_ptx`` (``fastmath``, ``lineinfo``, ...)."""
+    from numba import config, cuda
+
+    if config.ENABLE_CUDASIM:
+        raise RuntimeError("compile_ptx needs the real CUDA target: NUMBA_ENABLE_CUDASIM is set "
+                           "(use compile_report_isolated)")
+    pyfunc = getattr(pyfunc, "py_func", pyfunc)
+    ptx, _ = cuda.compile_ptx(pyfunc, signature, cc=cc, **options)
+    return ptx
+
+
+def assemble_report(ptx, cc=(9, 0)):
+    """Assemble PTX for ``sm_<cc>`` with nvJitLink and parse ptxas' verbose log.
+
+    Returns a dict: ``registers`` (most used by any function), ``spill_stores``,
+    ``spill_loads``, ``stack`` (bytes, summed over functions), ``smem``/``lmem`` bytes and
+    ``barriers`` of the linked kernel (when the linker reports them), ``functions``
+    ({name: {registers, spill_stores, spill_loads, stack, barriers}}) and the raw ``log``.
+    """
+    from cuda.bindings import nvjitlink
+
+    data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
+    handle = nvjitlink.create(2, ["-arch=sm_{}{}".format(*cc), "-verbose"])
+    try:
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
+        try:
+            nvjitlink.complete(handle)
+        except Exception as exc:
+            raise RuntimeError("ptxas failed:\n" + _log(nvjitlink, handle, error=True)) from exc
+        log = _log(nvjitlink, handle, error=False)
+    finally:
+        nvjitlink.destroy(handle)
+    return parse_ptxas_log(log)
+
+
+def _log(nvjitlink, handle, error):
+    size = (nvjitlink.get_error_log_size if error else nvjitlink.get_info_log_size)(handle)
+    buf = bytearray(size)
+    if size:
+        (nvjitlink.get_error_log if error else nvjitlink.get_info_log)(handle, buf)
+    return bytes(buf).rstrip(b"\0").decode(errors="replace")
+
+
+def parse_ptxas_log(log):
+    """The numbers of a ``ptxas -verbose`` / nvJitLink info log (see ``assemble_report``)."""
+    functions = {}
+    current = None
+    report = {"smem": None, "lmem": None}
+    for line in log.splitlines():
+        m = _PROPERTIES.search(line)
+        if m and line.startswith("ptxas"):
+            current = functions.setdefault(m.group(1), {
+                "registers": 0, "spill_stores": 0, "spill_loads": 0, "stack": 0, "barriers": 0})
+            continue
+        m = _FRAME.search(line)
+        if m and current is not None:
+            current["stack"], current["spill_stores"], current["spill_loads"] = map(
+                int, m.groups())
+            continue
+        m = _USED.search(line)
+        if m and line.startswith("ptxas") and current is not None:
+            current["registers"] = int(m.group(1))
+            current["barriers"] = int(m.group(2) or 0)
+            continue
+        m = _FINAL.search(line)
+        if m and not line.startswith("ptxas"):
+            report["smem"], report["lmem"] = int(m.group(2)), int(m.group(3))
+    if not functions:
+        raise ValueError("no function properties in the ptxas log:\n" + log)
+    report.update(
+        registers=max(f["registers"] for f in functions.values()),
+        spill_stores=sum(f["spill_stores"] for f in functions.values()),
+        spill_loads=sum(f["spill_loads"] for f in functions.values()),
+        stack=sum(f["stack"] for f in functions.values()),
+        barriers=max(f["barriers"] for f in functions.values()),
+        functions=functions,
+        log=log,
+    )
+    return report
+
+
+def compile_report(pyfunc, signature, cc=(9, 0), **options):
+    """``(ptx_text, report)`` for a kernel: ``compile_ptx`` then ``assemble_report``."""
+    ptx = compile_ptx(pyfunc, signature, cc=cc, **options)
+    return ptx, assemble_report(ptx, cc=cc)
+
+
+_MODULES = {}
+
+
+def _load_target(spec):
+    """``"pkg.mod:func"`` or ``"/path/to/file.py:func"`` -> the function."""
+    where, _, name = spec.rpartition(":")
+    if where in _MODULES:
+        module = _MODULES[where]
+    elif where.endswith(".py"):
+        import importlib.util
+
+        path = pathlib.Path(where)
+        mod_spec = importlib.util.spec_from_file_location("_ptxcheck_" + path.stem, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.path.insert(0, str(path.parent))
+        mod_spec.loader.exec_module(module)
+    else:
+        import importlib
+
+        module = importlib.import_module(where)
+    _MODULES[where] = module
+    return getattr(module, name)
+
+
+def _child(jobs_json):
+    """Child-process side of ``compile_reports_isolated``: prints one JSON line per job."""
+    for spec, cc, args in json.loads(jobs_json):
+        target = _load_target(spec)(*args)
+        pyfunc, signature = target[0], target[1]
+        options = target[2] if len(target) > 2 else {}
+        ptx, report = compile_report(pyfunc, signature, cc=tuple(cc), **options)
+        print("PTXCHECK-RESULT " + json.dumps({"ptx": ptx, "report": report}), flush=True)
+
+
+def compile_reports_isolated(jobs, timeout=600):
+    """``compile_report`` for several kernels in one fresh Python process with the simulator
+    off (Numba is imported once).
+
+    ``jobs`` is a list of ``(spec, cc, args)``. ``spec`` names a function,
+    ``"package.module:function"`` or ``"/path/file.py:function"``, which is called with ``*args``
+    (JSON-serialisable) in the child and returns ``(pyfunc, signature)`` or ``(pyfunc,
+    signature, compile_options)``; it builds its signature there (Numba types do not cross
+    processes). Returns a list of ``(ptx_text, report)``, one per job.
+    """
+    jobs = [(str(spec), list(cc), list(args)) for spec, cc, args in jobs]
+    env = dict(os.environ)
+    env["NUMBA_ENABLE_CUDASIM"] = "0"
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    code = "import sys; from numba_flash import ptxcheck; ptxcheck._child(sys.argv[1])"
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(jobs)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    results = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("PTXCHECK-RESULT "):
+            result = json.loads(line[len("PTXCHECK-RESULT "):])
+            results.append((result["ptx"], result["report"]))
+    if proc.returncode != 0 or len(results) != len(jobs):
+        failed = jobs[len(results)] if len(results) < len(jobs) else None
+        raise RuntimeError("PTX compile failed at job {} (exit {}):\n{}".format(
+            failed, proc.returncode, proc.stderr[-8000:]))
+    return results
+
+
+def compile_report_isolated(spec, cc=(9, 0), args=(), timeout=600):
+    """``(ptx_text, report)`` of one kernel compiled in a fresh process with the simulator off
+    (see ``compile_reports_isolated`` for ``spec`` and ``args``)."""
+    return compile_reports_isolated([(spec, cc, args)], timeout=timeout)[0]
