@@ -59,14 +59,67 @@ def simt_forward_kernel(head_dim, causal, fmt):
     return compile_kernel(pyfunc, attention_signature(fmt), tiles.shared_bytes), tiles
 
 
+# ----------------------------------------------------------------------------- SIMT backward
+
+# By head dim: (BLOCK_M, BLOCK_N) of the dK/dV kernel (BLOCK_N keys held, BLOCK_M queries
+# streamed) and of the dQ kernel (BLOCK_M queries held, BLOCK_N keys streamed). The register
+# accumulators grow as HEAD_DIM / 8 per owned row, so larger head dims own fewer rows.
+_SIMT_BWD_TILES = ((64, (32, 64), (64, 32)), (128, (32, 32), (64, 32)), (256, (32, 16), (32, 32)))
+SIMT_BACKWARD_KERNELS = ("preprocess", "dkdv", "dq")
+
+
+def simt_backward_tiles(head_dim, kernel):
+    """Tiles of one backward kernel (``preprocess``: BLOCK_M rows of D per block, no tiles)."""
+    from .kernels.simt import backward
+
+    if kernel == "preprocess":
+        return Tiles(backward.ROW_GROUPS, 0, backward.THREADS, 0)
+    _, dkdv, dq = next(t for t in _SIMT_BWD_TILES if head_dim <= t[0])
+    bm, bn = dkdv if kernel == "dkdv" else dq
+    layout = backward.dkdv_shared_layout if kernel == "dkdv" else backward.dq_shared_layout
+    return Tiles(bm, bn, backward.THREADS, 4 * layout(bm, bn, head_dim)["words"])
+
+
+def simt_backward_spec(kernel, head_dim, causal, fmt):
+    """``(pyfunc, signature, compile options)`` of one backward kernel, the form
+    ``ptxcheck.compile_report_isolated`` takes. Signatures: preprocess (out, dout, delta, Sq,
+    Hq); dkdv (q, k, v, dout, lse, delta, dk, dv, Sq, Sk, Hk, group, scale, scale_log2); dq
+    (q, k, v, dout, lse, delta, dq, Sq, Sk, Hq, group, scale, scale_log2)."""
+    from .kernels.simt import backward
+
+    t = types.Array(prim.storage_type(fmt), 4, "A")
+    f3 = types.Array(types.float32, 3, "A")
+    i32, f32 = types.int32, types.float32
+    if kernel == "preprocess":
+        return (backward.make_preprocess_kernel(head_dim, fmt),
+                types.void(t, t, f3, i32, i32), COMPILE_OPTIONS)
+    tiles = simt_backward_tiles(head_dim, kernel)
+    make = backward.make_dkdv_kernel if kernel == "dkdv" else backward.make_dq_kernel
+    grads = (t, t) if kernel == "dkdv" else (t,)
+    return (make(head_dim, tiles.BLOCK_M, tiles.BLOCK_N, causal, fmt),
+            types.void(t, t, t, t, f3, f3, *grads, i32, i32, i32, i32, f32, f32), COMPILE_OPTIONS)
+
+
+@lru_cache(maxsize=None)
+def simt_backward_kernel(kernel, head_dim, causal, fmt):
+    pyfunc, signature, _ = simt_backward_spec(kernel, head_dim, causal, fmt)
+    tiles = simt_backward_tiles(head_dim, kernel)
+    return compile_kernel(pyfunc, signature, tiles.shared_bytes), tiles
+
+
 # ----------------------------------------------------------------------------- compile & launch
+
+# Options of every kernel compile (fast math: ``exp2`` becomes one ``ex2.approx``); the PTX
+# checks compile with the same ones.
+COMPILE_OPTIONS = {"fastmath": True}
+
 
 def compile_kernel(pyfunc, signature, shared_bytes):
     """Compile ``pyfunc`` for ``signature`` (fast math: ``exp2`` becomes ``ex2.approx``) and let
     it use ``shared_bytes`` of dynamic shared memory. Under the simulator: a simulated kernel."""
     if SIMULATOR:
         return cuda.jit(pyfunc)
-    kernel = cuda.jit(signature, fastmath=True)(pyfunc)
+    kernel = cuda.jit(signature, **COMPILE_OPTIONS)(pyfunc)
     if shared_bytes > DEFAULT_SHARED_LIMIT:
         _opt_in_shared(kernel, shared_bytes)
     return kernel

@@ -16,13 +16,9 @@ def randn(rng, shape, fmt, scale=1.0):
 
 def to_device(x):
     """Host array -> what the library accepts here: NumPy under the simulator, CuPy on a GPU
-    (Numba device arrays for bfloat16, which CuPy may not support)."""
+    (CuPy holds ml_dtypes.bfloat16 arrays; Numba's to_device refuses them)."""
     if SIMULATOR:
         return x
-    if x.dtype == ml_dtypes.bfloat16:
-        from numba import cuda
-
-        return cuda.to_device(x)
     import cupy
 
     return cupy.asarray(x)

@@ -385,11 +385,16 @@ else:
                 for i in range(len(tupty))]
 
     def _shared_addr(context, builder, aryty, ary, offty, offset):
-        """32-bit shared-state-space address of element ``offset`` of a shared array."""
+        """32-bit shared-state-space address of element ``offset`` (flat) of a shared array:
+        the array's base pointer cast to address space 3 as an integer, plus the offset in
+        bytes, all in 32-bit arithmetic (shared addresses fit in 32 bits)."""
         data = context.make_array(aryty)(context, builder, value=ary).data
-        ptr = builder.gep(data, [context.cast(builder, offset, offty, types.intp)])
-        sptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, _ADDRSPACE_SHARED))
-        return builder.ptrtoint(sptr, _I32)
+        sptr = builder.addrspacecast(data, ir.PointerType(data.type.pointee, _ADDRSPACE_SHARED))
+        base = builder.ptrtoint(sptr, _I32)
+        off = context.cast(builder, offset, offty, types.int64)
+        nbytes = builder.mul(builder.trunc(off, _I32),
+                             ir.Constant(_I32, context.get_abi_sizeof(data.type.pointee)))
+        return builder.add(base, nbytes)
 
     def _global_addr(context, builder, aryty, ary, indty, index):
         """64-bit global-state-space address of ``ary[index]``."""

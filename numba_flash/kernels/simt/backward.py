@@ -1,0 +1,387 @@
+"""FlashAttention backward on CUDA cores: preprocess, then one kernel for dK/dV and one for dQ.
+
+What it computes
+    The gradients of ``O = softmax(Q K^T * scale) V`` for the incoming ``dO``, without the
+    attention matrix: every tile ``P_ij`` is recomputed from Q, K and the forward's saved ``lse``
+    (chapter 9.4.3, recomputation; chapter 9.4.5, the two-kernel backward):
+
+        D_i   = rowsum(dO_i * O_i)                        preprocess, float32 (B, Hq, Sq)
+        S_ij  = Q_i K_j^T * scale
+        P_ij  = exp(S_ij - lse_i)                          exact softmax: lse is final
+        dV_j += P_ij^T dO_i
+        dP_ij = dO_i V_j^T
+        dS_ij = P_ij * (dP_ij - D_i)                       softmax backward
+        dK_j += dS_ij^T Q_i * scale
+        dQ_i += dS_ij K_j * scale
+
+    dK/dV accumulate over query tiles and dQ over key tiles: the two directions do not share a
+    loop, so kernel 1 owns a KV tile and streams Q tiles, kernel 2 owns a Q tile and streams KV
+    tiles, and each result is written once, by one CTA. No atomics: the order of every sum is
+    fixed, so the gradients are bitwise reproducible. Exponentials run in base 2 (``S`` times
+    ``scale * log2(e)``, ``lse`` times ``log2(e)``), each one ``ex2`` instruction.
+
+Grid / block mapping (128 threads = 16 row groups x 8 lanes, as in forward.py)
+    preprocess  grid (ceil(Sq / 16), B * Hq): 8 lanes per row of O, a 3-step shuffle sum.
+    dK/dV       grid (ceil(Sk / BLOCK_N), B * Hk). Thread ``t`` owns kv rows
+                ``(t >> 3) * TN + i`` (TN = BLOCK_N / 16) of dK_j, dV_j (columns ``(t & 7) + 8 d``)
+                and of the transposed tiles S_ij^T, dP_ij^T (query columns ``(t & 7) + 8 j``).
+                The CTA loops over the query heads of its kv head's group (GQA/MQA) and, for each,
+                over the query tiles: the group's sum happens in registers.
+    dQ          grid (ceil(Sq / BLOCK_M), B * Hq). Thread ``t`` owns query rows
+                ``(t >> 3) * TM + i`` (TM = BLOCK_M / 16) of dQ_i and S_ij, dP_ij (key columns
+                ``(t & 7) + 8 j``).
+    dS (and P for dV) is scattered over the lanes of a row, so the second product of each step
+    reads it back from shared memory, as the forward does with P.
+
+Shared memory (float32 words, dynamic; launch.simt_backward_tiles picks the tiles)
+    Q, dO, K, V tiles are row-major with a stride of HEAD_DIM + 1 words: an odd stride puts the
+    column reads of the first product (8 different rows per row group) on 8 different banks,
+    and the row reads of the second product (8 consecutive words) are conflict-free anyway.
+    dK/dV  K_j, V_j: 2 BLOCK_N (HEAD_DIM + 1); Q_i, dO_i: 2 BLOCK_M (HEAD_DIM + 1);
+           P^T, dS^T: 2 BLOCK_N (BLOCK_M + pad); lse_i, D_i: 2 BLOCK_M.
+    dQ     Q_i, dO_i: 2 BLOCK_M (HEAD_DIM + 1); K_j, V_j: 2 BLOCK_N (HEAD_DIM + 1);
+           dS: BLOCK_M (BLOCK_N + pad).
+    e.g. 66 KiB (dK/dV, HEAD_DIM = 64) to 134 KiB (dQ, HEAD_DIM = 256): the opt-in of launch.py.
+
+Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq)
+    Tile pairs wholly above the diagonal are skipped (kernel 1 starts at the first query tile
+    that sees its keys, kernel 2 stops at the last key tile its queries see). Masks, which are
+    integer comparisons and never arithmetic on infinities, are applied only to tiles that cross
+    the diagonal or the ragged end of the keys. A row with no visible key (lse = +inf) gets
+    P = 0, hence dq = 0 and nothing in dk, dv. Padded query rows are zeros in Q and dO, so they
+    add nothing to dK, dV without a mask.
+
+Limits
+    HEAD_DIM a multiple of 8 up to 256; any Sq, Sk; strides other than the last honoured.
+    Accumulation in float32; inputs float16 / bfloat16 (as uint16 bits) or float32; dq, dk, dv
+    stored in the input format. D_i comes from ``out`` as stored (in the input precision), as in
+    flash-attn.
+"""
+
+import math
+from functools import lru_cache
+
+from numba import cuda, float32
+
+from .. import primitives as prim
+from .forward import LANES_PER_ROW, ROW_GROUPS, THREADS
+
+
+def _row_pad(rows_per_group, width):
+    """Smallest pad making the stride between row groups ``8 mod 32`` words: the four row groups
+    of a warp then read (one word each) and write (8 consecutive words each) disjoint banks."""
+    return next(p for p in range(32) if (rows_per_group * (width + p)) % 32 == 8)
+
+
+def dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """Offsets (float32 words) of the dK/dV kernel's shared tiles and the total size."""
+    stride = HEAD_DIM + 1
+    p_stride = BLOCK_M + _row_pad(BLOCK_N // ROW_GROUPS, BLOCK_M)
+    k_off = 0
+    v_off = k_off + BLOCK_N * stride
+    q_off = v_off + BLOCK_N * stride
+    do_off = q_off + BLOCK_M * stride
+    p_off = do_off + BLOCK_M * stride
+    ds_off = p_off + BLOCK_N * p_stride
+    lse_off = ds_off + BLOCK_N * p_stride
+    delta_off = lse_off + BLOCK_M
+    return dict(k_off=k_off, v_off=v_off, q_off=q_off, do_off=do_off, p_off=p_off, ds_off=ds_off,
+                lse_off=lse_off, delta_off=delta_off, stride=stride, p_stride=p_stride,
+                words=delta_off + BLOCK_M)
+
+
+def dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """Offsets (float32 words) of the dQ kernel's shared tiles and the total size."""
+    stride = HEAD_DIM + 1
+    ds_stride = BLOCK_N + _row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
+    q_off = 0
+    do_off = q_off + BLOCK_M * stride
+    k_off = do_off + BLOCK_M * stride
+    v_off = k_off + BLOCK_N * stride
+    ds_off = v_off + BLOCK_N * stride
+    return dict(q_off=q_off, do_off=do_off, k_off=k_off, v_off=v_off, ds_off=ds_off,
+                stride=stride, ds_stride=ds_stride, words=ds_off + BLOCK_M * ds_stride)
+
+
+def _tile_loader(ROWS, HEAD_DIM, FMT):
+    """Device function: rows ``row0 ..`` of ``x[b, :, h, :]`` -> shared (stride HEAD_DIM + 1),
+    as float32; rows at or past ``seqlen`` are zeros."""
+    load = prim.loader(FMT)
+    STRIDE = HEAD_DIM + 1
+    ZERO = float32(0.0)
+
+    @cuda.jit(device=True, inline="always")
+    def load_tile(smem, offset, x, b, row0, h, seqlen, tid):
+        for idx in range(tid, ROWS * HEAD_DIM, THREADS):
+            r = idx // HEAD_DIM
+            d = idx - r * HEAD_DIM
+            val = ZERO
+            if row0 + r < seqlen:
+                val = load(x[b, row0 + r, h, d])
+            smem[offset + r * STRIDE + d] = val
+
+    return load_tile
+
+
+# ----------------------------------------------------------------------------- preprocess
+
+@lru_cache(maxsize=None)
+def make_preprocess_kernel(HEAD_DIM, FMT):
+    """Kernel writing ``delta[b, h, i] = D_i = sum_d dout[b, i, h, d] * out[b, i, h, d]``."""
+    TD = HEAD_DIM // LANES_PER_ROW
+    SCRATCH = prim.scratch_size(THREADS)
+    load = prim.loader(FMT)
+    shfl_xor = prim.shfl_xor
+    ZERO = float32(0.0)
+
+    def flash_bwd_preprocess_simt(out, dout, delta, seqlen_q, n_heads_q):
+        scratch = cuda.shared.array(SCRATCH, float32)
+        tid = cuda.threadIdx.x
+        lane = tid & (LANES_PER_ROW - 1)
+        r = cuda.blockIdx.x * ROW_GROUPS + (tid >> 3)
+        b = cuda.blockIdx.y // n_heads_q
+        h = cuda.blockIdx.y - b * n_heads_q
+        D_i = ZERO
+        if r < seqlen_q:
+            for jd in range(TD):
+                col = lane + LANES_PER_ROW * jd
+                D_i += load(dout[b, r, h, col]) * load(out[b, r, h, col])
+        # Every thread takes part in the shuffles (the simulator's barriers need them all).
+        D_i += shfl_xor(D_i, 1, scratch, tid)
+        D_i += shfl_xor(D_i, 2, scratch, tid)
+        D_i += shfl_xor(D_i, 4, scratch, tid)
+        if r < seqlen_q and lane == 0:
+            delta[b, h, r] = D_i
+
+    return flash_bwd_preprocess_simt
+
+
+# ----------------------------------------------------------------------------- kernel 1: dK, dV
+
+@lru_cache(maxsize=None)
+def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+    """Kernel computing dK_j, dV_j for one tile of BLOCK_N keys of one (batch, kv head)."""
+    assert BLOCK_N % ROW_GROUPS == 0 and BLOCK_M % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
+    TN = BLOCK_N // ROW_GROUPS       # kv rows per thread
+    TM = BLOCK_M // LANES_PER_ROW    # query columns per thread in S^T, dP^T
+    TD = HEAD_DIM // LANES_PER_ROW   # head-dim columns per thread in dK, dV
+    lay = dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
+    K_OFF, V_OFF, Q_OFF, DO_OFF = lay["k_off"], lay["v_off"], lay["q_off"], lay["do_off"]
+    P_OFF, DS_OFF, LSE_OFF, DELTA_OFF = lay["p_off"], lay["ds_off"], lay["lse_off"], lay["delta_off"]
+    STRIDE, P_STRIDE = lay["stride"], lay["p_stride"]
+    load_kv = _tile_loader(BLOCK_N, HEAD_DIM, FMT)
+    load_q = _tile_loader(BLOCK_M, HEAD_DIM, FMT)
+    store = prim.storer(FMT)
+    LOG2E = prim.LOG2E
+    ZERO = float32(0.0)
+
+    def flash_bwd_dkdv_simt(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
+                            group, scale, scale_log2):
+        smem = cuda.shared.array(0, float32)
+        tid = cuda.threadIdx.x
+        lane = tid & (LANES_PER_ROW - 1)
+        row0 = (tid >> 3) * TN  # first of this thread's TN kv rows within the tile
+        n0 = cuda.blockIdx.x * BLOCK_N
+        b = cuda.blockIdx.y // n_heads_k
+        hk = cuda.blockIdx.y - b * n_heads_k
+
+        # K_j, V_j stay in shared memory for the whole CTA; dK_j, dV_j in registers.
+        load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, tid)
+        load_kv(smem, V_OFF, v, b, n0, hk, seqlen_k, tid)
+        dK_j = cuda.local.array((TN, TD), float32)
+        dV_j = cuda.local.array((TN, TD), float32)
+        S = cuda.local.array((TN, TM), float32)   # S_ij^T, then P_ij^T
+        dP = cuda.local.array((TN, TM), float32)  # dP_ij^T
+        q_d = cuda.local.array(TM, float32)
+        do_d = cuda.local.array(TM, float32)
+        for i in range(TN):
+            for jd in range(TD):
+                dK_j[i, jd] = ZERO
+                dV_j[i, jd] = ZERO
+
+        # Queries that may see these keys: all, or (causal) from the first tile reaching them.
+        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        m_begin = 0
+        if CAUSAL:
+            m_begin = max(0, n0 - diag) // BLOCK_M * BLOCK_M
+        ragged = n0 + BLOCK_N > seqlen_k
+        for h in range(hk * group, hk * group + group):
+            for m0 in range(m_begin, seqlen_q, BLOCK_M):
+                cuda.syncthreads()  # the previous step's Q, dO, P, dS are no longer read
+                load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, tid)
+                load_q(smem, DO_OFF, dout, b, m0, h, seqlen_q, tid)
+                for r in range(tid, BLOCK_M, THREADS):
+                    lse_r = ZERO  # padded rows: Q = dO = 0, so P = 1 there adds nothing
+                    D_r = ZERO
+                    if m0 + r < seqlen_q:
+                        lse_r = lse[b, h, m0 + r] * LOG2E
+                        D_r = delta[b, h, m0 + r]
+                    smem[LSE_OFF + r] = lse_r
+                    smem[DELTA_OFF + r] = D_r
+                cuda.syncthreads()
+
+                # S_ij^T = K_j Q_i^T and dP_ij^T = V_j dO_i^T, one outer product per d.
+                for i in range(TN):
+                    for j in range(TM):
+                        S[i, j] = ZERO
+                        dP[i, j] = ZERO
+                for d in range(HEAD_DIM):
+                    for j in range(TM):
+                        c = lane + LANES_PER_ROW * j
+                        q_d[j] = smem[Q_OFF + c * STRIDE + d]
+                        do_d[j] = smem[DO_OFF + c * STRIDE + d]
+                    for i in range(TN):
+                        k_d = smem[K_OFF + (row0 + i) * STRIDE + d]
+                        v_d = smem[V_OFF + (row0 + i) * STRIDE + d]
+                        for j in range(TM):
+                            S[i, j] += k_d * q_d[j]
+                            dP[i, j] += v_d * do_d[j]
+
+                # P_ij^T = exp2(S^T * scale_log2 - lse_i), dS_ij^T = P^T (dP^T - D_i) -> shared.
+                needs_mask = ragged
+                if CAUSAL:
+                    needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
+                for j in range(TM):
+                    c = lane + LANES_PER_ROW * j
+                    lse_c = smem[LSE_OFF + c]
+                    D_c = smem[DELTA_OFF + c]
+                    for i in range(TN):
+                        key = n0 + row0 + i
+                        visible = not needs_mask or (
+                            key < seqlen_k and (not CAUSAL or key <= m0 + c + diag))
+                        p = ZERO
+                        if visible:
+                            p = math.exp2(S[i, j] * scale_log2 - lse_c)
+                        smem[P_OFF + (row0 + i) * P_STRIDE + c] = p
+                        smem[DS_OFF + (row0 + i) * P_STRIDE + c] = p * (dP[i, j] - D_c)
+                cuda.syncthreads()
+
+                # dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i (scale applied once, at the end).
+                for c in range(BLOCK_M):
+                    for i in range(TN):
+                        p = smem[P_OFF + (row0 + i) * P_STRIDE + c]
+                        ds = smem[DS_OFF + (row0 + i) * P_STRIDE + c]
+                        for jd in range(TD):
+                            col = c * STRIDE + lane + LANES_PER_ROW * jd
+                            dV_j[i, jd] += p * smem[DO_OFF + col]
+                            dK_j[i, jd] += ds * smem[Q_OFF + col]
+
+        for i in range(TN):
+            r = n0 + row0 + i
+            if r < seqlen_k:
+                for jd in range(TD):
+                    col = lane + LANES_PER_ROW * jd
+                    dk[b, r, hk, col] = store(dK_j[i, jd] * scale)
+                    dv[b, r, hk, col] = store(dV_j[i, jd])
+
+    return flash_bwd_dkdv_simt
+
+
+# ----------------------------------------------------------------------------- kernel 2: dQ
+
+@lru_cache(maxsize=None)
+def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+    """Kernel computing dQ_i for one tile of BLOCK_M queries of one (batch, query head)."""
+    assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
+    TM = BLOCK_M // ROW_GROUPS       # query rows per thread
+    TN = BLOCK_N // LANES_PER_ROW    # key columns per thread in S, dP
+    TD = HEAD_DIM // LANES_PER_ROW   # head-dim columns per thread in dQ
+    lay = dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
+    Q_OFF, DO_OFF, K_OFF, V_OFF, DS_OFF = (lay[x] for x in ("q_off", "do_off", "k_off", "v_off",
+                                                             "ds_off"))
+    STRIDE, DS_STRIDE = lay["stride"], lay["ds_stride"]
+    load_q = _tile_loader(BLOCK_M, HEAD_DIM, FMT)
+    load_kv = _tile_loader(BLOCK_N, HEAD_DIM, FMT)
+    store = prim.storer(FMT)
+    LOG2E = prim.LOG2E
+    ZERO = float32(0.0)
+
+    def flash_bwd_dq_simt(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
+                          scale, scale_log2):
+        smem = cuda.shared.array(0, float32)
+        tid = cuda.threadIdx.x
+        lane = tid & (LANES_PER_ROW - 1)
+        row0 = (tid >> 3) * TM  # first of this thread's TM query rows within the tile
+        m0 = cuda.blockIdx.x * BLOCK_M
+        b = cuda.blockIdx.y // n_heads_q
+        h = cuda.blockIdx.y - b * n_heads_q
+        hk = h // group
+
+        # Q_i, dO_i stay in shared memory; lse_i, D_i and dQ_i in registers.
+        load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, tid)
+        load_q(smem, DO_OFF, dout, b, m0, h, seqlen_q, tid)
+        lse_i = cuda.local.array(TM, float32)
+        D_i = cuda.local.array(TM, float32)
+        dQ_i = cuda.local.array((TM, TD), float32)
+        S = cuda.local.array((TM, TN), float32)
+        dP = cuda.local.array((TM, TN), float32)
+        k_d = cuda.local.array(TN, float32)
+        v_d = cuda.local.array(TN, float32)
+        for i in range(TM):
+            r = m0 + row0 + i
+            lse_i[i] = ZERO  # padded rows: Q = dO = 0, so dS = 0 there
+            D_i[i] = ZERO
+            if r < seqlen_q:
+                lse_i[i] = lse[b, h, r] * LOG2E
+                D_i[i] = delta[b, h, r]
+            for jd in range(TD):
+                dQ_i[i, jd] = ZERO
+
+        # Keys these queries may see: all, or (causal) up to the diagonal (as in the forward).
+        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        kv_end = seqlen_k
+        if CAUSAL:
+            kv_end = min(seqlen_k, m0 + BLOCK_M + diag)
+        for n0 in range(0, kv_end, BLOCK_N):
+            cuda.syncthreads()  # the previous tile's K, V, dS are no longer read
+            load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, tid)
+            load_kv(smem, V_OFF, v, b, n0, hk, seqlen_k, tid)
+            cuda.syncthreads()
+
+            # S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T, one outer product per d.
+            for i in range(TM):
+                for j in range(TN):
+                    S[i, j] = ZERO
+                    dP[i, j] = ZERO
+            for d in range(HEAD_DIM):
+                for j in range(TN):
+                    c = lane + LANES_PER_ROW * j
+                    k_d[j] = smem[K_OFF + c * STRIDE + d]
+                    v_d[j] = smem[V_OFF + c * STRIDE + d]
+                for i in range(TM):
+                    q_d = smem[Q_OFF + (row0 + i) * STRIDE + d]
+                    do_d = smem[DO_OFF + (row0 + i) * STRIDE + d]
+                    for j in range(TN):
+                        S[i, j] += q_d * k_d[j]
+                        dP[i, j] += do_d * v_d[j]
+
+            # dS_ij = P_ij (dP_ij - D_i) with P_ij = exp2(S * scale_log2 - lse_i) -> shared.
+            needs_mask = n0 + BLOCK_N > seqlen_k
+            if CAUSAL:
+                needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
+            for i in range(TM):
+                for j in range(TN):
+                    key = n0 + lane + LANES_PER_ROW * j
+                    visible = not needs_mask or (
+                        key < seqlen_k and (not CAUSAL or key <= m0 + row0 + i + diag))
+                    p = ZERO
+                    if visible:
+                        p = math.exp2(S[i, j] * scale_log2 - lse_i[i])
+                    smem[DS_OFF + (row0 + i) * DS_STRIDE + lane + LANES_PER_ROW * j] = \
+                        p * (dP[i, j] - D_i[i])
+            cuda.syncthreads()
+
+            # dQ_i += dS_ij K_j (scale applied once, at the end).
+            for c in range(BLOCK_N):
+                for i in range(TM):
+                    ds = smem[DS_OFF + (row0 + i) * DS_STRIDE + c]
+                    for jd in range(TD):
+                        dQ_i[i, jd] += ds * smem[K_OFF + c * STRIDE + lane + LANES_PER_ROW * jd]
+
+        for i in range(TM):
+            r = m0 + row0 + i
+            if r < seqlen_q:
+                for jd in range(TD):
+                    dq[b, r, h, lane + LANES_PER_ROW * jd] = store(dQ_i[i, jd] * scale)
+
+    return flash_bwd_dq_simt
