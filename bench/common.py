@@ -56,6 +56,10 @@ def gpu_name():
 
 
 def git_commit():
+    """The commit benchmarked: $NF_BENCH_COMMIT when set (the GPU machine gets a copy of the
+    tree without git), else git's HEAD."""
+    if os.environ.get("NF_BENCH_COMMIT"):
+        return os.environ["NF_BENCH_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        cwd=pathlib.Path(__file__).parent).strip()
