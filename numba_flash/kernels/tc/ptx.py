@@ -28,26 +28,33 @@ the PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type") gives
 
 So lane ``lane`` owns rows ``g`` and ``g + 8`` of the accumulator, which is why the online
 softmax of the FlashAttention kernels keeps two running maxima per thread and reduces them over
-the four lanes of a group (``shfl_xor`` with masks 1 and 2). The C layout equals the layout of
-the first half of an A fragment, so a 16x16 block of P = softmax(S), computed as two 16x8
-accumulators, becomes an A operand by packing pairs of floats into 16-bit pairs (``pack_f16x2``)
-without leaving the registers.
+the four lanes of a group (``shfl_xor`` with masks 1 and 2). The accumulator layout is also the
+layout of half an A fragment: a 16x16 tile of P computed as two 16x8 accumulators ``s0``
+(columns 0-7) and ``s1`` (columns 8-15) is, without leaving the registers, the A operand
+
+    a = (pack(s0[0], s0[1]), pack(s0[2], s0[3]), pack(s1[0], s1[1]), pack(s1[2], s1[3]))
+
+of the next product (O += P V), ``pack`` rounding float32 pairs to 16-bit pairs.
 
 ldmatrix. ``ldmatrix.sync.aligned.m8n8.x4.shared.b16`` loads four 8x8 matrices of 16-bit values
 from shared memory straight into fragment layout. Lanes ``8j .. 8j+7`` each give the address of
 one 16-byte row of matrix ``j``; lane ``lane`` then receives, in register ``r[j]``, elements
 ``M_j[g][2t], M_j[g][2t+1]`` (with ``.trans``: ``M_j[2t][g], M_j[2t+1][g]``, the fragment of the
-transposed matrix). Where the rows come from for the usual operands (``lane`` in 0..31):
+transposed matrix). ``x2`` loads two matrices, addresses from lanes 0-15. Which row of a 16x16
+tile each lane points to, as (row, col) from the tile's corner, for the operands of attention:
 
-    use                                   row of the 16x16 tile        column
-    A from a row-major 16x16 tile         lane & 15                    (lane >> 4) * 8
-      (x4, gives a[0..3])                   -> ``ldmatrix_a_rowcol(lane)``
-    B = K^T from a K tile [n][k]          (lane >> 4) * 8 + (lane & 7) ((lane >> 3) & 1) * 8
-      (x4, gives b of two n8 tiles:         -> ``ldmatrix_b_rowcol(lane)``; r[0], r[1] are b of
-       r[0..1] for n 0-7, r[2..3] 8-15)       columns n 0..7, r[2], r[3] of columns n 8..15
-    B = V from a V tile [k][n] (.trans)   lane & 15                    (lane >> 4) * 8
-      (x4 .trans, r[0..1] for n 0-7,        -> ``ldmatrix_a_rowcol(lane)``
-       r[2..3] for n 8-15)
+    operand                       instruction   lane's row, column        registers
+    A, row-major [m][k]           x4            ldmatrix_a_rowcol(lane)   a[0..3]
+    B = K^T from K [n][k]         x4            ldmatrix_b_rowcol(lane)   (r0, r1) = b of n 0-7,
+                                                                          (r2, r3) = b of n 8-15
+    B = V from V [k][n]           x4.trans      ldmatrix_a_rowcol(lane)   (r0, r1) = b of n 0-7,
+                                                                          (r2, r3) = b of n 8-15
+
+    ldmatrix_a_rowcol(lane) = (lane & 15, (lane >> 4) * 8)
+    ldmatrix_b_rowcol(lane) = ((lane >> 4) * 8 + (lane & 7), ((lane >> 3) & 1) * 8)
+
+(an ``x2`` load of one n8 tile of K takes row ``lane & 7``, column ``lane & 8``; of V with
+``.trans``, row ``lane & 15``, column 0).
 
 cp.async. ``cp.async.cg.shared.global`` copies 16 bytes from global to shared memory without
 passing through registers and without blocking the thread; ``cp.async.commit_group`` closes a
@@ -90,6 +97,12 @@ Summary of the API (``fmt`` is ``"float16"`` or ``"bfloat16"``; 16-bit data are 
 ``smem`` is a C-contiguous shared array of any rank and ``offset`` a flat element offset into it
 (``row * row_stride + col``); ``gmem`` is a global array indexed as usual (an int for 1-D, a tuple
 otherwise; the 16 bytes run along its last, contiguous, dimension).
+
+Numba details. ``alignment=`` must be a compile-time constant: import the name
+(``from numba_flash.kernels.tc.ptx import SHARED_ALIGN``) or bind it in the kernel factory's
+closure; ``ptx.SHARED_ALIGN`` read as a module attribute inside a kernel is typed as a plain int
+and refused. Likewise the shape of a shared array must be a constant name, not an expression.
+``cp_async_wait(n)`` needs ``n`` to be a constant (a literal or a closure int).
 """
 
 import numpy as np
@@ -154,11 +167,17 @@ def _bits_to_f64(bits, fmt):
     return bits.view(np.float16).astype(np.float64)
 
 
+def _halves(words):
+    """(lanes, n) 32-bit registers -> (lanes, 2n) 16-bit values, each low half first."""
+    words = np.asarray(words, dtype=np.uint32)
+    pairs = np.stack([words & np.uint32(0xFFFF), words >> np.uint32(16)], axis=-1)
+    return pairs.reshape(words.shape[0], -1).astype(np.uint16)
+
+
 def _warp_tiles(a_words, b_words, fmt):
     """The 16x16 A and 16x8 B tiles (float64) held by a warp's A and B fragments."""
-    # Little-endian: the low half of each register is the lower-numbered element.
-    a_bits = np.ascontiguousarray(a_words, dtype=np.uint32).view(np.uint16)  # (32, 8)
-    b_bits = np.ascontiguousarray(b_words, dtype=np.uint32).view(np.uint16)  # (32, 4)
+    a_bits = _halves(a_words)  # (32, 8): a0..a7
+    b_bits = _halves(b_words)  # (32, 4): b0..b3
     A = np.zeros((16, 16), np.float64)
     B = np.zeros((16, 8), np.float64)
     A[_A_ROW, _A_COL] = _bits_to_f64(a_bits, fmt)
@@ -289,6 +308,8 @@ if SIMULATOR:
         return np.uint32(int(offset) * smem.itemsize)
 
     def _copy16(smem, offset, gmem, index, valid):
+        if not smem.flags.c_contiguous:
+            raise ValueError("cp.async destination must be a C-contiguous shared array")
         flat = smem.reshape(-1)
         n = CP_ASYNC_BYTES // flat.itemsize
         offset = int(offset)
