@@ -10,11 +10,12 @@ import math
 
 import numpy as np
 
-from . import arrays, launch
+from . import arrays, launch, scheduler
 from .arrays import FLOAT_FORMATS, SIMULATOR
 
 BACKENDS = ("auto", "simt", "tc")
 MAX_HEAD_DIM = 256
+MAX_MLA_HEAD_DIM = 576
 
 
 # ----------------------------------------------------------------------------- validation helpers
@@ -30,6 +31,17 @@ def _tensor(x, name, ndim):
                          f"got strides {t.strides}")
     if any(s == 0 for s in t.shape):
         raise ValueError(f"{name}: empty array of shape {t.shape}")
+    return t
+
+
+def _index_array(x, name, shape):
+    """An int32 array argument of ``shape`` (``None``: any non-zero length there)."""
+    t = arrays.adapt(x, name)
+    if t.fmt != "int32":
+        raise TypeError(f"{name}: expected int32, got {t.fmt}")
+    if t.ndim != len(shape) or any(n == 0 or s not in (None, n) for s, n in zip(shape, t.shape)):
+        want = str(tuple("n" if s is None else s for s in shape)).replace("'", "")
+        raise ValueError(f"{name}: expected shape {want}, got {t.shape}")
     return t
 
 
@@ -61,12 +73,18 @@ def _out_buffer(out, like, shape, fmt, name="out"):
 
 
 def resolve_backend(backend, fmt):
-    """``auto`` -> the fastest backend implemented for this format; refuse unusable choices."""
+    """``auto`` -> ``tc`` for 16-bit inputs on compute capability >= 8.0 (and under the
+    simulator, which emulates it), else ``simt``; an explicit choice the inputs or the device
+    cannot run is refused, never silently replaced."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    if backend == "tc":
-        raise ValueError("backend: 'tc' (tensor cores) is not available in this build; use 'simt'")
-    return "simt"
+    tc_ok = fmt in ("float16", "bfloat16") and (SIMULATOR or launch.compute_capability() >= (8, 0))
+    if backend == "tc" and not tc_ok:
+        raise ValueError(f"backend: 'tc' needs float16 or bfloat16 inputs on compute capability "
+                         f">= 8.0, got {fmt} on {launch.compute_capability()}")
+    if backend == "auto":
+        return "tc" if tc_ok else "simt"
+    return backend
 
 
 def _check_attention(q, k, v, causal, softmax_scale, backend):
@@ -84,9 +102,13 @@ def _check_attention(q, k, v, causal, softmax_scale, backend):
         raise ValueError(f"k: query heads ({hq}) must be a multiple of kv heads ({k.shape[2]})")
     if d % 8 != 0 or d > MAX_HEAD_DIM:
         raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
+    _check_causal(causal)
+    return q, k, v, _scale(softmax_scale, d), resolve_backend(backend, q.fmt)
+
+
+def _check_causal(causal):
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
-    return q, k, v, _scale(softmax_scale, d), resolve_backend(backend, q.fmt)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -103,7 +125,7 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     o = _out_buffer(out, q, q.shape, q.fmt)
     lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
     stream = arrays.stream_of(q, stream)
-    kernel, tiles = launch.simt_forward_kernel(d, bool(causal), q.fmt)
+    kernel, tiles = launch.forward_kernel(backend, d, bool(causal), q.fmt)
     grid = (launch.cdiv(sq, tiles.BLOCK_M), b * hq)
     launch.launch(kernel, grid, tiles.threads, stream, tiles.shared_bytes,
                   q.view, k.view, v.view, o.view, lse.view,
@@ -112,7 +134,143 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     return o.obj, lse.obj
 
 
+def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, backend="auto",
+                   dq=None, dk=None, dv=None, stream=None):
+    """Gradients of exact attention for the incoming ``dout``. Returns ``(dq, dk, dv)``.
+
+    ``out`` and ``lse`` are what ``flash_attn_fwd`` returned for the same q, k, v, causal and
+    softmax_scale: dout and out shaped like q, lse (B, Hq, Sq) float32. dq is shaped like q, dk
+    and dv like k (a kv head sums the gradients of its group's query heads), all in q's dtype;
+    ``dq=``, ``dk=``, ``dv=`` take caller buffers. Bitwise deterministic (no atomics). The
+    backward runs on CUDA cores (``simt``) for every backend choice but an explicit ``tc``.
+    """
+    q, k, v, scale, _ = _check_attention(q, k, v, causal, softmax_scale, backend)
+    if backend == "tc":
+        raise ValueError("backend: the backward has no tensor-core ('tc') kernels; "
+                         "use 'simt' or 'auto'")
+    dout, out = _tensor(dout, "dout", 4), _tensor(out, "out", 4)
+    for t in (dout, out):
+        if t.shape != q.shape:
+            raise ValueError(f"{t.name}: shape {t.shape} differs from q's {q.shape}")
+    _same_format(q, dout, out)
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    lse = arrays.adapt(lse, "lse")
+    if lse.shape != (b, hq, sq) or lse.fmt != "float32":
+        raise ValueError(f"lse: expected shape {(b, hq, sq)} of float32, "
+                         f"got {lse.shape} of {lse.fmt}")
+    dq = _out_buffer(dq, q, q.shape, q.fmt, "dq")
+    dk = _out_buffer(dk, q, k.shape, q.fmt, "dk")
+    dv = _out_buffer(dv, q, k.shape, q.fmt, "dv")
+    delta = arrays.empty(q, (b, hq, sq), "float32", "delta")  # D_i = rowsum(dout * out)
+    stream = arrays.stream_of(q, stream)
+    sizes = (np.int32(sq), np.int32(sk))
+    scales = (np.float32(scale), np.float32(scale * math.log2(math.e)))
+    group = np.int32(hq // hk)
+
+    kernel, tiles = launch.simt_backward_kernel("preprocess", d, False, q.fmt)
+    launch.launch(kernel, (launch.cdiv(sq, tiles.BLOCK_M), b * hq), tiles.threads, stream,
+                  tiles.shared_bytes, out.view, dout.view, delta.view, np.int32(sq), np.int32(hq))
+    kernel, tiles = launch.simt_backward_kernel("dkdv", d, bool(causal), q.fmt)
+    launch.launch(kernel, (launch.cdiv(sk, tiles.BLOCK_N), b * hk), tiles.threads, stream,
+                  tiles.shared_bytes, q.view, k.view, v.view, dout.view, lse.view, delta.view,
+                  dk.view, dv.view, *sizes, np.int32(hk), group, *scales)
+    kernel, tiles = launch.simt_backward_kernel("dq", d, bool(causal), q.fmt)
+    launch.launch(kernel, (launch.cdiv(sq, tiles.BLOCK_M), b * hq), tiles.threads, stream,
+                  tiles.shared_bytes, q.view, k.view, v.view, dout.view, lse.view, delta.view,
+                  dq.view, *sizes, np.int32(hq), group, *scales)
+    return dq.obj, dk.obj, dv.obj
+
+
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False, backend="auto"):
     """``flash_attn_fwd`` returning ``out`` (or ``(out, lse)`` with ``return_lse=True``)."""
     out, lse = flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend)
     return (out, lse) if return_lse else out
+
+
+# ----------------------------------------------------------------------------- paged MLA decode
+
+def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_sms=None):
+    """FlashMLA's tile scheduler: how the decode work of a batch is dealt out to the SMs.
+
+    ``cache_seqlens (b,)`` int32 on the device; ``num_q_tokens_per_head_k = s_q * h_q // h_kv``;
+    ``num_heads_k = h_kv``; ``num_sms`` defaults to the device's SM count (under the simulator,
+    which has no device to ask, to ``launch.SIMULATED_SMS = 8``). The plan is made on the host
+    (``scheduler.plan_mla``, after copying the lengths there). Returns
+    ``(tile_scheduler_metadata (num_sm_parts, 8), num_splits (b + 1,))``, int32 device arrays in
+    cache_seqlens's library.
+    """
+    seqlens = _index_array(cache_seqlens, "cache_seqlens", (None,))
+    stream = arrays.stream_of(seqlens)
+    host = seqlens.view.copy_to_host(stream=stream)
+    if not SIMULATOR:
+        stream.synchronize()
+    if num_sms is None:
+        num_sms = launch.device_limits()[0]
+    plan = scheduler.plan_mla(host, num_q_tokens_per_head_k, num_heads_k, num_sms)
+    result = []
+    for values, name in zip(plan, ("tile_scheduler_metadata", "num_splits")):
+        t = arrays.empty(seqlens, values.shape, "int32", name)
+        t.view.copy_to_device(values, stream=stream)
+        result.append(t.obj)
+    return tuple(result)
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                           tile_scheduler_metadata, num_splits, softmax_scale=None, causal=False,
+                           backend="auto", out=None, stream=None):
+    """Paged MLA decode (FlashMLA's ``flash_mla_with_kvcache``). Returns ``(out, lse)``.
+
+    q: (b, s_q, h_q, d), d a multiple of 8 up to 576; k_cache: (num_blocks, page_block_size,
+    h_kv, d), any page size, V being ``k_cache[..., :head_dim_v]``; block_table (b, n) and
+    cache_seqlens (b,) int32; the metadata and num_splits of ``get_mla_metadata`` for these
+    lengths. out: (b, s_q, h_q, head_dim_v) in q's dtype (``out=`` takes a caller buffer); lse:
+    (b, h_q, s_q) float32, natural log. ``causal`` (for s_q > 1): query token i sees the keys
+    before ``seqlen - (s_q - 1 - i)``. Block-table entries at or past ``ceil(seqlen / page)`` and
+    cache slots at or past ``seqlen`` are never read. Only the device can see the lengths, so
+    they are not checked against the table; the metadata must be the plan for these lengths.
+    """
+    q, k_cache = _tensor(q, "q", 4), _tensor(k_cache, "k_cache", 4)
+    _same_format(q, k_cache)
+    b, s_q, h_q, d = q.shape
+    page_size, h_kv = k_cache.shape[1], k_cache.shape[2]
+    if k_cache.shape[3] != d:
+        raise ValueError(f"k_cache: head dim {k_cache.shape[3]} differs from q's {d}")
+    if d % 8 != 0 or d > MAX_MLA_HEAD_DIM:
+        raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_MLA_HEAD_DIM}, got {d}")
+    if h_q % h_kv != 0:
+        raise ValueError(f"k_cache: query heads ({h_q}) must be a multiple of kv heads ({h_kv})")
+    if isinstance(head_dim_v, (bool, np.bool_)) or not isinstance(head_dim_v, (int, np.integer)) \
+            or not 1 <= head_dim_v <= d:
+        raise ValueError(f"head_dim_v: expected an integer from 1 to the head dim {d}, "
+                         f"got {head_dim_v!r}")
+    block_table = _index_array(block_table, "block_table", (b, None))
+    cache_seqlens = _index_array(cache_seqlens, "cache_seqlens", (b,))
+    metadata = _index_array(tile_scheduler_metadata, "tile_scheduler_metadata",
+                            (None, scheduler.METADATA_SIZE))
+    num_splits = _index_array(num_splits, "num_splits", (b + 1,))
+    _check_causal(causal)
+    scale = _scale(softmax_scale, d)
+    resolve_backend(backend, q.fmt)
+    if backend == "tc":
+        raise ValueError("backend: the MLA decode has no tensor-core kernel; use 'simt' or 'auto'")
+
+    dv = int(head_dim_v)
+    parts, group = metadata.shape[0], h_q // h_kv
+    o = _out_buffer(out, q, (b, s_q, h_q, dv), q.fmt)
+    lse = arrays.empty(q, (b, h_q, s_q), "float32", "lse")
+    # Split requests: one slot per piece, at most b + parts - 1 of them (see scheduler.py).
+    o_acc = arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc")
+    lse_acc = arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc")
+    stream = arrays.stream_of(q, stream)
+    kernel, tiles = launch.simt_mla_decode_kernel(s_q * group, d, dv, bool(causal) and s_q > 1,
+                                                  q.fmt)
+    launch.launch(kernel, (parts, h_kv, launch.cdiv(s_q * group, tiles.BLOCK_M)), tiles.threads,
+                  stream, tiles.shared_bytes, q.view, k_cache.view, block_table.view,
+                  cache_seqlens.view, metadata.view, num_splits.view, o.view, lse.view,
+                  o_acc.view, lse_acc.view, np.int32(s_q), np.int32(group), np.int32(page_size),
+                  np.float32(scale * math.log2(math.e)))
+    kernel, tiles = launch.simt_mla_combine_kernel(dv, q.fmt)
+    launch.launch(kernel, (b, launch.cdiv(s_q * h_q, tiles.BLOCK_M)), tiles.threads, stream, 0,
+                  o_acc.view, lse_acc.view, num_splits.view, o.view, lse.view)
+    return o.obj, lse.obj

@@ -50,22 +50,38 @@ def attention_signature(fmt):
                       types.int32, types.int32, types.int32, types.int32, types.float32)
 
 
-@lru_cache(maxsize=None)
-def simt_forward_kernel(head_dim, causal, fmt):
-    from .kernels.simt import forward
-
-    tiles = simt_forward_tiles(head_dim)
+def forward_spec(backend, head_dim, causal, fmt):
+    """``(pyfunc, signature, compile options)`` of the ``simt`` or ``tc`` forward kernel, the form
+    ``ptxcheck.compile_report_isolated`` takes."""
+    if backend == "tc":
+        from .kernels.tc import forward
+    else:
+        from .kernels.simt import forward
+    tiles = forward_tiles(backend, head_dim)
     pyfunc = forward.make_forward_kernel(head_dim, tiles.BLOCK_M, tiles.BLOCK_N, causal, fmt)
-    return compile_kernel(pyfunc, attention_signature(fmt), tiles.shared_bytes), tiles
+    return pyfunc, attention_signature(fmt), COMPILE_OPTIONS
+
+
+def forward_tiles(backend, head_dim):
+    return (tc_forward_tiles if backend == "tc" else simt_forward_tiles)(head_dim)
+
+
+@lru_cache(maxsize=None)
+def forward_kernel(backend, head_dim, causal, fmt):
+    """Compiled forward kernel of ``backend`` and its tiles."""
+    pyfunc, signature, _ = forward_spec(backend, head_dim, causal, fmt)
+    tiles = forward_tiles(backend, head_dim)
+    return compile_kernel(pyfunc, signature, tiles.shared_bytes), tiles
 
 
 # ----------------------------------------------------------------------------- SIMT backward
 
 # By head dim: (BLOCK_M, BLOCK_N) of the dK/dV kernel (BLOCK_N keys held, BLOCK_M queries
 # streamed) and of the dQ kernel (BLOCK_M queries held, BLOCK_N keys streamed). The register
-# accumulators grow as HEAD_DIM / 8 per owned row, so larger head dims own fewer rows.
-_SIMT_BWD_TILES = ((64, (32, 64), (64, 32)), (128, (32, 32), (64, 32)), (256, (32, 16), (32, 32)))
-SIMT_BACKWARD_KERNELS = ("preprocess", "dkdv", "dq")
+# accumulators grow as HEAD_DIM / 8 per owned row, so larger head dims own fewer rows (dQ at 256
+# with 32 query rows needs ~250 registers, at the edge of spilling). Checked by the PTX test:
+# no spills on sm_80 / sm_90, at most ~210 registers; shared memory <= 105 KiB (fits an A100).
+_SIMT_BWD_TILES = ((64, (32, 64), (64, 32)), (128, (32, 32), (64, 32)), (256, (32, 16), (16, 32)))
 
 
 def simt_backward_tiles(head_dim, kernel):
@@ -107,6 +123,137 @@ def simt_backward_kernel(kernel, head_dim, causal, fmt):
     return compile_kernel(pyfunc, signature, tiles.shared_bytes), tiles
 
 
+# ----------------------------------------------------------------------------- tensor-core forward
+
+# BLOCK_M (16 query rows per warp) and BLOCK_N by head dim, measured on an H200 (bench/results).
+_TC_FWD_TILES = ((64, (128, 64)), (128, (128, 64)), (256, (64, 32)))
+
+
+def tc_forward_tiles(head_dim):
+    from .kernels.tc import forward
+
+    bm, bn = next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
+    return Tiles(bm, bn, 32 * (bm // 16), 2 * forward.shared_elements(bm, bn, head_dim))
+
+
+# ----------------------------------------------------------------------------- naive baseline
+
+# The three kernels of kernels/naive.py (S = QK^T, softmax, O = PV). Their tiles are fixed by the
+# kernels' thread mapping (naive.TILE, naive.GEMM_THREADS); shared memory is static.
+NAIVE_KERNELS = ("scores", "softmax", "output")
+
+
+def naive_spec(kernel, causal, fmt):
+    """``(pyfunc, signature, compile options)`` of one naive kernel. Signatures: scores (q, k, s,
+    Sq, Sk, Hq, group, scale); softmax (s, lse, Sq, Sk); output (p, v, out, Sq, Sk, Hq, group)."""
+    from .kernels import naive
+
+    t = types.Array(prim.storage_type(fmt), 4, "A")
+    f4, f3 = types.Array(types.float32, 4, "A"), types.Array(types.float32, 3, "A")
+    i32 = types.int32
+    if kernel == "scores":
+        return (naive.make_scores_kernel(fmt),
+                types.void(t, t, f4, i32, i32, i32, i32, types.float32), COMPILE_OPTIONS)
+    if kernel == "softmax":
+        return naive.make_softmax_kernel(causal), types.void(f4, f3, i32, i32), COMPILE_OPTIONS
+    return naive.make_output_kernel(fmt), types.void(f4, t, t, i32, i32, i32, i32), COMPILE_OPTIONS
+
+
+@lru_cache(maxsize=None)
+def naive_kernel(kernel, causal, fmt):
+    pyfunc, signature, _ = naive_spec(kernel, causal, fmt)
+    return compile_kernel(pyfunc, signature, 0)
+
+
+# ----------------------------------------------------------------------------- SIMT MLA decode
+
+# BLOCK_N (cache rows per tile) by BLOCK_M (packed query rows, a power of two up to 64): few rows
+# take deeper tiles (more bytes in flight per prefetch); many rows need their registers for the
+# O_i micro-tile (BLOCK_M * HEAD_DIM_V / 256 floats per thread). BLOCK_M halves while the shared
+# memory (the float32 Q tile: 144 KiB at 64 rows of 576) exceeds the device's limit.
+_MLA_BLOCK_N = ((16, 32), (64, 16))
+# Threads per CTA: 256 (8 warps) on a GPU. The simulator runs every thread as a Python thread and
+# a barrier among 256 of them costs ~8x one among 64, so simulated runs use 64 (the layouts are
+# parametric in it; one test runs the GPU's 256).
+MLA_THREADS = 64 if SIMULATOR else 256
+SIMULATED_SMS = 8  # get_mla_metadata's num_sms default under the simulator (no device to ask)
+SIMULATED_SHARED_LIMIT = 227 * 1024
+
+
+@lru_cache(maxsize=None)
+def device_limits():
+    """(SM count, opt-in dynamic shared memory per block in bytes) of the current device."""
+    if SIMULATOR:
+        return SIMULATED_SMS, SIMULATED_SHARED_LIMIT
+    dev = cuda.get_current_device()
+    return dev.MULTIPROCESSOR_COUNT, dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+
+
+def simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, shared_limit):
+    from .kernels.simt import mla_decode
+
+    bm = min(64, 1 << (q_rows - 1).bit_length())
+    while True:
+        bn = next(n for rows, n in _MLA_BLOCK_N if bm <= rows)
+        nbytes = 4 * mla_decode.layout(bm, bn, head_dim, head_dim_v, MLA_THREADS)["words"]
+        if nbytes <= shared_limit or bm == 1:
+            return Tiles(bm, bn, MLA_THREADS, nbytes)
+        bm //= 2
+
+
+def simt_mla_decode_spec(q_rows, head_dim, head_dim_v, causal, fmt, shared_limit):
+    """``(pyfunc, signature, compile options)`` of the decode kernel for ``q_rows = s_q * h_q /
+    h_kv`` packed rows. Signature: q, k_cache, block_table, cache_seqlens, metadata, num_splits,
+    out, lse, o_acc, lse_acc, s_q, group, page_size, scale_log2."""
+    from .kernels.simt import mla_decode
+
+    tiles = simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, shared_limit)
+    t = types.Array(prim.storage_type(fmt), 4, "A")
+    i1, i2 = types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A")
+    f3, f4 = types.Array(types.float32, 3, "A"), types.Array(types.float32, 4, "A")
+    i32 = types.int32
+    pyfunc = mla_decode.make_mla_decode_kernel(head_dim, head_dim_v, tiles.BLOCK_M, tiles.BLOCK_N,
+                                               tiles.threads, causal, fmt)
+    return (pyfunc, types.void(t, t, i2, i1, i2, i1, t, f3, f4, f3, i32, i32, i32, types.float32),
+            COMPILE_OPTIONS)
+
+
+@lru_cache(maxsize=None)
+def simt_mla_decode_kernel(q_rows, head_dim, head_dim_v, causal, fmt):
+    """``(kernel, tiles)``; configurations with the same tiles share one compiled kernel."""
+    limit = device_limits()[1]
+    tiles = simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, limit)
+    return _simt_mla_decode_compiled(tiles, head_dim, head_dim_v, causal, fmt, limit), tiles
+
+
+@lru_cache(maxsize=None)
+def _simt_mla_decode_compiled(tiles, head_dim, head_dim_v, causal, fmt, limit):
+    # q_rows = BLOCK_M gives back the same tiles
+    pyfunc, signature, _ = simt_mla_decode_spec(tiles.BLOCK_M, head_dim, head_dim_v, causal, fmt,
+                                                limit)
+    return compile_kernel(pyfunc, signature, tiles.shared_bytes)
+
+
+def simt_mla_combine_spec(head_dim_v, fmt):
+    """``(pyfunc, signature, compile options)`` of the combine kernel: o_acc, lse_acc,
+    num_splits, out, lse."""
+    from .kernels.simt import combine
+
+    t = types.Array(prim.storage_type(fmt), 4, "A")
+    f3, f4 = types.Array(types.float32, 3, "A"), types.Array(types.float32, 4, "A")
+    return (combine.make_combine_kernel(head_dim_v, fmt),
+            types.void(f4, f3, types.Array(types.int32, 1, "A"), t, f3), COMPILE_OPTIONS)
+
+
+@lru_cache(maxsize=None)
+def simt_mla_combine_kernel(head_dim_v, fmt):
+    """``(kernel, tiles)``: BLOCK_M query rows (one per warp) per CTA, no shared memory."""
+    from .kernels.simt import combine
+
+    pyfunc, signature, _ = simt_mla_combine_spec(head_dim_v, fmt)
+    return compile_kernel(pyfunc, signature, 0), Tiles(combine.ROWS, 0, combine.THREADS, 0)
+
+
 # ----------------------------------------------------------------------------- compile & launch
 
 # Options of every kernel compile (fast math: ``exp2`` becomes one ``ex2.approx``); the PTX
@@ -136,6 +283,12 @@ def _opt_in_shared(kernel, nbytes):
     for overload in kernel.overloads.values():
         cufunc = overload._codelibrary.get_cufunc()
         driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
+
+
+@lru_cache(maxsize=None)
+def compute_capability():
+    """(major, minor) of the current device."""
+    return tuple(cuda.get_current_device().compute_capability)
 
 
 def cdiv(a, b):

@@ -71,3 +71,38 @@ def assert_lse(lse, ref):
     assert np.isfinite(lse[fin]).all(), "lse: non-finite values on rows that see keys"
     err = np.abs(lse[fin] - ref[fin]) / (1 + np.abs(ref[fin]))
     assert err.size == 0 or err.max() <= 2e-4, f"lse: error {err.max():.3g}"
+
+
+def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, softmax_scale=None):
+    """Run flash_attn_fwd on fresh random inputs (out poisoned with NaN) and check out and lse
+    against the float64 reference with DESIGN.md's rule."""
+    import numba_flash as nf
+    from numba_flash import reference as ref
+
+    q, k, v = (randn(rng, s, fmt, scale) for s in ((B, Sq, Hq, D), (B, Sk, Hk, D), (B, Sk, Hk, D)))
+    out = nan_like(q)
+    o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), causal=causal,
+                               softmax_scale=softmax_scale, backend=backend, out=out)
+    assert o is out
+    ro, rl = ref.attention_fwd_ref(q, k, v, causal, softmax_scale)
+    assert to_host(o).dtype == q.dtype
+    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal, softmax_scale), fmt)
+    assert_lse(lse, rl)
+
+
+CCS = ((8, 0), (9, 0))
+
+
+def assert_compiles_clean(spec, configs, must_contain=()):
+    """Compile ``spec(*config)`` for sm_80 and sm_90 in a child process without the simulator
+    (numba_flash.ptxcheck) and require zero spills, no local-memory traffic and the given PTX
+    instructions."""
+    from numba_flash import ptxcheck
+
+    jobs = [(spec, cc, config) for config in configs for cc in CCS]
+    for (ptx, report), (_, cc, config) in zip(ptxcheck.compile_reports_isolated(jobs), jobs):
+        where = f"{spec}{tuple(config)} sm_{cc[0]}{cc[1]}"
+        assert report["spill_stores"] == 0 and report["spill_loads"] == 0, f"{where}: spills"
+        assert "ld.local" not in ptx and "st.local" not in ptx, f"{where}: local memory"
+        for instruction in must_contain:
+            assert instruction in ptx, f"{where}: no {instruction}"

@@ -5,7 +5,8 @@ import pytest
 
 import numba_flash as nf
 from numba_flash import reference as ref
-from helpers import SIMULATOR, assert_close_rule, assert_lse, nan_like, randn, to_device, to_host
+from helpers import (SIMULATOR, assert_close_rule, assert_compiles_clean, assert_lse, check_forward,
+                     randn, to_device, to_host)
 
 # (B, Sq, Sk, Hq, Hk, D, causal, fmt): odd lengths, Sq != Sk both ways, GQA/MQA, head dims 8..256.
 CASES_SIM = [
@@ -31,28 +32,16 @@ CASES_GPU = [
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 
-def _run(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, scale=1.0, softmax_scale=None, backend="simt"):
-    q, k, v = (randn(rng, s, fmt, scale) for s in ((B, Sq, Hq, D), (B, Sk, Hk, D), (B, Sk, Hk, D)))
-    out = nan_like(q)
-    o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), causal=causal,
-                               softmax_scale=softmax_scale, backend=backend, out=out)
-    assert o is out
-    ro, rl = ref.attention_fwd_ref(q, k, v, causal, softmax_scale)
-    lowp = ref.attention_lowp(q, k, v, causal, softmax_scale)
-    assert to_host(o).dtype == q.dtype
-    assert_close_rule(o, ro, lowp, fmt)
-    assert_lse(lse, rl)
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_forward_matches_reference(case):
-    _run(np.random.default_rng(), *case)
+    check_forward(np.random.default_rng(), *case, backend="simt")
 
 
 def test_large_logits_stay_finite():
     """Scores in the hundreds: without the running max, exp would overflow float32."""
     B, S, H, D = (1, 9, 1, 16) if SIMULATOR else (1, 600, 2, 64)
-    _run(np.random.default_rng(), B, S, S, H, H, D, True, "float32", scale=8.0, softmax_scale=1.0)
+    check_forward(np.random.default_rng(), B, S, S, H, H, D, True, "float32", backend="simt",
+                  scale=8.0, softmax_scale=1.0)
 
 
 def test_packed_qkv_views_need_no_copy():
@@ -87,3 +76,13 @@ def test_flash_attn_func_returns_out_or_out_and_lse():
     out2, lse = nf.flash_attn_func(to_device(q), to_device(k), to_device(v), return_lse=True)
     np.testing.assert_array_equal(to_host(out), to_host(out2))
     assert to_host(lse).shape == (1, 1, 4)
+
+
+def test_every_specialization_compiles_without_spills():
+    """The largest head dim of each tile class (most registers), causal or not, 16- and 32-bit
+    storage; bfloat16 (which differs from float16 only in its conversions) and the smallest
+    head dims once."""
+    configs = [("simt", d, causal, fmt) for d in (64, 128, 256) for causal in (False, True)
+               for fmt in ("float16", "float32")] + [("simt", 8, True, "bfloat16"),
+                                                     ("simt", 72, False, "bfloat16")]
+    assert_compiles_clean("numba_flash.launch:forward_spec", configs)

@@ -1,0 +1,262 @@
+"""FlashAttention forward on tensor cores: FA2 with ``mma.sync`` from pure Python.
+
+What it computes
+    The same function as ``kernels/simt/forward.py`` (read that one first: the algorithm, the
+    online softmax and the causal rules are identical), but both matrix products run on the
+    tensor cores as ``mma.sync.m16n8k16`` (16-bit inputs, float32 accumulation) issued through
+    inline PTX (``ptx.py``).
+
+Grid / block mapping
+    grid = (ceil(Sq / BLOCK_M), B * Hq); block = NWARPS warps, BLOCK_M = 16 * NWARPS. Warp ``w``
+    owns query rows ``16 w .. 16 w + 15`` of the tile, and never talks to the other warps except
+    through the shared K/V tiles. Inside a warp the ownership is the mma C-fragment layout: lane
+    ``l`` holds rows ``l >> 2`` and ``(l >> 2) + 8``, columns ``2 (l & 3)`` and ``+1`` of every
+    8-column tile. So each thread keeps, in registers:
+
+        Q fragments   KSTEPS x 4 words   (HEAD_DIM / 16 k-steps, loaded once with ldmatrix)
+        S / P         NT x 4 floats      (BLOCK_N / 8 column tiles of S_ij)
+        O_i           DT x 4 floats      (HEAD_DIM / 8 column tiles of the output)
+        m_i, l_i      2 + 2 floats       (its two rows)
+
+    Row maxima and sums need only the 4 lanes of a quad (``shfl_xor`` 1 and 2). P never leaves
+    the registers: the C fragments of two adjacent 8-column tiles of S, rounded to 16 bits and
+    packed in pairs, *are* the A fragment of the next product O += P V (ptx.py explains why).
+
+Memory pipeline
+    K and V tiles go global -> shared with ``cp.async`` (16 bytes per instruction, no register
+    round trip), double buffered: while the warps compute on tile j, the copy of tile j + 1 is in
+    flight. ldmatrix feeds the fragments: K as the B operand of Q K^T, V through ``.trans`` as
+    the B operand of P V.
+
+Shared memory (16-bit elements, dynamic; rows padded by 8 elements so the 8 row addresses of an
+ldmatrix fall in 8 different 16-byte bank groups)
+    Q   BLOCK_M x (DPAD + 8)         staged once, then kept in registers
+    K   2 x BLOCK_N x (DPAD + 8)     double buffer
+    V   2 x BLOCK_N x (DPAD + 8)     double buffer
+    DPAD is HEAD_DIM rounded up to 16 (the k-step of mma); the padding columns are zero-filled.
+    e.g. HEAD_DIM 128, BLOCK_M 128, BLOCK_N 64: 34 KiB + 2 x 2 x 17 KiB = 102 KiB.
+
+Limits
+    float16 / bfloat16 only (the tensor cores' inputs); HEAD_DIM a multiple of 8 up to 256; any
+    Sq, Sk (ragged tiles are zero-filled and masked); compute capability 8.0 or newer.
+"""
+
+import math
+from functools import lru_cache
+
+from numba import cuda, float32, uint16, uint32
+
+from .. import primitives as prim
+from . import ptx
+from .ptx import SHARED_ALIGN
+
+PAD = 8  # elements of row padding in shared memory (16 bytes)
+
+
+def padded_head_dim(head_dim):
+    return -(-head_dim // 16) * 16
+
+
+def shared_elements(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """16-bit elements of shared memory the kernel uses."""
+    stride = padded_head_dim(HEAD_DIM) + PAD
+    return (BLOCK_M + 4 * BLOCK_N) * stride
+
+
+@lru_cache(maxsize=None)
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+    """Python kernel function for one configuration (compile with launch.compile_kernel)."""
+    assert FMT in ("float16", "bfloat16") and BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0
+    NWARPS = BLOCK_M // 16
+    THREADS = 32 * NWARPS
+    DPAD = padded_head_dim(HEAD_DIM)
+    STRIDE = DPAD + PAD
+    KSTEPS = DPAD // 16          # k-steps of Q K^T
+    NT = BLOCK_N // 8            # 8-column tiles of S
+    DT = DPAD // 8               # 8-column tiles of O
+    CHUNKS = DPAD // 8           # 16-byte chunks per row
+    Q_OFF = 0
+    K_OFF = BLOCK_M * STRIDE
+    V_OFF = K_OFF + 2 * BLOCK_N * STRIDE
+    TILE = BLOCK_N * STRIDE      # elements of one K (or V) buffer
+    SCRATCH = ptx.scratch_size(THREADS)          # words the emulated warp instructions exchange
+    SHFL_SCRATCH = prim.scratch_size(THREADS)     # floats the emulated shuffles exchange
+    mma, pack = ptx.mma(FMT), ptx.pack(FMT)
+    ldsm_x4, ldsm_x4_t = ptx.ldmatrix_x4, ptx.ldmatrix_x4_trans
+    copy16 = ptx.cp_async_16_zfill
+    store = prim.storer(FMT)
+    shfl_xor = prim.shfl_xor
+    NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
+    ZERO, ONE = float32(0.0), float32(1.0)
+
+    @cuda.jit(device=True, inline="always")
+    def load_tile(smem, offset, src, b, row0, head, nrows, seqlen, tid):
+        """Issue cp.async copies of rows row0 .. row0 + nrows - 1 of src[b, :, head, :] into
+        shared memory; rows past seqlen and the padding columns are zero-filled."""
+        for idx in range(tid, nrows * CHUNKS, THREADS):
+            r = idx // CHUNKS
+            c = (idx - r * CHUNKS) * 8
+            valid = row0 + r < seqlen and c < HEAD_DIM
+            row = row0 + r if valid else 0
+            col = c if valid else 0
+            copy16(smem, offset + r * STRIDE + c, src, (b, row, head, col), valid)
+
+    def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
+        smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
+        scratch = cuda.shared.array(SCRATCH, uint32)
+        shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t2 = (lane & 3) * 2
+        a_row, a_col = ptx.ldmatrix_a_rowcol(lane)
+        b_row, b_col = ptx.ldmatrix_b_rowcol(lane)
+        m0 = cuda.blockIdx.x * BLOCK_M
+        b = cuda.blockIdx.y // n_heads_q
+        h = cuda.blockIdx.y - b * n_heads_q
+        hk = h // group
+
+        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        kv_end = seqlen_k
+        if CAUSAL:
+            kv_end = min(seqlen_k, m0 + BLOCK_M + diag)
+        n_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N if kv_end > 0 else 0
+
+        # Prologue: Q and the first K/V tile in flight together.
+        load_tile(smem, Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, tid)
+        if n_tiles > 0:
+            load_tile(smem, K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, tid)
+            load_tile(smem, V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, tid)
+        ptx.cp_async_commit()
+        ptx.cp_async_wait(0)
+        cuda.syncthreads()
+
+        # Q_i fragments stay in registers for the whole loop.
+        q_frag = cuda.local.array((KSTEPS, 4), uint32)
+        for ks in range(KSTEPS):
+            r0, r1, r2, r3 = ldsm_x4(smem, Q_OFF + (16 * warp + a_row) * STRIDE + 16 * ks + a_col,
+                                     scratch, tid)
+            q_frag[ks, 0] = r0
+            q_frag[ks, 1] = r1
+            q_frag[ks, 2] = r2
+            q_frag[ks, 3] = r3
+
+        # Online-softmax state of this thread's two rows (index 0: row g, 1: row g + 8).
+        m_i = cuda.local.array(2, float32)
+        l_i = cuda.local.array(2, float32)
+        O_i = cuda.local.array((DT, 4), float32)
+        S = cuda.local.array((NT, 4), float32)
+        for half in range(2):
+            m_i[half] = NEG_INF
+            l_i[half] = ZERO
+        for dt in range(DT):
+            for e in range(4):
+                O_i[dt, e] = ZERO
+        row_g = m0 + 16 * warp + g  # global query index of this thread's first row
+
+        for j in range(n_tiles):
+            n0 = j * BLOCK_N
+            buf = (j & 1) * TILE
+            # Prefetch tile j + 1 into the other buffer, then wait for tile j only.
+            if j + 1 < n_tiles:
+                nxt = TILE - buf
+                load_tile(smem, K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k, tid)
+                load_tile(smem, V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k, tid)
+                ptx.cp_async_commit()
+                ptx.cp_async_wait(1)
+            else:
+                ptx.cp_async_wait(0)
+            cuda.syncthreads()
+
+            # S_ij = Q_i K_j^T, two 8-column tiles per ldmatrix.x4 of K.
+            for nt in range(NT):
+                for e in range(4):
+                    S[nt, e] = ZERO
+            for ks in range(KSTEPS):
+                qa = (q_frag[ks, 0], q_frag[ks, 1], q_frag[ks, 2], q_frag[ks, 3])
+                for np2 in range(NT // 2):
+                    k0, k1, k2, k3 = ldsm_x4(
+                        smem, K_OFF + buf + (16 * np2 + b_row) * STRIDE + 16 * ks + b_col,
+                        scratch, tid)
+                    c0 = mma(qa, (k0, k1), (S[2 * np2, 0], S[2 * np2, 1], S[2 * np2, 2],
+                                            S[2 * np2, 3]), scratch, tid)
+                    c1 = mma(qa, (k2, k3), (S[2 * np2 + 1, 0], S[2 * np2 + 1, 1],
+                                            S[2 * np2 + 1, 2], S[2 * np2 + 1, 3]), scratch, tid)
+                    for e in range(4):
+                        S[2 * np2, e] = c0[e]
+                        S[2 * np2 + 1, e] = c1[e]
+
+            # Scores in base-2 units (exp(x) = exp2(x log2 e)), then mask only the tiles that cross
+            # the ragged end or the causal diagonal.
+            for nt in range(NT):
+                for e in range(4):
+                    S[nt, e] *= scale_log2
+            needs_mask = n0 + BLOCK_N > seqlen_k
+            if CAUSAL:
+                needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
+            if needs_mask:
+                for nt in range(NT):
+                    for e in range(4):
+                        col = n0 + 8 * nt + t2 + (e & 1)
+                        row = row_g + 8 * (e >> 1)
+                        if col >= seqlen_k or (CAUSAL and col > row + diag):
+                            S[nt, e] = NEG_INF
+
+            # Online softmax on the two rows; the quad (4 lanes) shares each row.
+            for half in range(2):
+                mx = max(S[0, 2 * half], S[0, 2 * half + 1])
+                for nt in range(1, NT):
+                    mx = max(mx, max(S[nt, 2 * half], S[nt, 2 * half + 1]))
+                mx = max(mx, shfl_xor(mx, 1, shfl_scratch, tid))
+                mx = max(mx, shfl_xor(mx, 2, shfl_scratch, tid))
+                m_new = max(m_i[half], mx)
+                base = m_new if m_new != NEG_INF else ZERO  # a row with nothing visible yet
+                alpha = math.exp2(m_i[half] - base)
+                m_i[half] = m_new
+                row_sum = ZERO
+                for nt in range(NT):
+                    for e in range(2 * half, 2 * half + 2):
+                        p = math.exp2(S[nt, e] - base)
+                        S[nt, e] = p
+                        row_sum += p
+                l_i[half] = l_i[half] * alpha + row_sum
+                for dt in range(DT):
+                    O_i[dt, 2 * half] *= alpha
+                    O_i[dt, 2 * half + 1] *= alpha
+
+            # O_i += P_ij V_j: P straight from registers as the A operand, V through ldmatrix.trans.
+            for kk in range(NT // 2):
+                pa = (pack(S[2 * kk, 0], S[2 * kk, 1]), pack(S[2 * kk, 2], S[2 * kk, 3]),
+                      pack(S[2 * kk + 1, 0], S[2 * kk + 1, 1]),
+                      pack(S[2 * kk + 1, 2], S[2 * kk + 1, 3]))
+                for dp in range(DT // 2):
+                    v0, v1, v2, v3 = ldsm_x4_t(
+                        smem, V_OFF + buf + (16 * kk + a_row) * STRIDE + 16 * dp + a_col,
+                        scratch, tid)
+                    c0 = mma(pa, (v0, v1), (O_i[2 * dp, 0], O_i[2 * dp, 1], O_i[2 * dp, 2],
+                                            O_i[2 * dp, 3]), scratch, tid)
+                    c1 = mma(pa, (v2, v3), (O_i[2 * dp + 1, 0], O_i[2 * dp + 1, 1],
+                                            O_i[2 * dp + 1, 2], O_i[2 * dp + 1, 3]), scratch, tid)
+                    for e in range(4):
+                        O_i[2 * dp, e] = c0[e]
+                        O_i[2 * dp + 1, e] = c1[e]
+            cuda.syncthreads()  # every warp is done with buffer j before it is refilled
+
+        # Epilogue: full row sums over the quad, O_i / l_i and lse_i (natural log).
+        for half in range(2):
+            l = l_i[half]
+            l += shfl_xor(l, 1, shfl_scratch, tid)
+            l += shfl_xor(l, 2, shfl_scratch, tid)
+            row = row_g + 8 * half
+            if row < seqlen_q:
+                inv = ONE / l if l > ZERO else ZERO
+                for dt in range(DT):
+                    col = 8 * dt + t2
+                    if col < HEAD_DIM:
+                        out[b, row, h, col] = store(O_i[dt, 2 * half] * inv)
+                        out[b, row, h, col + 1] = store(O_i[dt, 2 * half + 1] * inv)
+                if t2 == 0:
+                    lse[b, h, row] = (m_i[half] + math.log2(l)) * LN2 if l > ZERO else POS_INF
+
+    return flash_fwd_tc
