@@ -52,11 +52,14 @@ def _same_format(ref, *others):
 
 
 def _scale(softmax_scale, head_dim):
+    """The softmax scale: ``head_dim ** -0.5`` by default, else a finite positive float (the
+    kernels take row maxima of raw scores, which commute only with a positive scale)."""
     if softmax_scale is None:
         return head_dim ** -0.5
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating)) \
-            or not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale: expected a finite float or None, got {softmax_scale!r}")
+            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale: expected a finite positive float or None, "
+                         f"got {softmax_scale!r}")
     return float(softmax_scale)
 
 

@@ -49,6 +49,7 @@ def test_forward_refuses_bad_input_before_launch(case):
 @pytest.mark.parametrize("kwargs, exc, words", [
     (dict(backend="cuda"), ValueError, "backend"),
     (dict(softmax_scale=float("nan")), ValueError, "softmax_scale"),
+    (dict(softmax_scale=-0.5), ValueError, "softmax_scale"),
     (dict(softmax_scale="0.1"), ValueError, "softmax_scale"),
     (dict(causal="yes"), TypeError, "causal"),
 ])
@@ -73,3 +74,140 @@ def test_host_array_on_a_gpu_is_a_type_error():
     q, k, v = _qkv(rng)
     with pytest.raises(TypeError, match="q: got a host NumPy array"):
         nf.flash_attn_fwd(randn(rng, (1, 5, 2, 16), "float16"), k, v)
+
+
+# ----------------------------------------------------------------------------- flash_attn_bwd
+
+def _rand(rng, shape, fmt="float16"):
+    return to_device(randn(rng, shape, fmt))
+
+
+# name -> (arguments replacing good ones, exception, message pattern). Good arguments: q, dout,
+# out (1, 5, 2, 16) float16, k, v (1, 6, 1, 16), lse (1, 2, 5) float32.
+BAD_BACKWARD = {
+    "dout shape": (lambda rng: dict(dout=_rand(rng, (1, 4, 2, 16))), ValueError, "^dout: shape"),
+    "out shape": (lambda rng: dict(out=_rand(rng, (1, 5, 1, 16))), ValueError, "^out: shape"),
+    "dout dtype": (lambda rng: dict(dout=_rand(rng, (1, 5, 2, 16), "float32")), TypeError, "^dout"),
+    "out dtype": (lambda rng: dict(out=_rand(rng, (1, 5, 2, 16), "bfloat16")), TypeError, "^out"),
+    "dout rank": (lambda rng: dict(dout=_rand(rng, (5, 2, 16))), ValueError, "^dout"),
+    "lse shape": (lambda rng: dict(lse=_rand(rng, (1, 5, 2), "float32")), ValueError, "^lse"),
+    "lse dtype": (lambda rng: dict(lse=_rand(rng, (1, 2, 5))), ValueError, "^lse.*float32"),
+    "lse not an array": (lambda rng: dict(lse=1.0), TypeError, "^lse"),
+    "dq buffer shape": (lambda rng: dict(dq=_rand(rng, (1, 5, 2, 8))), ValueError, "^dq"),
+    "dk buffer dtype": (lambda rng: dict(dk=_rand(rng, (1, 6, 1, 16), "float32")), ValueError,
+                        "^dk"),
+    "dv buffer shape": (lambda rng: dict(dv=_rand(rng, (1, 6, 2, 16))), ValueError, "^dv"),
+    "q rank": (lambda rng: dict(q=_rand(rng, (5, 2, 16))), ValueError, "^q"),
+    "k, v shapes differ": (lambda rng: dict(k=_rand(rng, (1, 6, 2, 16))), ValueError, "^v: shape"),
+    "causal": (lambda rng: dict(causal=1), TypeError, "^causal"),
+    "softmax_scale": (lambda rng: dict(softmax_scale=float("inf")), ValueError, "^softmax_scale"),
+    "backend tc": (lambda rng: dict(backend="tc"), ValueError, "^backend"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BACKWARD))
+def test_backward_refuses_bad_input_before_launch(case):
+    rng = np.random.default_rng()
+    q, k, v = _qkv(rng)
+    good = dict(dout=_rand(rng, (1, 5, 2, 16)), q=q, k=k, v=v, out=_rand(rng, (1, 5, 2, 16)),
+                lse=_rand(rng, (1, 2, 5), "float32"))
+    buffers = dict(dq=nan_like(randn(rng, (1, 5, 2, 16), "float16")),
+                   dk=nan_like(randn(rng, (1, 6, 1, 16), "float16")),
+                   dv=nan_like(randn(rng, (1, 6, 1, 16), "float16")))
+    make, exc, words = BAD_BACKWARD[case]
+    bad = make(rng)
+    with pytest.raises(exc, match=words):
+        nf.flash_attn_bwd(**{**good, **buffers, **bad})
+    for name, buf in buffers.items():
+        if name not in bad:
+            assert np.isnan(to_host(buf).astype(np.float32)).all(), f"a refused call wrote {name}"
+
+
+# ----------------------------------------------------------------------------- paged MLA decode
+
+def _int32(x, dtype=np.int32):
+    return to_device(np.asarray(x, dtype))
+
+
+def _mla_good(rng):
+    """b 2, s_q 1, h_q 2, h_kv 1, d 16, head_dim_v 8, pages of 4 rows."""
+    seqlens = _int32([5, 3])
+    metadata, num_splits = nf.get_mla_metadata(seqlens, 2, 1, num_sms=2)
+    return dict(q=_rand(rng, (2, 1, 2, 16)), k_cache=_rand(rng, (4, 4, 1, 16)),
+                block_table=_int32([[0, 1], [2, 3]]), cache_seqlens=seqlens, head_dim_v=8,
+                tile_scheduler_metadata=metadata, num_splits=num_splits)
+
+
+# name -> (arguments replacing good ones, exception, message pattern)
+BAD_MLA = {
+    "q rank": (lambda rng: dict(q=_rand(rng, (2, 2, 16))), ValueError, "^q"),
+    "q integer": (lambda rng: dict(q=_int32(np.ones((2, 1, 2, 16)))), TypeError, "^q"),
+    "k_cache dtype": (lambda rng: dict(k_cache=_rand(rng, (4, 4, 1, 16), "float32")), TypeError,
+                      "^k_cache"),
+    "k_cache not an array": (lambda rng: dict(k_cache=[[1.0]]), TypeError, "^k_cache"),
+    "k_cache head dim": (lambda rng: dict(k_cache=_rand(rng, (4, 4, 1, 24))), ValueError,
+                         "^k_cache: head dim"),
+    "head dim not /8": (lambda rng: dict(q=_rand(rng, (2, 1, 2, 12)),
+                                         k_cache=_rand(rng, (4, 4, 1, 12))), ValueError,
+                        "^q: head dim.*multiple of 8"),
+    "head dim > 576": (lambda rng: dict(q=_rand(rng, (2, 1, 2, 584)),
+                                        k_cache=_rand(rng, (4, 4, 1, 584))), ValueError, "576"),
+    "heads not a multiple": (lambda rng: dict(q=_rand(rng, (2, 1, 3, 16)),
+                                              k_cache=_rand(rng, (4, 4, 2, 16))), ValueError,
+                             "^k_cache: query heads"),
+    "head_dim_v > d": (lambda rng: dict(head_dim_v=24), ValueError, "^head_dim_v"),
+    "head_dim_v 0": (lambda rng: dict(head_dim_v=0), ValueError, "^head_dim_v"),
+    "head_dim_v float": (lambda rng: dict(head_dim_v=8.0), ValueError, "^head_dim_v"),
+    "block_table dtype": (lambda rng: dict(block_table=_int32([[0, 1], [2, 3]], np.int64)),
+                          TypeError, "^block_table: expected int32"),
+    "block_table batch": (lambda rng: dict(block_table=_int32([[0, 1], [2, 3], [0, 0]])),
+                          ValueError, r"^block_table: expected shape \(2, n\)"),
+    "block_table rank": (lambda rng: dict(block_table=_int32([0, 1])), ValueError, "^block_table"),
+    "cache_seqlens dtype": (lambda rng: dict(cache_seqlens=_rand(rng, (2,), "float32")),
+                            TypeError, "^cache_seqlens"),
+    "cache_seqlens batch": (lambda rng: dict(cache_seqlens=_int32([5, 3, 1])), ValueError,
+                            r"^cache_seqlens: expected shape \(2,\)"),
+    "metadata columns": (lambda rng: dict(tile_scheduler_metadata=_int32(np.zeros((2, 7)))),
+                         ValueError, r"^tile_scheduler_metadata: expected shape \(n, 8\)"),
+    "metadata dtype": (lambda rng: dict(tile_scheduler_metadata=_int32(np.zeros((2, 8)), np.int64)),
+                       TypeError, "^tile_scheduler_metadata"),
+    "metadata empty": (lambda rng: dict(tile_scheduler_metadata=_int32(np.zeros((0, 8)))),
+                       ValueError, "^tile_scheduler_metadata"),
+    "num_splits of another batch": (lambda rng: dict(num_splits=_int32([0, 1])), ValueError,
+                                    r"^num_splits: expected shape \(3,\)"),
+    "causal": (lambda rng: dict(causal=1), TypeError, "^causal"),
+    "softmax_scale": (lambda rng: dict(softmax_scale=float("nan")), ValueError, "^softmax_scale"),
+    "backend unknown": (lambda rng: dict(backend="cuda"), ValueError, "^backend"),
+    "backend tc": (lambda rng: dict(backend="tc"), ValueError, "^backend"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MLA))
+def test_mla_decode_refuses_bad_input_before_launch(case):
+    rng = np.random.default_rng()
+    good = _mla_good(rng)
+    out = nan_like(randn(rng, (2, 1, 2, 8), "float16"))
+    make, exc, words = BAD_MLA[case]
+    with pytest.raises(exc, match=words):
+        nf.flash_mla_with_kvcache(**{**good, **make(rng)}, out=out)
+    assert np.isnan(to_host(out).astype(np.float32)).all(), "a refused call wrote to out"
+
+
+def test_mla_decode_refuses_wrong_out_buffer():
+    rng = np.random.default_rng()
+    with pytest.raises(ValueError, match="^out"):
+        nf.flash_mla_with_kvcache(**_mla_good(rng), out=nan_like(randn(rng, (2, 1, 2, 16),
+                                                                       "float16")))
+
+
+@pytest.mark.parametrize("args, exc, words", [
+    ((_int32([5, 3], np.int64), 2, 1), TypeError, "^cache_seqlens: expected int32"),
+    ((_int32([[5, 3]]), 2, 1), ValueError, "^cache_seqlens"),
+    ((_int32([5, -1]), 2, 1), ValueError, "^cache_seqlens"),
+    ((_int32([5, 3]), 0, 1), ValueError, "^num_q_tokens_per_head_k"),
+    ((_int32([5, 3]), 2, 0), ValueError, "^num_heads_k"),
+    ((_int32([5, 3]), 2, 1, 0), ValueError, "^num_sms"),
+])
+def test_mla_metadata_refuses_bad_input(args, exc, words):
+    with pytest.raises(exc, match=words):
+        nf.get_mla_metadata(*args)

@@ -86,20 +86,27 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     copy16 = ptx.cp_async_16_zfill
     store = prim.storer(FMT)
     shfl_xor = prim.shfl_xor
+    exp2 = ptx.exp2_approx  # ex2.approx.ftz: no special-case selects around it
     NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
     ZERO, ONE = float32(0.0), float32(1.0)
 
+    # Copy geometry: a row of DPAD elements is CHUNKS 16-byte chunks; each thread always copies
+    # the same chunk column (its ``tid % CHUNK_SLOTS``) of rows ``tid // CHUNK_SLOTS + pass *
+    # ROWS_PER_PASS``, so all index arithmetic but the row offset is done once, outside the loop.
+    CHUNK_SLOTS = 1 << (CHUNKS - 1).bit_length()     # CHUNKS rounded up to a power of two
+    ROWS_PER_PASS = THREADS // CHUNK_SLOTS
+
     @cuda.jit(device=True, inline="always")
-    def load_tile(smem, offset, src, b, row0, head, nrows, seqlen, tid):
-        """Issue cp.async copies of rows row0 .. row0 + nrows - 1 of src[b, :, head, :] into
+    def load_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c):
+        """Issue the cp.async copies of rows row0 .. row0 + NROWS - 1 of src[b, :, head, :] into
         shared memory; rows past seqlen and the padding columns are zero-filled."""
-        for idx in range(tid, nrows * CHUNKS, THREADS):
-            r = idx // CHUNKS
-            c = (idx - r * CHUNKS) * 8
-            valid = row0 + r < seqlen and c < HEAD_DIM
-            row = row0 + r if valid else 0
-            col = c if valid else 0
-            copy16(smem, offset + r * STRIDE + c, src, (b, row, head, col), valid)
+        if c < DPAD:  # the thread's chunk slot lies in the row
+            for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
+                r = r0 + i * ROWS_PER_PASS
+                if r < NROWS:
+                    valid = c < HEAD_DIM and row0 + r < seqlen
+                    copy16(smem, offset + r * STRIDE + c, src,
+                           (b, row0 + r if valid else 0, head, c if valid else 0), valid)
 
     def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
@@ -110,8 +117,13 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         lane = tid & 31
         g = lane >> 2
         t2 = (lane & 3) * 2
+        copy_r0 = tid // CHUNK_SLOTS
+        copy_c = (tid % CHUNK_SLOTS) * 8
         a_row, a_col = ptx.ldmatrix_a_rowcol(lane)
         b_row, b_col = ptx.ldmatrix_b_rowcol(lane)
+        # Each lane's ldmatrix row address, up to a compile-time offset: one add per load.
+        k_lane = K_OFF + b_row * STRIDE + b_col
+        v_lane = V_OFF + a_row * STRIDE + a_col
         m0 = cuda.blockIdx.x * BLOCK_M
         b = cuda.blockIdx.y // n_heads_q
         h = cuda.blockIdx.y - b * n_heads_q
@@ -124,10 +136,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         n_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N if kv_end > 0 else 0
 
         # Prologue: Q and the first K/V tile in flight together.
-        load_tile(smem, Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, tid)
+        load_tile(smem, Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, copy_r0, copy_c)
         if n_tiles > 0:
-            load_tile(smem, K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, tid)
-            load_tile(smem, V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, tid)
+            load_tile(smem, K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
+            load_tile(smem, V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
         ptx.cp_async_commit()
         ptx.cp_async_wait(0)
         cuda.syncthreads()
@@ -161,13 +173,17 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             # Prefetch tile j + 1 into the other buffer, then wait for tile j only.
             if j + 1 < n_tiles:
                 nxt = TILE - buf
-                load_tile(smem, K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k, tid)
-                load_tile(smem, V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k, tid)
+                load_tile(smem, K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                          copy_r0, copy_c)
+                load_tile(smem, V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                          copy_r0, copy_c)
                 ptx.cp_async_commit()
                 ptx.cp_async_wait(1)
             else:
                 ptx.cp_async_wait(0)
             cuda.syncthreads()
+            k_tile = k_lane + buf
+            v_tile = v_lane + buf
 
             # S_ij = Q_i K_j^T, two 8-column tiles per ldmatrix.x4 of K.
             for nt in range(NT):
@@ -176,9 +192,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             for ks in range(KSTEPS):
                 qa = (q_frag[ks, 0], q_frag[ks, 1], q_frag[ks, 2], q_frag[ks, 3])
                 for np2 in range(NT // 2):
-                    k0, k1, k2, k3 = ldsm_x4(
-                        smem, K_OFF + buf + (16 * np2 + b_row) * STRIDE + 16 * ks + b_col,
-                        scratch, tid)
+                    k0, k1, k2, k3 = ldsm_x4(smem, k_tile + 16 * np2 * STRIDE + 16 * ks,
+                                             scratch, tid)
                     c0 = mma(qa, (k0, k1), (S[2 * np2, 0], S[2 * np2, 1], S[2 * np2, 2],
                                             S[2 * np2, 3]), scratch, tid)
                     c1 = mma(qa, (k2, k3), (S[2 * np2 + 1, 0], S[2 * np2 + 1, 1],
@@ -187,11 +202,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                         S[2 * np2, e] = c0[e]
                         S[2 * np2 + 1, e] = c1[e]
 
-            # Scores in base-2 units (exp(x) = exp2(x log2 e)), then mask only the tiles that cross
-            # the ragged end or the causal diagonal.
-            for nt in range(NT):
-                for e in range(4):
-                    S[nt, e] *= scale_log2
+            # Mask only the tiles that cross the ragged end or the causal diagonal.
             needs_mask = n0 + BLOCK_N > seqlen_k
             if CAUSAL:
                 needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
@@ -203,7 +214,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                         if col >= seqlen_k or (CAUSAL and col > row + diag):
                             S[nt, e] = NEG_INF
 
-            # Online softmax on the two rows; the quad (4 lanes) shares each row.
+            # Online softmax on the two rows; the quad (4 lanes) shares each row. m_i is kept in
+            # raw score units (the scale is positive, so maxima commute with it) and the scale
+            # rides in each exponent: exp(scale (s - m)) = exp2(s * scale_log2 - m * scale_log2),
+            # one FFMA and one ex2 per element.
             for half in range(2):
                 mx = max(S[0, 2 * half], S[0, 2 * half + 1])
                 for nt in range(1, NT):
@@ -211,13 +225,13 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 mx = max(mx, shfl_xor(mx, 1, shfl_scratch, tid))
                 mx = max(mx, shfl_xor(mx, 2, shfl_scratch, tid))
                 m_new = max(m_i[half], mx)
-                base = m_new if m_new != NEG_INF else ZERO  # a row with nothing visible yet
-                alpha = math.exp2(m_i[half] - base)
+                base = m_new * scale_log2 if m_new != NEG_INF else ZERO  # nothing visible yet
+                alpha = exp2(m_i[half] * scale_log2 - base)
                 m_i[half] = m_new
                 row_sum = ZERO
                 for nt in range(NT):
                     for e in range(2 * half, 2 * half + 2):
-                        p = math.exp2(S[nt, e] - base)
+                        p = exp2(S[nt, e] * scale_log2 - base)
                         S[nt, e] = p
                         row_sum += p
                 l_i[half] = l_i[half] * alpha + row_sum
@@ -231,9 +245,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                       pack(S[2 * kk + 1, 0], S[2 * kk + 1, 1]),
                       pack(S[2 * kk + 1, 2], S[2 * kk + 1, 3]))
                 for dp in range(DT // 2):
-                    v0, v1, v2, v3 = ldsm_x4_t(
-                        smem, V_OFF + buf + (16 * kk + a_row) * STRIDE + 16 * dp + a_col,
-                        scratch, tid)
+                    v0, v1, v2, v3 = ldsm_x4_t(smem, v_tile + 16 * kk * STRIDE + 16 * dp,
+                                               scratch, tid)
                     c0 = mma(pa, (v0, v1), (O_i[2 * dp, 0], O_i[2 * dp, 1], O_i[2 * dp, 2],
                                             O_i[2 * dp, 3]), scratch, tid)
                     c1 = mma(pa, (v2, v3), (O_i[2 * dp + 1, 0], O_i[2 * dp + 1, 1],
@@ -257,6 +270,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                         out[b, row, h, col] = store(O_i[dt, 2 * half] * inv)
                         out[b, row, h, col + 1] = store(O_i[dt, 2 * half + 1] * inv)
                 if t2 == 0:
-                    lse[b, h, row] = (m_i[half] + math.log2(l)) * LN2 if l > ZERO else POS_INF
+                    lse[b, h, row] = (m_i[half] * scale_log2 + math.log2(l)) * LN2 \
+                        if l > ZERO else POS_INF
 
     return flash_fwd_tc
