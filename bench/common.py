@@ -44,6 +44,25 @@ def time_ms(fn, warmup_ms=25, rep_ms=200):
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+# ----------------------------------------------------------------------------- the project's Triton kernels
+
+TRITON_DIR = pathlib.Path(__file__).parent / "triton"
+
+
+def triton_module(name):
+    """``bench/triton/<name>.py`` imported as the module ``name`` (e.g. ``flash_fwd``).
+
+    The folder itself goes on ``sys.path``, so its modules import each other by file name. It is
+    not a package: a ``bench/triton/__init__.py`` would shadow the real ``triton`` for every
+    script run from bench/.
+    """
+    import importlib
+
+    if str(TRITON_DIR) not in sys.path:
+        sys.path.insert(0, str(TRITON_DIR))
+    return importlib.import_module(name)
+
+
 # ----------------------------------------------------------------------------- results
 
 def gpu_name():
@@ -85,7 +104,8 @@ def write_csv(path, rows):
         f.write(f"# gpu: {gpu_name()}\n# commit: {git_commit()}\n")
         f.write(f"# command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}\n")
         if rows:
-            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            fields = list(dict.fromkeys(key for row in rows for key in row))  # first-seen order
+            w = csv.DictWriter(f, fieldnames=fields, restval="")
             w.writeheader()
             w.writerows(rows)
     return path
@@ -122,3 +142,53 @@ class Progress:
         end = "\n" if self.done == self.total or not sys.stderr.isatty() else ""
         sys.stderr.write(f"\r[{self.done:>{len(str(self.total))}}/{self.total}] {label:<60}{end}")
         sys.stderr.flush()
+
+
+# ----------------------------------------------------------------------------- plots
+
+def plot_panels(path, rows, x, y, panels, line, xlabel, ylabel, title, hline=None, logy=False):
+    """PNG of ``y`` against ``x`` (log2 x axis; log y with ``logy``): one panel per distinct
+    value of the ``panels`` keys, one line per distinct ``line`` value, points with a missing or
+    NaN ``y`` left out; ``hline`` = (value, label) draws a dashed reference line on every panel.
+    Returns the path, or None (with a note on stderr) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.stderr.write(f"matplotlib not installed: no plot {pathlib.Path(path).name}\n")
+        return None
+    keys = list(dict.fromkeys(tuple(r[k] for k in panels) for r in rows))
+    cols = min(len(keys), 4)
+    nrows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        sub = [r for r in rows if tuple(r[k] for k in panels) == key and _number(r.get(y))]
+        for name in dict.fromkeys(r[line] for r in sub):
+            pts = sorted((float(r[x]), float(r[y])) for r in sub if r[line] == name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        if hline:
+            ax.axhline(hline[0], color="gray", linestyle="--", label=hline[1])
+        ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_title(", ".join(f"{k}={v}" for k, v in zip(panels, key)), fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return pathlib.Path(path)
+
+
+def _number(v):
+    try:
+        return v not in ("", None) and float(v) == float(v)
+    except (TypeError, ValueError):
+        return False

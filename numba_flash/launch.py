@@ -26,6 +26,7 @@ class Tiles:
     BLOCK_N: int
     threads: int
     shared_bytes: int
+    max_registers: int = 0  # a per-thread register cap (0: the compiler's choice)
 
 
 # ----------------------------------------------------------------------------- SIMT forward
@@ -59,7 +60,7 @@ def forward_spec(backend, head_dim, causal, fmt):
         from .kernels.simt import forward
     tiles = forward_tiles(backend, head_dim)
     pyfunc = forward.make_forward_kernel(head_dim, tiles.BLOCK_M, tiles.BLOCK_N, causal, fmt)
-    return pyfunc, attention_signature(fmt), COMPILE_OPTIONS
+    return pyfunc, attention_signature(fmt), compile_options(tiles)
 
 
 def forward_tiles(backend, head_dim):
@@ -71,7 +72,7 @@ def forward_kernel(backend, head_dim, causal, fmt):
     """Compiled forward kernel of ``backend`` and its tiles."""
     pyfunc, signature, _ = forward_spec(backend, head_dim, causal, fmt)
     tiles = forward_tiles(backend, head_dim)
-    return compile_kernel(pyfunc, signature, tiles.shared_bytes), tiles
+    return compile_kernel(pyfunc, signature, tiles.shared_bytes, tiles.max_registers), tiles
 
 
 # ----------------------------------------------------------------------------- SIMT backward
@@ -79,8 +80,8 @@ def forward_kernel(backend, head_dim, causal, fmt):
 # By head dim: (BLOCK_M, BLOCK_N) of the dK/dV kernel (BLOCK_N keys held, BLOCK_M queries
 # streamed) and of the dQ kernel (BLOCK_M queries held, BLOCK_N keys streamed). The register
 # accumulators grow as HEAD_DIM / 8 per owned row, so larger head dims own fewer rows (dQ at 256
-# with 32 query rows needs ~250 registers, at the edge of spilling). Checked by the PTX test:
-# no spills on sm_80 / sm_90, at most ~210 registers; shared memory <= 105 KiB (fits an A100).
+# with 32 query rows needs ~250 registers, at the edge of spilling). No spills on sm_80 / sm_90
+# (at most ~210 registers, the PTX test checks); shared memory <= 106 KiB, so an A100 fits.
 _SIMT_BWD_TILES = ((64, (32, 64), (64, 32)), (128, (32, 32), (64, 32)), (256, (32, 16), (16, 32)))
 
 
@@ -125,15 +126,18 @@ def simt_backward_kernel(kernel, head_dim, causal, fmt):
 
 # ----------------------------------------------------------------------------- tensor-core forward
 
-# BLOCK_M (16 query rows per warp) and BLOCK_N by head dim, measured on an H200 (bench/results).
-_TC_FWD_TILES = ((64, (128, 64)), (128, (128, 64)), (256, (64, 32)))
+# (BLOCK_M, BLOCK_N, register cap) by head dim, from the tile sweep bench/tune_tc_forward.py on
+# an H200 (bench/results/2026-11-29-NVIDIA-H200/tune_tc_forward.csv). BLOCK_M = 16 rows per warp.
+# Capping registers at 128 lets two 8-warp blocks share an SM (16 warps to hide the latency of
+# mma, ldmatrix and ex2); that beat the uncapped compile by up to 30%.
+_TC_FWD_TILES = ((64, (128, 64, 128)), (128, (128, 32, 128)), (256, (64, 32, 0)))
 
 
 def tc_forward_tiles(head_dim):
     from .kernels.tc import forward
 
-    bm, bn = next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
-    return Tiles(bm, bn, 32 * (bm // 16), 2 * forward.shared_elements(bm, bn, head_dim))
+    bm, bn, regs = next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
+    return Tiles(bm, bn, 32 * (bm // 16), 2 * forward.shared_elements(bm, bn, head_dim), regs)
 
 
 # ----------------------------------------------------------------------------- naive baseline
@@ -167,11 +171,15 @@ def naive_kernel(kernel, causal, fmt):
 
 # ----------------------------------------------------------------------------- SIMT MLA decode
 
-# BLOCK_N (cache rows per tile) by BLOCK_M (packed query rows, a power of two up to 64): few rows
-# take deeper tiles (more bytes in flight per prefetch); many rows need their registers for the
-# O_i micro-tile (BLOCK_M * HEAD_DIM_V / 256 floats per thread). BLOCK_M halves while the shared
-# memory (the float32 Q tile: 144 KiB at 64 rows of 576) exceeds the device's limit.
-_MLA_BLOCK_N = ((16, 32), (64, 16))
+# BLOCK_N (cache rows per tile) by BLOCK_M (packed query rows, a power of two up to 32): few rows
+# stream the cache and take deep tiles (more bytes in flight per prefetch); more rows are bound by
+# arithmetic and need their registers for the O_i micro-tile (BLOCK_M * HEAD_DIM_V / 256 floats
+# per thread) and the S micro-tile, so they prefetch shallower tiles. 128 query rows (h_q = 128)
+# run as four tiles of 32: BLOCK_M = 64 (O_i of 128 floats per thread) spills. BLOCK_M halves
+# while the shared memory exceeds the device's limit. Checked by the PTX test (HEAD_DIM 576): no
+# spills on sm_80 / sm_90, 164-254 registers; the next deeper tile of each tier reaches 255
+# registers or spills (float16 on sm_80); shared memory 78-123 KiB (fits an A100).
+_MLA_BLOCK_N = ((8, 32), (16, 16), (32, 8))
 # Threads per CTA: 256 (8 warps) on a GPU. The simulator runs every thread as a Python thread and
 # a barrier among 256 of them costs ~8x one among 64, so simulated runs use 64 (the layouts are
 # parametric in it; one test runs the GPU's 256).
@@ -192,7 +200,7 @@ def device_limits():
 def simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, shared_limit):
     from .kernels.simt import mla_decode
 
-    bm = min(64, 1 << (q_rows - 1).bit_length())
+    bm = min(_MLA_BLOCK_N[-1][0], 1 << (q_rows - 1).bit_length())
     while True:
         bn = next(n for rows, n in _MLA_BLOCK_N if bm <= rows)
         nbytes = 4 * mla_decode.layout(bm, bn, head_dim, head_dim_v, MLA_THREADS)["words"]
@@ -261,12 +269,20 @@ def simt_mla_combine_kernel(head_dim_v, fmt):
 COMPILE_OPTIONS = {"fastmath": True}
 
 
-def compile_kernel(pyfunc, signature, shared_bytes):
+def compile_options(tiles):
+    """COMPILE_OPTIONS plus the register cap of ``tiles`` (ptxcheck passes it to the assembler)."""
+    if tiles.max_registers:
+        return dict(COMPILE_OPTIONS, max_registers=tiles.max_registers)
+    return COMPILE_OPTIONS
+
+
+def compile_kernel(pyfunc, signature, shared_bytes, max_registers=0):
     """Compile ``pyfunc`` for ``signature`` (fast math: ``exp2`` becomes ``ex2.approx``) and let
     it use ``shared_bytes`` of dynamic shared memory. Under the simulator: a simulated kernel."""
     if SIMULATOR:
         return cuda.jit(pyfunc)
-    kernel = cuda.jit(signature, **COMPILE_OPTIONS)(pyfunc)
+    options = dict(COMPILE_OPTIONS, **({"max_registers": max_registers} if max_registers else {}))
+    kernel = cuda.jit(signature, **options)(pyfunc)
     if shared_bytes > DEFAULT_SHARED_LIMIT:
         _opt_in_shared(kernel, shared_bytes)
     return kernel

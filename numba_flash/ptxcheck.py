@@ -47,7 +47,7 @@ def compile_ptx(pyfunc, signature, cc=(9, 0), **options):
     return ptx
 
 
-def assemble_report(ptx, cc=(9, 0)):
+def assemble_report(ptx, cc=(9, 0), max_registers=0):
     """Assemble PTX for ``sm_<cc>`` with nvJitLink and parse ptxas' verbose log.
 
     Returns a dict: ``registers`` (most used by any function), ``spill_stores``,
@@ -58,7 +58,10 @@ def assemble_report(ptx, cc=(9, 0)):
     from cuda.bindings import nvjitlink
 
     data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
-    handle = nvjitlink.create(2, ["-arch=sm_{}{}".format(*cc), "-verbose"])
+    flags = ["-arch=sm_{}{}".format(*cc), "-verbose"]
+    if max_registers:
+        flags.append(f"-maxrregcount={max_registers}")
+    handle = nvjitlink.create(len(flags), flags)
     try:
         nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
         try:
@@ -117,10 +120,11 @@ def parse_ptxas_log(log):
     return report
 
 
-def compile_report(pyfunc, signature, cc=(9, 0), **options):
-    """``(ptx_text, report)`` for a kernel: ``compile_ptx`` then ``assemble_report``."""
+def compile_report(pyfunc, signature, cc=(9, 0), max_registers=0, **options):
+    """``(ptx_text, report)`` for a kernel: ``compile_ptx`` then ``assemble_report``, under the
+    register cap ``max_registers`` (0: none) the kernel is launched with."""
     ptx = compile_ptx(pyfunc, signature, cc=cc, **options)
-    return ptx, assemble_report(ptx, cc=cc)
+    return ptx, assemble_report(ptx, cc=cc, max_registers=max_registers)
 
 
 _MODULES = {}

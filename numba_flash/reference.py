@@ -78,13 +78,41 @@ def attention_lowp(q, k, v, causal=False, softmax_scale=None):
     DESIGN.md's tolerance rule compares a kernel's error with this one's: a flash kernel must be
     no worse than twice what the textbook algorithm loses in the same precision.
     """
-    dt = np.asarray(q).dtype
-    s = to_float64(_scores(q, k, False, softmax_scale).astype(dt))
+    p = _probs_lowp(q, k, causal, softmax_scale)
+    out = np.einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
+    return _round(out, q)
+
+
+def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None):
+    """Plain attention backward with P, dV, dP, dS, dQ, dK each rounded to the inputs' dtype:
+    the low-precision counterpart of ``attention_bwd_ref`` for the tolerance rule (float64 out)."""
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    p = _probs_lowp(q, k, causal, softmax_scale)
+    do = to_float64(dout)
+    dv = _round(np.einsum("bhqk,bqhd->bkhd", p, do), q)
+    dp = _round(np.einsum("bqhd,bkhd->bhqk", do, to_float64(_expand_kv(v, hq))), q)
+    ds = _round(p * (dp - (p * dp).sum(axis=-1, keepdims=True)), q)
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, to_float64(_expand_kv(k, hq))) * scale
+    dk = _round(np.einsum("bhqk,bqhd->bkhd", ds, to_float64(q)) * scale, q)
+    group = hq // hk
+    return (_round(dq, q), _round(dk.reshape(b, sk, hk, group, d).sum(axis=3), q),
+            _round(dv.reshape(b, sk, hk, group, v.shape[-1]).sum(axis=3), q))
+
+
+def _round(x, like):
+    """float64 ``x`` rounded to ``like``'s dtype, back as float64."""
+    return to_float64(x.astype(np.asarray(like).dtype))
+
+
+def _probs_lowp(q, k, causal, softmax_scale):
+    """Softmax probabilities with S and P rounded to q's dtype (float64 out)."""
+    s = _round(_scores(q, k, False, softmax_scale), q)
     if causal:
         s = np.where(causal_mask(q.shape[1], k.shape[1]), s, -np.inf)
     p, _ = _softmax(s)
-    out = np.einsum("bhqk,bkhd->bqhd", to_float64(p.astype(dt)), to_float64(_expand_kv(v, q.shape[2])))
-    return to_float64(out.astype(dt))
+    return _round(p, q)
 
 
 def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale=None,

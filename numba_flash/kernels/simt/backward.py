@@ -3,7 +3,7 @@
 What it computes
     The gradients of ``O = softmax(Q K^T * scale) V`` for the incoming ``dO``, without the
     attention matrix: every tile ``P_ij`` is recomputed from Q, K and the forward's saved ``lse``
-    (chapter 9.4.3, recomputation; chapter 9.4.5, the two-kernel backward):
+    (chapter 9.4.3, recomputation; chapter 9.4.5, the two kernels of the Triton backward):
 
         D_i   = rowsum(dO_i * O_i)                        preprocess, float32 (B, Hq, Sq)
         S_ij  = Q_i K_j^T * scale
@@ -41,21 +41,25 @@ Shared memory (float32 words, dynamic; launch.simt_backward_tiles picks the tile
            P^T, dS^T: 2 BLOCK_N (BLOCK_M + pad); lse_i, D_i: 2 BLOCK_M.
     dQ     Q_i, dO_i: 2 BLOCK_M (HEAD_DIM + 1); K_j, V_j: 2 BLOCK_N (HEAD_DIM + 1);
            dS: BLOCK_M (BLOCK_N + pad).
-    e.g. 66 KiB (dK/dV, HEAD_DIM = 64) to 134 KiB (dQ, HEAD_DIM = 256): the opt-in of launch.py.
+    e.g. 66 KiB (dK/dV, HEAD_DIM = 64), 105 KiB (dQ, HEAD_DIM = 128): above the 48 KiB static
+    limit, hence the opt-in of launch.py; below the 163 KiB of an A100.
 
 Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq)
     Tile pairs wholly above the diagonal are skipped (kernel 1 starts at the first query tile
-    that sees its keys, kernel 2 stops at the last key tile its queries see). Masks, which are
-    integer comparisons and never arithmetic on infinities, are applied only to tiles that cross
-    the diagonal or the ragged end of the keys. A row with no visible key (lse = +inf) gets
-    P = 0, hence dq = 0 and nothing in dk, dv. Padded query rows are zeros in Q and dO, so they
-    add nothing to dK, dV without a mask.
+    that sees its keys, kernel 2 stops at the last key tile its queries see). Masks are applied
+    only to tiles that cross the diagonal or the ragged end of the keys, and they set P = 0
+    through integer comparisons, never through arithmetic on infinities (fast math assumes
+    there are none). A row with no visible key (lse = +inf) thus gets P = 0, hence dq = 0 and
+    nothing in dk, dv. Keys past Sk are zeros in K and V but still masked: exp(0 - lse)
+    overflows when lse < -88. Padded query rows are zeros in Q and dO (and get lse = D = 0), so
+    they add nothing to dK, dV without a mask.
 
 Limits
     HEAD_DIM a multiple of 8 up to 256; any Sq, Sk; strides other than the last honoured.
     Accumulation in float32; inputs float16 / bfloat16 (as uint16 bits) or float32; dq, dk, dv
     stored in the input format. D_i comes from ``out`` as stored (in the input precision), as in
-    flash-attn.
+    flash-attn. Against the float64 reference it differs only by rounding: float32 sums in a
+    fixed order, ``ex2.approx`` on the GPU, one final rounding of dq, dk, dv.
 """
 
 import math
@@ -167,7 +171,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     TD = HEAD_DIM // LANES_PER_ROW   # head-dim columns per thread in dK, dV
     lay = dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
     K_OFF, V_OFF, Q_OFF, DO_OFF = lay["k_off"], lay["v_off"], lay["q_off"], lay["do_off"]
-    P_OFF, DS_OFF, LSE_OFF, DELTA_OFF = lay["p_off"], lay["ds_off"], lay["lse_off"], lay["delta_off"]
+    P_OFF, DS_OFF = lay["p_off"], lay["ds_off"]
+    LSE_OFF, DELTA_OFF = lay["lse_off"], lay["delta_off"]
     STRIDE, P_STRIDE = lay["stride"], lay["p_stride"]
     load_kv = _tile_loader(BLOCK_N, HEAD_DIM, FMT)
     load_q = _tile_loader(BLOCK_M, HEAD_DIM, FMT)
@@ -190,7 +195,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         load_kv(smem, V_OFF, v, b, n0, hk, seqlen_k, tid)
         dK_j = cuda.local.array((TN, TD), float32)
         dV_j = cuda.local.array((TN, TD), float32)
-        S = cuda.local.array((TN, TM), float32)   # S_ij^T, then P_ij^T
+        S = cuda.local.array((TN, TM), float32)   # S_ij^T
         dP = cuda.local.array((TN, TM), float32)  # dP_ij^T
         q_d = cuda.local.array(TM, float32)
         do_d = cuda.local.array(TM, float32)

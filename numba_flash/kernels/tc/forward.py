@@ -24,9 +24,10 @@ Grid / block mapping
 
 Memory pipeline
     K and V tiles go global -> shared with ``cp.async`` (16 bytes per instruction, no register
-    round trip), double buffered: while the warps compute on tile j, the copy of tile j + 1 is in
-    flight. ldmatrix feeds the fragments: K as the B operand of Q K^T, V through ``.trans`` as
-    the B operand of P V.
+    round trip), double buffered with one barrier per tile: after the barrier that publishes
+    tile j, every warp is past tile j - 1, so its buffer is refilled with tile j + 1 while tile
+    j is computed. ldmatrix feeds the fragments: K as the B operand of Q K^T, V through
+    ``.trans`` as the B operand of P V.
 
 Shared memory (16-bit elements, dynamic; rows padded by 8 elements so the 8 row addresses of an
 ldmatrix fall in 8 different 16-byte bank groups)
@@ -135,7 +136,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             kv_end = min(seqlen_k, m0 + BLOCK_M + diag)
         n_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N if kv_end > 0 else 0
 
-        # Prologue: Q and the first K/V tile in flight together.
+        # Prologue: Q and the first K/V tile in flight together; Q is needed first.
         load_tile(smem, Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, copy_r0, copy_c)
         if n_tiles > 0:
             load_tile(smem, K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
@@ -144,15 +145,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         ptx.cp_async_wait(0)
         cuda.syncthreads()
 
-        # Q_i fragments stay in registers for the whole loop.
-        q_frag = cuda.local.array((KSTEPS, 4), uint32)
-        for ks in range(KSTEPS):
-            r0, r1, r2, r3 = ldsm_x4(smem, Q_OFF + (16 * warp + a_row) * STRIDE + 16 * ks + a_col,
-                                     scratch, tid)
-            q_frag[ks, 0] = r0
-            q_frag[ks, 1] = r1
-            q_frag[ks, 2] = r2
-            q_frag[ks, 3] = r3
+        q_lane = Q_OFF + (16 * warp + a_row) * STRIDE + a_col
 
         # Online-softmax state of this thread's two rows (index 0: row g, 1: row g + 8).
         m_i = cuda.local.array(2, float32)
@@ -170,18 +163,15 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         for j in range(n_tiles):
             n0 = j * BLOCK_N
             buf = (j & 1) * TILE
-            # Prefetch tile j + 1 into the other buffer, then wait for tile j only.
-            if j + 1 < n_tiles:
+            ptx.cp_async_wait(0)  # tile j, the only copy in flight, has landed ...
+            cuda.syncthreads()     # ... for every thread, and every warp is done with tile j - 1,
+            if j + 1 < n_tiles:    # so its buffer can take tile j + 1 while tile j is computed
                 nxt = TILE - buf
                 load_tile(smem, K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
                           copy_r0, copy_c)
                 load_tile(smem, V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
                           copy_r0, copy_c)
                 ptx.cp_async_commit()
-                ptx.cp_async_wait(1)
-            else:
-                ptx.cp_async_wait(0)
-            cuda.syncthreads()
             k_tile = k_lane + buf
             v_tile = v_lane + buf
 
@@ -190,7 +180,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 for e in range(4):
                     S[nt, e] = ZERO
             for ks in range(KSTEPS):
-                qa = (q_frag[ks, 0], q_frag[ks, 1], q_frag[ks, 2], q_frag[ks, 3])
+                qa = ldsm_x4(smem, q_lane + 16 * ks, scratch, tid)
                 for np2 in range(NT // 2):
                     k0, k1, k2, k3 = ldsm_x4(smem, k_tile + 16 * np2 * STRIDE + 16 * ks,
                                              scratch, tid)
@@ -207,11 +197,14 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             if CAUSAL:
                 needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
             if needs_mask:
+                # Element (nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 8 (e >> 1):
+                # with the thread's offsets below, each test is one compare with a constant.
+                past_end = n0 + t2 - seqlen_k          # column >= Sk  <=>  past_end >= -c
+                above_diag = n0 + t2 - row_g - diag    # column > row + diag
                 for nt in range(NT):
                     for e in range(4):
-                        col = n0 + 8 * nt + t2 + (e & 1)
-                        row = row_g + 8 * (e >> 1)
-                        if col >= seqlen_k or (CAUSAL and col > row + diag):
+                        c = 8 * nt + (e & 1)
+                        if past_end >= -c or (CAUSAL and above_diag > 8 * (e >> 1) - c):
                             S[nt, e] = NEG_INF
 
             # Online softmax on the two rows; the quad (4 lanes) shares each row. m_i is kept in
@@ -254,7 +247,6 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                     for e in range(4):
                         O_i[2 * dp, e] = c0[e]
                         O_i[2 * dp + 1, e] = c1[e]
-            cuda.syncthreads()  # every warp is done with buffer j before it is refilled
 
         # Epilogue: full row sums over the quad, O_i / l_i and lse_i (natural log).
         for half in range(2):

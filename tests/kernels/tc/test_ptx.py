@@ -9,6 +9,7 @@ the kernels in a child process and check the instructions and the register repor
 
 import functools
 import pathlib
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -20,7 +21,8 @@ from numba_flash import ptxcheck
 from numba_flash.kernels.tc import ptx
 from numba_flash.kernels.tc.ptx import SHARED_ALIGN
 
-import _ptx_kernels as K
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import _ptx_kernels as K  # noqa: E402  (beside this file)
 
 FMTS = ["float16", "bfloat16"]
 _NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -86,7 +88,8 @@ def assert_f32_product(out, A, B, C=None, what=""):
     bound = 4e-6 * (np.abs(A) @ np.abs(B) + np.abs(C)) + 1e-30
     err = np.abs(out - ref)
     assert not np.isnan(out).any(), what + ": NaN"
-    assert (err <= bound).all(), f"{what}: max err {err.max():.3g}, worst ratio {(err / bound).max():.3g}"
+    assert (err <= bound).all(), \
+        f"{what}: max err {err.max():.3g}, worst ratio {(err / bound).max():.3g}"
 
 
 # ---- kernels ---------------------------------------------------------------------------------

@@ -1,0 +1,279 @@
+"""Standard attention in three kernels: the IO-bound baseline of chapter 9.4.1.
+
+What it computes
+    The textbook attention, one kernel per step, every intermediate going through global memory:
+
+        1. S = Q K^T * scale        scores kernel    writes S, (B, Hq, Sq, Sk) float32
+        2. P = softmax(S) by rows   softmax kernel   reads S, writes P over it, and lse
+        3. O = P V                  output kernel    reads P, writes O
+
+    It exists to be measured against the fused kernels (bench/io_bytes.py and
+    bench/bench_attention.py): same inputs, same outputs ``(out, lse)`` as ``flash_attn_fwd``, but
+    the N x N matrix makes the round trip to memory that FlashAttention avoids.
+
+Memory traffic
+    Theta(N d + N^2) per (batch, head): Q, K, V and O cross once each (the N d term), and the
+    N x N matrix four times: S written, S read, P written, P read. S and P are float32, so the
+    N^2 term is 16 N^2 bytes; at d = 64 in 16-bit storage it is larger than the N d term
+    (4 * 2 N d bytes) from N = 32 on. (The softmax kernel reads its row of S twice; the second
+    read finds it in cache.)
+
+Grid / block mapping
+    scores  grid (ceil(Sk / 64), ceil(Sq / 64), B * Hq), block 256 = 16 x 16 threads: a tiled
+            matrix product. Each 64 x 64 tile of S is accumulated in registers over the head
+            dimension, 16 columns of Q and K at a time staged in shared memory (transposed, so
+            each step of the product reads one row of each tile). Thread (ty, tx) owns the 4 x 4
+            outputs at rows ty + 16 i and columns tx + 16 j: a warp's shared reads hit 16
+            consecutive words (no bank conflict) and its global writes are contiguous.
+    softmax grid (Sq, B * Hq), block 128: one row of S per block. Pass 1: each thread runs the
+            online softmax of chapter 9.4.2 over its strided columns (a running maximum m and a
+            sum l rescaled whenever m grows); the 128 pairs (m, l) are then merged in shared
+            memory by a tree with the same rescaling rule. Pass 2 writes P = exp(S - m) / l.
+    output  grid (ceil(D / 64), ceil(Sq / 64), B * Hq), block 256: the same tiled product with
+            the reduction running over the Sk columns of P, 16 at a time.
+
+Shared memory
+    2 x 16 x 65 float32 words (8.1 KiB, static) per product block; 2 x 128 words per softmax
+    block. No dynamic shared memory, no opt-in.
+
+Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq)
+    The softmax kernel applies the mask (P = 0 past the diagonal) and the two products still do
+    the full N^2 work, as the three-step attention does. Rows with no visible key give
+    ``out = 0`` and ``lse = +inf``.
+
+Limits
+    Needs B * Hq * Sq * Sk * 4 bytes of scratch for S / P. Head dims and lengths as the flash
+    kernels (any Sq, Sk; D a multiple of 8 up to 256; GQA; strides other than the last
+    honoured); float32 accumulation for float16 / bfloat16 (uint16 bits) / float32 storage.
+    Differs from the reference only by float32 rounding.
+"""
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32
+
+from . import primitives as prim
+
+TILE = 64            # rows and columns of one tile of S (or of O) per product block
+STEP = 16            # reduction columns staged in shared memory per step of a product
+MICRO = 4            # each thread owns MICRO x MICRO outputs of its tile
+SIDE = TILE // MICRO  # 16 threads along each side of a product block
+GEMM_THREADS = SIDE * SIDE
+SOFTMAX_THREADS = 128
+PAD = TILE + 1       # shared row stride: the transposing writes then spread over the banks
+
+
+@lru_cache(maxsize=None)
+def _make_product_step():
+    """acc[i, j] += sum_t A_s[t, ty + 16 i] * B_s[t, tx + 16 j] over one staged step."""
+
+    @cuda.jit(device=True, inline="always")
+    def product_step(a_s, b_s, acc, ty, tx):
+        b_row = cuda.local.array(MICRO, float32)
+        for t in range(STEP):
+            for j in range(MICRO):
+                b_row[j] = b_s[t, tx + SIDE * j]
+            for i in range(MICRO):
+                a = a_s[t, ty + SIDE * i]
+                for j in range(MICRO):
+                    acc[i, j] += a * b_row[j]
+
+    return product_step
+
+
+@lru_cache(maxsize=None)
+def make_scores_kernel(FMT):
+    """Kernel 1: S[b, h] = Q[b, :, h] K[b, :, h // group]^T * scale, written in full."""
+    load = prim.loader(FMT)
+    product_step = _make_product_step()
+    ZERO = float32(0.0)
+
+    def naive_scores(q, k, s, seqlen_q, seqlen_k, n_heads_q, group, scale):
+        q_s = cuda.shared.array((STEP, PAD), float32)  # Q tile, transposed: q_s[d, row]
+        k_s = cuda.shared.array((STEP, PAD), float32)  # K tile, transposed: k_s[d, col]
+        acc = cuda.local.array((MICRO, MICRO), float32)
+        tid = cuda.threadIdx.x
+        tx = tid % SIDE
+        ty = tid // SIDE
+        n0 = cuda.blockIdx.x * TILE
+        m0 = cuda.blockIdx.y * TILE
+        b = cuda.blockIdx.z // n_heads_q
+        h = cuda.blockIdx.z - b * n_heads_q
+        hk = h // group
+        head_dim = q.shape[3]
+        for i in range(MICRO):
+            for j in range(MICRO):
+                acc[i, j] = ZERO
+
+        for d0 in range(0, head_dim, STEP):
+            # 16 columns of Q and of K -> shared; consecutive threads read consecutive d.
+            for idx in range(tid, TILE * STEP, GEMM_THREADS):
+                r = idx // STEP
+                t = idx - r * STEP
+                qx = ZERO
+                kx = ZERO
+                if d0 + t < head_dim:
+                    if m0 + r < seqlen_q:
+                        qx = load(q[b, m0 + r, h, d0 + t])
+                    if n0 + r < seqlen_k:
+                        kx = load(k[b, n0 + r, hk, d0 + t])
+                q_s[t, r] = qx
+                k_s[t, r] = kx
+            cuda.syncthreads()
+            product_step(q_s, k_s, acc, ty, tx)
+            cuda.syncthreads()  # the tiles are overwritten by the next step
+
+        for i in range(MICRO):
+            r = m0 + ty + SIDE * i
+            if r < seqlen_q:
+                for j in range(MICRO):
+                    c = n0 + tx + SIDE * j
+                    if c < seqlen_k:
+                        s[b, h, r, c] = acc[i, j] * scale
+
+    return naive_scores
+
+
+@lru_cache(maxsize=None)
+def make_softmax_kernel(CAUSAL):
+    """Kernel 2: P = softmax(S) row by row, in place, and lse (natural log)."""
+    LOG2E, NEG_INF, POS_INF = prim.LOG2E, prim.NEG_INF, prim.POS_INF
+    ZERO, ONE = float32(0.0), float32(1.0)
+    LEVELS = int(math.log2(SOFTMAX_THREADS))
+    assert 1 << LEVELS == SOFTMAX_THREADS
+
+    def naive_softmax(s, lse, seqlen_q, seqlen_k):
+        m_s = cuda.shared.array(SOFTMAX_THREADS, float32)
+        l_s = cuda.shared.array(SOFTMAX_THREADS, float32)
+        tid = cuda.threadIdx.x
+        r = cuda.blockIdx.x
+        b = cuda.blockIdx.y // s.shape[1]
+        h = cuda.blockIdx.y - b * s.shape[1]
+        visible = seqlen_k  # this row sees keys 0 .. visible - 1
+        if CAUSAL:
+            visible = max(min(seqlen_k, r + seqlen_k - seqlen_q + 1), 0)
+
+        # Pass 1: online softmax over this thread's columns.
+        m_i = NEG_INF
+        l_i = ZERO
+        for c in range(tid, visible, SOFTMAX_THREADS):
+            x = s[b, h, r, c]
+            m_new = max(m_i, x)
+            l_i = l_i * math.exp2((m_i - m_new) * LOG2E) + math.exp2((x - m_new) * LOG2E)
+            m_i = m_new
+
+        # Merge the per-thread (m, l) pairs: l_a e^(m_a - m) + l_b e^(m_b - m), m = max(m_a, m_b).
+        m_s[tid] = m_i
+        l_s[tid] = l_i
+        cuda.syncthreads()
+        for level in range(LEVELS):
+            half = SOFTMAX_THREADS >> (level + 1)
+            if tid < half:
+                m_a = m_s[tid]
+                m_b = m_s[tid + half]
+                m_new = max(m_a, m_b)
+                if m_new != NEG_INF:  # both empty: keep (-inf, 0)
+                    l_s[tid] = (l_s[tid] * math.exp2((m_a - m_new) * LOG2E)
+                                + l_s[tid + half] * math.exp2((m_b - m_new) * LOG2E))
+                    m_s[tid] = m_new
+            cuda.syncthreads()
+        m = m_s[0]
+        l = l_s[0]
+
+        # Pass 2: P over S; masked and empty rows get 0.
+        inv = ONE / l if l > ZERO else ZERO
+        for c in range(tid, seqlen_k, SOFTMAX_THREADS):
+            p = ZERO
+            if c < visible:
+                p = math.exp2((s[b, h, r, c] - m) * LOG2E) * inv
+            s[b, h, r, c] = p
+        if tid == 0:
+            lse[b, h, r] = m + math.log(l) if l > ZERO else POS_INF
+
+    return naive_softmax
+
+
+@lru_cache(maxsize=None)
+def make_output_kernel(FMT):
+    """Kernel 3: O[b, :, h] = P[b, h] V[b, :, h // group]."""
+    load, store = prim.loader(FMT), prim.storer(FMT)
+    product_step = _make_product_step()
+    ZERO = float32(0.0)
+
+    def naive_output(p, v, out, seqlen_q, seqlen_k, n_heads_q, group):
+        p_s = cuda.shared.array((STEP, PAD), float32)  # P tile, transposed: p_s[key, row]
+        v_s = cuda.shared.array((STEP, PAD), float32)  # V tile: v_s[key, d]
+        acc = cuda.local.array((MICRO, MICRO), float32)
+        tid = cuda.threadIdx.x
+        tx = tid % SIDE
+        ty = tid // SIDE
+        c0 = cuda.blockIdx.x * TILE
+        m0 = cuda.blockIdx.y * TILE
+        b = cuda.blockIdx.z // n_heads_q
+        h = cuda.blockIdx.z - b * n_heads_q
+        hk = h // group
+        head_dim = v.shape[3]
+        for i in range(MICRO):
+            for j in range(MICRO):
+                acc[i, j] = ZERO
+
+        for k0 in range(0, seqlen_k, STEP):
+            for idx in range(tid, TILE * STEP, GEMM_THREADS):
+                # P: consecutive threads read consecutive keys of a row.
+                r = idx // STEP
+                t = idx - r * STEP
+                px = ZERO
+                if m0 + r < seqlen_q and k0 + t < seqlen_k:
+                    px = p[b, h, m0 + r, k0 + t]
+                p_s[t, r] = px
+                # V: consecutive threads read consecutive d of a key.
+                t = idx // TILE
+                c = idx - t * TILE
+                vx = ZERO
+                if k0 + t < seqlen_k and c0 + c < head_dim:
+                    vx = load(v[b, k0 + t, hk, c0 + c])
+                v_s[t, c] = vx
+            cuda.syncthreads()
+            product_step(p_s, v_s, acc, ty, tx)
+            cuda.syncthreads()
+
+        for i in range(MICRO):
+            r = m0 + ty + SIDE * i
+            if r < seqlen_q:
+                for j in range(MICRO):
+                    c = c0 + tx + SIDE * j
+                    if c < head_dim:
+                        out[b, r, h, c] = store(acc[i, j])
+
+    return naive_output
+
+
+def attention(q, k, v, causal=False, softmax_scale=None):
+    """Exact attention by the three kernels above. Returns ``(out, lse)`` like ``flash_attn_fwd``.
+
+    Same arguments and checks as ``numba_flash.flash_attn_fwd`` (no ``backend``, ``out`` or
+    ``stream``: launched on q's library stream); allocates B * Hq * Sq * Sk float32 of scratch.
+    """
+    from .. import api, arrays, launch
+
+    q, k, v, scale, _ = api._check_attention(q, k, v, causal, softmax_scale, "simt")
+    b, sq, hq, d = q.shape
+    sk, group = k.shape[1], hq // k.shape[2]
+    scores = arrays.empty(q, (b, hq, sq, sk), "float32", "scores")
+    out = arrays.empty(q, q.shape, q.fmt, "out")
+    lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
+    stream = arrays.stream_of(q)
+    scores_k, softmax_k, output_k = (launch.naive_kernel(name, bool(causal), q.fmt)
+                                     for name in launch.NAIVE_KERNELS)
+    sq32, sk32, hq32, group32 = np.int32(sq), np.int32(sk), np.int32(hq), np.int32(group)
+    launch.launch(scores_k, (launch.cdiv(sk, TILE), launch.cdiv(sq, TILE), b * hq),
+                  GEMM_THREADS, stream, 0, q.view, k.view, scores.view,
+                  sq32, sk32, hq32, group32, np.float32(scale))
+    launch.launch(softmax_k, (sq, b * hq), SOFTMAX_THREADS, stream, 0,
+                  scores.view, lse.view, sq32, sk32)
+    launch.launch(output_k, (launch.cdiv(d, TILE), launch.cdiv(sq, TILE), b * hq),
+                  GEMM_THREADS, stream, 0, scores.view, v.view, out.view,
+                  sq32, sk32, hq32, group32)
+    return out.obj, lse.obj

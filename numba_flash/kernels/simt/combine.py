@@ -1,0 +1,88 @@
+"""Split-KV combine: merge the partial results of the MLA decode requests cut into pieces.
+
+What it computes
+    When the scheduler cuts request ``req`` into ``n > 1`` pieces, the decode kernel leaves, for
+    each query row and piece ``i`` (accumulator slot ``num_splits[req] + i``), the attention
+    output over that piece's keys alone, ``O_i`` (float32, already divided by its own row sum),
+    and its base-2 log-sum-exp ``lse_i``. The softmax over all keys weighs each piece by its
+    share of the total sum of exponentials, so with
+
+        M = max_i lse_i,   S = sum_i 2^(lse_i - M),   G = log2 S + M
+        out = sum_i 2^(lse_i - G) O_i,   lse = G * ln 2 (natural log, as the API returns)
+
+    (M keeps every power of two <= 1: no overflow whatever the magnitudes). A piece in which a
+    row saw no key has ``lse_i = -inf``, weight 0; a row that saw no key in any piece gets
+    ``out = 0``, ``lse = +inf``. Requests handled in one piece were written by the decode
+    kernel: their CTAs return at once.
+
+Grid / block mapping
+    grid = (b, ceil(s_q * h_q / ROWS)); block = THREADS = 128 threads, one warp per query row
+    (token t, head h); lane ``l`` owns the output columns ``l + 32 j``: consecutive lanes read
+    and write consecutive columns. Every lane recomputes M and G from the ``n`` lse values (the
+    same addresses across the warp: one broadcast load each); no shared memory, no barriers.
+
+Limits
+    Any HEAD_DIM_V; any number of pieces. Accumulators: ``o_acc (slots, s_q, h_q,
+    HEAD_DIM_V)`` and ``lse_acc (slots, h_q, s_q)`` float32. Column indices are uint64, as in
+    mla_decode.py (no negative-index wraparound code).
+"""
+
+import math
+from functools import lru_cache
+
+from numba import cuda, float32, uint64
+
+from .. import primitives as prim
+
+THREADS = 128
+ROWS = THREADS // 32  # query rows per CTA, one per warp
+
+
+@lru_cache(maxsize=None)
+def make_combine_kernel(HEAD_DIM_V, FMT):
+    """Python kernel function specialised for one configuration (compile with launch.compile)."""
+    TD = -(-HEAD_DIM_V // 32)  # columns per lane
+    DV_EXACT = HEAD_DIM_V % 32 == 0
+    store = prim.storer(FMT)
+    NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
+    ZERO = float32(0.0)
+
+    def mla_combine_simt(o_acc, lse_acc, num_splits, out, lse):
+        req = cuda.blockIdx.x
+        s_q = out.shape[1]
+        h_q = out.shape[2]
+        row = cuda.blockIdx.y * ROWS + (cuda.threadIdx.x >> 5)
+        lane = cuda.threadIdx.x & 31
+        first = num_splits[req]
+        n = num_splits[req + 1] - first
+        if n <= 1 or row >= s_q * h_q:
+            return  # written by the decode kernel / past the last row
+        t = row // h_q
+        h = row - t * h_q
+
+        M = NEG_INF
+        for i in range(n):
+            M = max(M, lse_acc[first + i, h, t])
+        acc = cuda.local.array(TD, float32)
+        for jd in range(TD):
+            acc[jd] = ZERO
+        G = POS_INF  # no key in any piece: out = 0, lse = +inf
+        if M != NEG_INF:
+            S = ZERO
+            for i in range(n):
+                S += math.exp2(lse_acc[first + i, h, t] - M)
+            G = math.log2(S) + M
+            for i in range(n):
+                w = math.exp2(lse_acc[first + i, h, t] - G)
+                for jd in range(TD):
+                    col = lane + 32 * jd
+                    if DV_EXACT or col < HEAD_DIM_V:
+                        acc[jd] += w * o_acc[first + i, t, h, uint64(col)]
+        for jd in range(TD):
+            col = lane + 32 * jd
+            if DV_EXACT or col < HEAD_DIM_V:
+                out[req, t, h, uint64(col)] = store(acc[jd])
+        if lane == 0:
+            lse[req, h, t] = G * LN2  # +inf stays +inf
+
+    return mla_combine_simt

@@ -1,0 +1,132 @@
+"""SIMT backward kernels (preprocess, dK/dV, dQ) against the float64 reference.
+
+Simulator: tiny shapes, chosen to cross tile boundaries of both kernels; GPU: real ones. The PTX
+check compiles the kernels for sm_80 and sm_90 without the simulator and asserts no spills.
+"""
+
+import numpy as np
+import pytest
+
+import numba_flash as nf
+from numba_flash import reference as ref
+from helpers import (SIMULATOR, assert_close_rule, assert_compiles_clean, nan_like, randn,
+                     to_device, to_host)
+
+# (B, Sq, Sk, Hq, Hk, D, causal, fmt): odd lengths, Sq != Sk both ways, GQA/MQA, head dims 8..256.
+# dK/dV tiles (BLOCK_M, BLOCK_N) are (32, 64) up to D = 64, (32, 32) up to 128, (32, 16) above;
+# dQ tiles (64, 32), (64, 32), (16, 32).
+CASES_SIM = [
+    (1, 5, 7, 2, 1, 16, False, "float16"),
+    (2, 9, 9, 2, 2, 8, True, "bfloat16"),
+    (1, 37, 70, 2, 1, 24, True, "float32"),     # 2 query x 2 key tiles (dK/dV), 3 key tiles (dQ)
+    (1, 70, 5, 1, 1, 32, True, "float16"),      # Sq > Sk: rows 0..64 see no key, skipped tiles
+    (1, 3, 11, 4, 1, 40, False, "bfloat16"),    # MQA: one kv head sums four query heads
+    (1, 6, 40, 1, 1, 128, True, "float16"),     # 2 key tiles: one unmasked, one ragged + diagonal
+    (1, 3, 5, 1, 1, 200, False, "bfloat16"),
+    (1, 20, 33, 1, 1, 256, True, "float32"),    # 3 key tiles (dK/dV), 2 query tiles (dQ)
+]
+CASES_GPU = [
+    (2, 1000, 1000, 8, 2, 64, False, "float16"),
+    (2, 1000, 1000, 8, 2, 64, True, "bfloat16"),
+    (1, 777, 1531, 4, 4, 128, True, "float16"),
+    (1, 1531, 777, 4, 1, 128, True, "float32"),
+    (3, 257, 513, 6, 3, 72, False, "bfloat16"),
+    (1, 300, 300, 2, 1, 256, True, "float16"),
+    (1, 1, 4097, 2, 2, 96, False, "float16"),
+    (1, 129, 129, 2, 2, 8, True, "bfloat16"),
+    (1, 2048, 2048, 16, 1, 64, True, "bfloat16"),   # MQA: 16 query heads summed per CTA
+]
+CASES = CASES_SIM if SIMULATOR else CASES_GPU
+
+
+def _inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt, scale=1.0):
+    """Fresh host q, k, v, dout."""
+    shapes = ((B, Sq, Hq, D), (B, Sq, Hq, D), (B, Sk, Hk, D), (B, Sk, Hk, D))
+    return [randn(rng, s, fmt, scale) for s in shapes]
+
+
+def _backward(dout, q, k, v, causal, softmax_scale=None, **buffers):
+    """Forward then backward through the library; returns dq, dk, dv."""
+    dev = [to_device(x) for x in (dout, q, k, v)]
+    out, lse = nf.flash_attn_fwd(*dev[1:], causal=causal, softmax_scale=softmax_scale,
+                                 backend="simt")
+    return nf.flash_attn_bwd(*dev, out, lse, causal=causal, softmax_scale=softmax_scale,
+                             backend="simt", **buffers)
+
+
+def _check(grads, dout, q, k, v, causal, fmt, softmax_scale=None):
+    want = ref.attention_bwd_ref(dout, q, k, v, causal, softmax_scale)
+    lowp = ref.attention_bwd_lowp(dout, q, k, v, causal, softmax_scale)
+    for name, got, w, lp, like in zip(("dq", "dk", "dv"), grads, want, lowp, (q, k, v)):
+        assert to_host(got).shape == like.shape and to_host(got).dtype == like.dtype, name
+        assert_close_rule(got, w, lp, fmt, factor=3.0, what=name)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_backward_matches_reference(case):
+    B, Sq, Sk, Hq, Hk, D, causal, fmt = case
+    dout, q, k, v = _inputs(np.random.default_rng(), B, Sq, Sk, Hq, Hk, D, fmt)
+    buffers = dict(dq=nan_like(q), dk=nan_like(k), dv=nan_like(v))  # poisoned: all must be written
+    grads = _backward(dout, q, k, v, causal, **buffers)
+    assert all(g is buffers[n] for g, n in zip(grads, ("dq", "dk", "dv")))
+    _check(grads, dout, q, k, v, causal, fmt)
+
+
+def test_backward_is_bitwise_deterministic():
+    B, Sq, Sk, Hq, Hk, D = (1, 9, 23, 2, 1, 16) if SIMULATOR else (2, 1000, 1200, 16, 2, 64)
+    dout, q, k, v = _inputs(np.random.default_rng(), B, Sq, Sk, Hq, Hk, D, "bfloat16")
+    first = [to_host(g) for g in _backward(dout, q, k, v, True)]
+    second = [to_host(g) for g in _backward(dout, q, k, v, True)]
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_large_logits_stay_finite(sign):
+    """Scores around +-100, past float32's exp range: P must be recomputed as exp(S - lse), and
+    at -100 (lse ~ -100) the zero-padded keys past Sk must be masked, not computed as
+    exp(0 - lse) = inf (not causal: only the ragged-end mask hides them). The scores share one
+    large offset, so the softmax is not saturated. float16 and the 3x rule: dq = dS K cancels
+    that offset (rows of dS sum to 0), which no float32 kernel can match to the 1e-4 relative
+    bound of float32 inputs."""
+    rng = np.random.default_rng()
+    B, Sq, Sk, H, D = (1, 9, 13, 1, 16) if SIMULATOR else (1, 600, 700, 2, 64)
+    dout, q, k, v = _inputs(rng, B, Sq, Sk, H, H, D, "float16")
+    offset = rng.standard_normal(D)
+    offset *= 10 / np.linalg.norm(offset)  # q . k = sign * 100 + O(3)
+    q = (sign * offset + 0.2 * q.astype(np.float64)).astype(np.float16)
+    k = (offset + 0.2 * k.astype(np.float64)).astype(np.float16)
+    grads = _backward(dout, q, k, v, False, softmax_scale=1.0)
+    _check(grads, dout, q, k, v, False, "float16", softmax_scale=1.0)
+
+
+def test_rows_without_keys_get_zero_dq():
+    """Causal with Sq > Sk: the first Sq - Sk queries see no key (lse = +inf)."""
+    B, Sq, Sk, H, D = (1, 7, 3, 1, 8) if SIMULATOR else (1, 300, 100, 2, 64)
+    dout, q, k, v = _inputs(np.random.default_rng(), B, Sq, Sk, H, H, D, "float16")
+    grads = _backward(dout, q, k, v, True)
+    assert (to_host(grads[0])[:, :Sq - Sk].astype(np.float32) == 0).all()
+    _check(grads, dout, q, k, v, True, "float16")
+
+
+def test_packed_qkv_views_need_no_copy():
+    """q, k, v (and dout, out) as strided views: honoured as they are, gradients correct."""
+    rng = np.random.default_rng()
+    B, S, H, D = (1, 6, 2, 16) if SIMULATOR else (2, 300, 4, 64)
+    qkv = to_device(randn(rng, (B, S, 3, H, D), "float16"))
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    dout_pair = to_device(randn(rng, (B, S, 2, H, D), "float16"))
+    out, lse = nf.flash_attn_fwd(q, k, v, causal=True, backend="simt")
+    grads = nf.flash_attn_bwd(dout_pair[:, :, 1], q, k, v, out, lse, causal=True)
+    host = [to_host(x) for x in (dout_pair[:, :, 1], q, k, v)]
+    _check(grads, *host, True, "float16")
+
+
+def test_every_specialization_compiles_without_spills():
+    """The largest head dim of each tile class (most registers) for both tiled kernels, one
+    without causal masks in 32-bit storage, one with them in bfloat16; the preprocess once.
+    (A sweep of head dims 8..256, all formats, both architectures: 127..207 registers.)"""
+    configs = [(kernel, d, causal, fmt) for d in (64, 128, 256)
+               for kernel, causal, fmt in (("dkdv", False, "float32"), ("dq", True, "bfloat16"))]
+    configs.append(("preprocess", 256, False, "float16"))
+    assert_compiles_clean("numba_flash.launch:simt_backward_spec", configs)

@@ -1,0 +1,156 @@
+"""Paged MLA decode (scheduler + split-KV decode kernel + combine) against the float64 reference.
+
+The caches are adversarial: sequences live in shuffled pages, every cache slot no sequence owns
+is NaN, and every block-table entry past a sequence's last page is a huge sentinel, so a kernel
+that reads one slot or table entry too many fails (NaN in the output, or an out-of-range page).
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import numba_flash as nf
+from numba_flash import launch, ptxcheck, scheduler
+from numba_flash import reference as ref
+from helpers import (DTYPES, SIMULATOR, assert_close_rule, assert_lse, nan_like, randn, to_device,
+                     to_host)
+
+SENTINEL = 1 << 30  # block-table entries no sequence uses: far outside any cache
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def paged_cache(rng, seqlens, page, h_kv, d, fmt, spare_pages=3, spare_columns=2):
+    """``(k_cache, block_table)``: the rows of each sequence in shuffled pages, NaN elsewhere."""
+    used = [cdiv(int(n), page) for n in seqlens]
+    num_blocks = sum(used) + spare_pages
+    cache = np.full((num_blocks, page, h_kv, d), np.nan, np.float32)
+    table = np.full((len(seqlens), max(used) + spare_columns), SENTINEL, np.int32)
+    pages = iter(rng.permutation(num_blocks))
+    for i, n in enumerate(seqlens):
+        for j in range(used[i]):
+            table[i, j] = p = next(pages)
+            rows = min(page, int(n) - j * page)
+            cache[p, :rows] = rng.standard_normal((rows, h_kv, d))
+    return cache.astype(DTYPES[fmt]), table
+
+
+def mla_lowp(q, k_cache, block_table, seqlens, head_dim_v, causal):
+    """DESIGN.md's same-dtype plain attention, one sequence at a time (float64 out)."""
+    b, s_q, h_q, _ = q.shape
+    page = k_cache.shape[1]
+    out = np.zeros((b, s_q, h_q, head_dim_v))
+    for i, n in enumerate(int(n) for n in seqlens):
+        if n:
+            pages = block_table[i, :cdiv(n, page)]
+            k = k_cache[pages].reshape(1, -1, *k_cache.shape[2:])[:, :n]
+            out[i:i + 1] = ref.attention_lowp(q[i:i + 1], k, k[..., :head_dim_v], causal)
+    return out
+
+
+def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits=None):
+    """One decode through the public API, checked against the reference; ``splits`` (if not
+    None) asserts whether the plan cut some request into pieces, i.e. whether the combine ran."""
+    seqlens = np.asarray(seqlens, np.int32)
+    k_cache, table = paged_cache(rng, seqlens, page, h_kv, d, fmt)
+    q = randn(rng, (len(seqlens), s_q, h_q, d), fmt)
+    metadata, num_splits = nf.get_mla_metadata(to_device(seqlens), s_q * h_q // h_kv, h_kv,
+                                               num_sms=num_sms)
+    if splits is not None:
+        assert (np.diff(to_host(num_splits)) > 1).any() == splits, to_host(num_splits)
+    out = nan_like(np.zeros((len(seqlens), s_q, h_q, dv), DTYPES[fmt]))
+    o, lse = nf.flash_mla_with_kvcache(to_device(q), to_device(k_cache), to_device(table),
+                                       to_device(seqlens), dv, metadata, num_splits,
+                                       causal=causal, out=out)
+    assert o is out
+    ro, rl = ref.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=causal)
+    assert_close_rule(o, ro, mla_lowp(q, k_cache, table, seqlens, dv, causal), fmt)
+    assert_lse(lse, rl)
+
+
+# (seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits): page sizes 1 / 16 / 64,
+# lengths 0 and off the page and tile grid, s_q 1 and 2, causal, h_kv = 2, every BLOCK_M tier
+# (2, 4: 32-row tiles; 16: 16-row tiles; 32: 8-row tiles, 40 rows as two tiles), requests cut
+# into pieces (and, with causal, a last piece that token 0 cannot see at all).
+CASES_SIM = [
+    ([0, 37, 300, 16], 1, 2, 1, 72, 64, 16, False, "bfloat16", 8, True),
+    ([330, 5], 2, 2, 1, 72, 64, 1, True, "float16", 4, True),
+    ([64, 1, 200], 1, 32, 2, 40, 24, 64, False, "float32", 20, True),
+    ([1, 129], 2, 2, 1, 16, 8, 16, True, "bfloat16", 8, True),
+    ([1, 0, 70], 2, 1, 1, 24, 24, 16, True, "float16", 1, False),
+    ([0, 200, 17], 1, 40, 1, 16, 16, 16, False, "bfloat16", 8, True),
+    ([70, 3], 2, 12, 1, 16, 16, 1, True, "float16", 2, False),
+]
+# DeepSeek sizes (d 576 = 512 + 64, dv 512, page 64, h_kv 1), run by the lead on the H200. The
+# float64 reference repeats the cache over the heads and runs on the host (~1 s per request at
+# seqlen 2048, h_q 128, s_q 2), so long sequences use h_q = 16 and large batches short ones.
+CASES_GPU = [
+    ([1 + 13 * i for i in range(128)], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, None),
+    ([32768, 1, 0, 5000, 777], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, True),
+    ([2048, 1500], 2, 128, 1, 576, 512, 64, True, "float16", None, None),
+    ([1000, 10, 0, 300], 1, 128, 1, 576, 512, 64, False, "bfloat16", 132, True),
+    ([200] * 128, 1, 128, 1, 576, 512, 64, False, "bfloat16", None, None),
+    ([4097, 63, 64, 65, 0, 1], 2, 16, 1, 576, 512, 64, True, "bfloat16", 132, True),
+    ([3000, 2000], 1, 32, 4, 576, 512, 64, False, "float32", 132, None),
+    ([5000, 50], 1, 16, 1, 576, 512, 16, True, "bfloat16", 132, True),
+]
+CASES = CASES_SIM if SIMULATOR else CASES_GPU
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[1:])))
+def test_decode_matches_reference(case):
+    run_case(np.random.default_rng(), *case)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a GPU runs these layouts in every case")
+def test_gpu_thread_count_under_the_simulator(monkeypatch):
+    """The GPU's 256 threads (8 warps, 32-wide d-lanes) rather than the simulator's 64."""
+    monkeypatch.setattr(launch, "MLA_THREADS", 256)
+    launch.simt_mla_decode_kernel.cache_clear()
+    try:
+        run_case(np.random.default_rng(), [45, 0, 250], 1, 2, 1, 72, 64, 16, False, "float16", 8,
+                 True)
+    finally:
+        launch.simt_mla_decode_kernel.cache_clear()
+
+
+def test_metadata_is_the_plan_in_the_callers_library():
+    seqlens = np.array([1000, 10, 0, 300], np.int32)
+    metadata, num_splits = nf.get_mla_metadata(to_device(seqlens), 128, 1, num_sms=132)
+    assert type(metadata) is type(to_device(seqlens)) and type(num_splits) is type(metadata)
+    want = scheduler.plan_mla(seqlens, 128, 1, 132)
+    for got, expected in zip((metadata, num_splits), want):
+        assert to_host(got).dtype == np.int32
+        np.testing.assert_array_equal(to_host(got), expected)
+    default, _ = nf.get_mla_metadata(to_device(seqlens), 16, 1)  # the device's SM count
+    assert to_host(default).shape[0] == launch.device_limits()[0]
+
+
+# ----------------------------------------------------------------------------- PTX (no simulator)
+
+# (q_rows, fmt, causal, cc): each tile tier of launch._MLA_BLOCK_N (BLOCK_M 1..8, 16, 32) in the
+# DeepSeek decode shapes (h_q 1, 16, 128) in bfloat16 on sm_90, and at its most registers
+# (float32, sm_80's ptxas) on sm_80.
+PTX_SPECS = [(1, "bfloat16", False, (9, 0)), (16, "bfloat16", True, (9, 0)),
+             (128, "bfloat16", True, (9, 0)), (8, "float32", True, (8, 0)),
+             (128, "float32", False, (8, 0))]
+A100_SHARED, H100_SHARED = 163 * 1024, 227 * 1024
+
+
+def test_decode_kernel_compiles_without_spills():
+    def report(spec):
+        q_rows, fmt, causal, cc = spec
+        limit = H100_SHARED if cc >= (9, 0) else A100_SHARED
+        ptx, rep = ptxcheck.compile_report_isolated(
+            "numba_flash.launch:simt_mla_decode_spec", cc=cc,
+            args=(q_rows, 576, 512, causal, fmt, limit))
+        return spec, ptx, rep
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for spec, ptx, rep in pool.map(report, PTX_SPECS):
+            assert rep["spill_stores"] == 0 and rep["spill_loads"] == 0, (spec, rep["log"])
+            assert "ld.local" not in ptx, spec
+            assert rep["registers"] <= 255, spec
