@@ -119,15 +119,14 @@ def _adapt_torch(x, name):
         raise TypeError(f"{name}: got a torch tensor on {x.device}; move it to the GPU (.cuda())")
     view = None
     if fmt in FLOAT_FORMATS or fmt == "int32":
-        bits = x.view(torch.int16) if x.element_size() == 2 else x
-        if x.is_cuda:
-            view = cuda.as_cuda_array(bits, sync=False)
-            if x.element_size() == 2:
-                view = view.view(np.uint16)
-        else:
-            view = bits.detach().numpy()
-            if x.element_size() == 2:
-                view = view.view(np.uint16)
+        # Kernels read the memory, not the autograd graph: a tensor that requires grad is
+        # viewed through its detached alias (same storage), which torch lets go to Numba.
+        bits = x.detach()
+        if x.element_size() == 2:
+            bits = bits.view(torch.int16)
+        view = cuda.as_cuda_array(bits, sync=False) if x.is_cuda else bits.numpy()
+        if x.element_size() == 2:
+            view = view.view(np.uint16)
     return Tensor(name, x, "torch", fmt, shape, strides, _sim_wrap(view))
 
 

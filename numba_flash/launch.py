@@ -51,16 +51,22 @@ def attention_signature(fmt):
                       types.int32, types.int32, types.int32, types.int32, types.float32)
 
 
-def forward_spec(backend, head_dim, causal, fmt):
+def forward_spec(backend, head_dim, causal, fmt, tiles=None):
     """``(pyfunc, signature, compile options)`` of the ``simt`` or ``tc`` forward kernel, the form
-    ``ptxcheck.compile_report_isolated`` takes."""
+    ``ptxcheck.compile_report_isolated`` takes (``tiles``: a tc tile candidate, see
+    ``tc_forward_tiles``)."""
     if backend == "tc":
         from .kernels.tc import forward
+
+        t = tc_forward_tiles(head_dim, tiles)
+        pyfunc = forward.make_forward_kernel(head_dim, t.BLOCK_M, t.BLOCK_N, causal, fmt,
+                                             t.threads // 32)
     else:
         from .kernels.simt import forward
-    tiles = forward_tiles(backend, head_dim)
-    pyfunc = forward.make_forward_kernel(head_dim, tiles.BLOCK_M, tiles.BLOCK_N, causal, fmt)
-    return pyfunc, attention_signature(fmt), compile_options(tiles)
+
+        t = simt_forward_tiles(head_dim)
+        pyfunc = forward.make_forward_kernel(head_dim, t.BLOCK_M, t.BLOCK_N, causal, fmt)
+    return pyfunc, attention_signature(fmt), compile_options(t)
 
 
 def forward_tiles(backend, head_dim):
@@ -126,18 +132,20 @@ def simt_backward_kernel(kernel, head_dim, causal, fmt):
 
 # ----------------------------------------------------------------------------- tensor-core forward
 
-# (BLOCK_M, BLOCK_N, register cap) by head dim, from the tile sweep bench/tune_tc_forward.py on
-# an H200 (bench/results/2026-11-29-NVIDIA-H200/tune_tc_forward.csv). BLOCK_M = 16 rows per warp.
-# Capping registers at 128 lets two 8-warp blocks share an SM (16 warps to hide the latency of
-# mma, ldmatrix and ex2); that beat the uncapped compile by up to 30%.
-_TC_FWD_TILES = ((64, (128, 64, 128)), (128, (128, 32, 128)), (256, (64, 32, 0)))
+# (BLOCK_M, BLOCK_N, warps, register cap) by head dim, from the tile sweep
+# bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/tune_tc_forward*.csv).
+# With 16 rows per warp, capping registers at 128 lets two 8-warp blocks share an SM (16 warps to
+# hide the latency of mma, ldmatrix and ex2); that beat the uncapped compile by up to 30%.
+_TC_FWD_TILES = ((64, (128, 64, 8, 128)), (128, (128, 32, 8, 128)), (256, (64, 32, 4, 0)))
 
 
-def tc_forward_tiles(head_dim):
+def tc_forward_tiles(head_dim, tiles=None):
+    """Tiles of the tc forward for ``head_dim`` (or for ``tiles`` = (BLOCK_M, BLOCK_N, warps,
+    register cap), as the tile sweep passes them)."""
     from .kernels.tc import forward
 
-    bm, bn, regs = next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
-    return Tiles(bm, bn, 32 * (bm // 16), 2 * forward.shared_elements(bm, bn, head_dim), regs)
+    bm, bn, warps, regs = tiles or next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
+    return Tiles(bm, bn, 32 * warps, 2 * forward.shared_elements(bm, bn, head_dim), regs)
 
 
 # ----------------------------------------------------------------------------- naive baseline
@@ -264,9 +272,11 @@ def simt_mla_combine_kernel(head_dim_v, fmt):
 
 # ----------------------------------------------------------------------------- compile & launch
 
-# Options of every kernel compile (fast math: ``exp2`` becomes one ``ex2.approx``); the PTX
-# checks compile with the same ones.
-COMPILE_OPTIONS = {"fastmath": True}
+# Options of every kernel compile; the PTX checks compile with the same ones. Fast math without
+# its "no infinities / no NaNs" assumptions: ``exp2`` still becomes one ``ex2.approx`` ("afn")
+# and multiply-adds fuse ("contract"), while the kernels' tests for -inf (rows that see no key
+# yet) cannot be folded away.
+COMPILE_OPTIONS = {"fastmath": {"contract", "afn", "arcp", "nsz"}}
 
 
 def compile_options(tiles):

@@ -121,10 +121,12 @@ def _ceil_div(a, b):
 def num_sm_parts(num_sms, num_heads_k, num_q_tokens_per_head_k):
     """Number of SM parts (CTAs along the part axis of the decode grid).
 
-    The decode grid is ``(ceil(num_q_tokens_per_head_k / TILE_M), num_heads_k, num_sm_parts)``:
-    one CTA per (query tile, KV head, part). The parts are sized so that the grid holds about
-    ``num_sms`` CTAs, one wave: ``max(num_sms // h_kv // ceil(q_rows / 64), 1)`` (sequential
-    integer divisions, as FlashMLA does).
+    FlashMLA's grid has one CTA per (part, KV head, 64-row query tile), and the parts are sized
+    so that it holds about ``num_sms`` CTAs, one wave: ``max(num_sms // h_kv // ceil(q_rows /
+    64), 1)`` (sequential integer divisions, as FlashMLA does). The SIMT decode kernel keeps
+    this count (the metadata format is FlashMLA's) but its query tiles are smaller
+    (``launch.simt_mla_decode_tiles``), so its grid ``(num_sm_parts, h_kv, ceil(q_rows / BLOCK_M))``
+    can hold several waves for many heads.
     """
     for name, value in (("num_sms", num_sms), ("num_heads_k", num_heads_k),
                         ("num_q_tokens_per_head_k", num_q_tokens_per_head_k)):

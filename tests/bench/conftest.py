@@ -14,6 +14,8 @@ import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 
+sys.path.insert(0, str(pathlib.Path(__file__).parent))  # triton_cases, for the Triton tests
+
 
 def _load(name):
     if str(BENCH) not in sys.path:

@@ -5,33 +5,17 @@ import pytest
 
 from numba_flash import reference as ref
 from helpers import assert_close_rule, to_host
+from triton_cases import ATTENTION_GPU, pick
 
-# (B, Sq, Sk, Hq, Hk, D, causal, dtype, config); config None = the module's tiles.
+# (B, Sq, Sk, Hq, Hk, D, causal, dtype, config) as in triton_cases.ATTENTION_GPU; a config is the
+# tiles of the dK/dV and of the dQ kernel.
 CASES_CPU = [
     (1, 5, 7, 2, 1, 16, False, "float16", None),
     (2, 70, 33, 2, 2, 24, True, "float16", ((16, 32, 4, 1), (32, 16, 4, 1))),  # rows with no key
     (1, 33, 130, 2, 1, 64, True, "float16", ((32, 32, 4, 1), (16, 64, 4, 1))),
     (1, 130, 40, 4, 2, 40, True, "float16", ((16, 16, 4, 1), (32, 32, 4, 1))),  # GQA: dK, dV sum
 ]
-CASES_GPU = [
-    (2, 1000, 1000, 8, 2, 64, False, "float16", None),
-    (2, 1000, 1000, 8, 2, 64, True, "bfloat16", None),
-    (1, 777, 1531, 4, 4, 128, True, "float16", None),
-    (1, 1531, 777, 4, 1, 128, True, "bfloat16", None),
-    (3, 257, 513, 6, 3, 72, False, "bfloat16", None),
-    (1, 300, 300, 2, 1, 256, True, "float16", None),
-]
-
-
-def _gpu():
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-CASES = CASES_GPU if _gpu() else CASES_CPU
+CASES = pick(CASES_CPU, ATTENTION_GPU)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:8])))

@@ -5,9 +5,9 @@ import pytest
 
 from numba_flash import reference as ref
 from helpers import assert_close_rule, assert_lse, to_host
+from triton_cases import ATTENTION_GPU, pick
 
-# (B, Sq, Sk, Hq, Hk, D, causal, dtype, config): ragged lengths, Sq != Sk both ways, GQA, head
-# dims that are not powers of two; config None = the module's tiles for that head dim.
+# (B, Sq, Sk, Hq, Hk, D, causal, dtype, config) as in triton_cases.ATTENTION_GPU.
 CASES_CPU = [
     (1, 5, 7, 2, 1, 16, False, "float16", None),
     (2, 70, 33, 2, 2, 24, True, "float16", (32, 16, 4, 1)),    # Sq > Sk: rows with no key
@@ -15,26 +15,7 @@ CASES_CPU = [
     (1, 130, 130, 1, 1, 40, True, "float16", None),
     (1, 20, 140, 1, 1, 72, False, "float16", None),             # the D <= 128 tiles, padded D
 ]
-CASES_GPU = [
-    (2, 1000, 1000, 8, 2, 64, False, "float16", None),
-    (2, 1000, 1000, 8, 2, 64, True, "bfloat16", None),
-    (1, 777, 1531, 4, 4, 128, True, "float16", None),
-    (1, 1531, 777, 4, 1, 128, True, "bfloat16", None),
-    (3, 257, 513, 6, 3, 72, False, "bfloat16", None),
-    (1, 300, 300, 2, 1, 256, True, "float16", None),
-    (1, 1, 4097, 2, 2, 96, False, "float16", None),
-]
-
-
-def _gpu():
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-CASES = CASES_GPU if _gpu() else CASES_CPU
+CASES = pick(CASES_CPU, ATTENTION_GPU + [(1, 1, 4097, 2, 2, 96, False, "float16", None)])
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:8])))

@@ -8,6 +8,7 @@ import pytest
 
 from numba_flash import reference as ref
 from helpers import to_host
+from triton_cases import pick
 
 SENTINEL = 1 << 30
 
@@ -26,16 +27,7 @@ CASES_GPU = [
     (2, 32, 2, 576, 512, 16, [200, 1000, 0], True, 4, "float16"),
 ]
 
-
-def _gpu():
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-CASES = CASES_GPU if _gpu() else CASES_CPU
+CASES = pick(CASES_CPU, CASES_GPU)
 
 
 def paged_inputs(torch, device, b, s_q, h_q, h_kv, d, page, seqlens, dt):

@@ -68,19 +68,13 @@ from functools import lru_cache
 from numba import cuda, float32
 
 from .. import primitives as prim
-from .forward import LANES_PER_ROW, ROW_GROUPS, THREADS
-
-
-def _row_pad(rows_per_group, width):
-    """Smallest pad making the stride between row groups ``8 mod 32`` words: the four row groups
-    of a warp then read (one word each) and write (8 consecutive words each) disjoint banks."""
-    return next(p for p in range(32) if (rows_per_group * (width + p)) % 32 == 8)
+from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_kv_end, make_tile_loader, row_pad
 
 
 def dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
     """Offsets (float32 words) of the dK/dV kernel's shared tiles and the total size."""
     stride = HEAD_DIM + 1
-    p_stride = BLOCK_M + _row_pad(BLOCK_N // ROW_GROUPS, BLOCK_M)
+    p_stride = BLOCK_M + row_pad(BLOCK_N // ROW_GROUPS, BLOCK_M)
     k_off = 0
     v_off = k_off + BLOCK_N * stride
     q_off = v_off + BLOCK_N * stride
@@ -97,7 +91,7 @@ def dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
 def dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
     """Offsets (float32 words) of the dQ kernel's shared tiles and the total size."""
     stride = HEAD_DIM + 1
-    ds_stride = BLOCK_N + _row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
+    ds_stride = BLOCK_N + row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
     q_off = 0
     do_off = q_off + BLOCK_M * stride
     k_off = do_off + BLOCK_M * stride
@@ -107,24 +101,36 @@ def dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
                 stride=stride, ds_stride=ds_stride, words=ds_off + BLOCK_M * ds_stride)
 
 
-def _tile_loader(ROWS, HEAD_DIM, FMT):
-    """Device function: rows ``row0 ..`` of ``x[b, :, h, :]`` -> shared (stride HEAD_DIM + 1),
-    as float32; rows at or past ``seqlen`` are zeros."""
-    load = prim.loader(FMT)
-    STRIDE = HEAD_DIM + 1
+def _make_score_products(ROWS, COLS, HEAD_DIM, STRIDE):
+    """Device function ``score_products(smem, s_rows, s_cols, dp_rows, dp_cols, row0, lane, S,
+    dP)``: this thread's micro-tiles of ``S = X Y^T`` and ``dP = U W^T``, where X, Y, U, W are
+    the row-major shared tiles (row stride STRIDE) at offsets ``s_rows``, ``s_cols``,
+    ``dp_rows``, ``dp_cols``; the thread owns rows ``row0 + i`` (i < ROWS) and columns ``lane + 8
+    j`` (j < COLS). Both kernels need this pair, with the query and key tiles in swapped roles;
+    one outer product per d, the column values read into registers once."""
     ZERO = float32(0.0)
 
     @cuda.jit(device=True, inline="always")
-    def load_tile(smem, offset, x, b, row0, h, seqlen, tid):
-        for idx in range(tid, ROWS * HEAD_DIM, THREADS):
-            r = idx // HEAD_DIM
-            d = idx - r * HEAD_DIM
-            val = ZERO
-            if row0 + r < seqlen:
-                val = load(x[b, row0 + r, h, d])
-            smem[offset + r * STRIDE + d] = val
+    def score_products(smem, s_rows, s_cols, dp_rows, dp_cols, row0, lane, S, dP):
+        s_col = cuda.local.array(COLS, float32)
+        dp_col = cuda.local.array(COLS, float32)
+        for i in range(ROWS):
+            for j in range(COLS):
+                S[i, j] = ZERO
+                dP[i, j] = ZERO
+        for d in range(HEAD_DIM):
+            for j in range(COLS):
+                c = lane + LANES_PER_ROW * j
+                s_col[j] = smem[s_cols + c * STRIDE + d]
+                dp_col[j] = smem[dp_cols + c * STRIDE + d]
+            for i in range(ROWS):
+                s_row = smem[s_rows + (row0 + i) * STRIDE + d]
+                dp_row = smem[dp_rows + (row0 + i) * STRIDE + d]
+                for j in range(COLS):
+                    S[i, j] += s_row * s_col[j]
+                    dP[i, j] += dp_row * dp_col[j]
 
-    return load_tile
+    return score_products
 
 
 # ----------------------------------------------------------------------------- preprocess
@@ -174,11 +180,12 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     P_OFF, DS_OFF = lay["p_off"], lay["ds_off"]
     LSE_OFF, DELTA_OFF = lay["lse_off"], lay["delta_off"]
     STRIDE, P_STRIDE = lay["stride"], lay["p_stride"]
-    load_kv = _tile_loader(BLOCK_N, HEAD_DIM, FMT)
-    load_q = _tile_loader(BLOCK_M, HEAD_DIM, FMT)
+    load_kv = make_tile_loader(BLOCK_N, HEAD_DIM, STRIDE, 1, FMT)
+    load_q = make_tile_loader(BLOCK_M, HEAD_DIM, STRIDE, 1, FMT)
+    score_products = _make_score_products(TN, TM, HEAD_DIM, STRIDE)
     store = prim.storer(FMT)
     LOG2E = prim.LOG2E
-    ZERO = float32(0.0)
+    ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dkdv_simt(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
                             group, scale, scale_log2):
@@ -191,14 +198,12 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         hk = cuda.blockIdx.y - b * n_heads_k
 
         # K_j, V_j stay in shared memory for the whole CTA; dK_j, dV_j in registers.
-        load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, tid)
-        load_kv(smem, V_OFF, v, b, n0, hk, seqlen_k, tid)
+        load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, ONE, tid)
+        load_kv(smem, V_OFF, v, b, n0, hk, seqlen_k, ONE, tid)
         dK_j = cuda.local.array((TN, TD), float32)
         dV_j = cuda.local.array((TN, TD), float32)
         S = cuda.local.array((TN, TM), float32)   # S_ij^T
         dP = cuda.local.array((TN, TM), float32)  # dP_ij^T
-        q_d = cuda.local.array(TM, float32)
-        do_d = cuda.local.array(TM, float32)
         for i in range(TN):
             for jd in range(TD):
                 dK_j[i, jd] = ZERO
@@ -213,8 +218,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         for h in range(hk * group, hk * group + group):
             for m0 in range(m_begin, seqlen_q, BLOCK_M):
                 cuda.syncthreads()  # the previous step's Q, dO, P, dS are no longer read
-                load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, tid)
-                load_q(smem, DO_OFF, dout, b, m0, h, seqlen_q, tid)
+                load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, ONE, tid)
+                load_q(smem, DO_OFF, dout, b, m0, h, seqlen_q, ONE, tid)
                 for r in range(tid, BLOCK_M, THREADS):
                     lse_r = ZERO  # padded rows: Q = dO = 0, so P = 1 there adds nothing
                     D_r = ZERO
@@ -225,22 +230,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                     smem[DELTA_OFF + r] = D_r
                 cuda.syncthreads()
 
-                # S_ij^T = K_j Q_i^T and dP_ij^T = V_j dO_i^T, one outer product per d.
-                for i in range(TN):
-                    for j in range(TM):
-                        S[i, j] = ZERO
-                        dP[i, j] = ZERO
-                for d in range(HEAD_DIM):
-                    for j in range(TM):
-                        c = lane + LANES_PER_ROW * j
-                        q_d[j] = smem[Q_OFF + c * STRIDE + d]
-                        do_d[j] = smem[DO_OFF + c * STRIDE + d]
-                    for i in range(TN):
-                        k_d = smem[K_OFF + (row0 + i) * STRIDE + d]
-                        v_d = smem[V_OFF + (row0 + i) * STRIDE + d]
-                        for j in range(TM):
-                            S[i, j] += k_d * q_d[j]
-                            dP[i, j] += v_d * do_d[j]
+                # S_ij^T = K_j Q_i^T and dP_ij^T = V_j dO_i^T.
+                score_products(smem, K_OFF, Q_OFF, V_OFF, DO_OFF, row0, lane, S, dP)
 
                 # P_ij^T = exp2(S^T * scale_log2 - lse_i), dS_ij^T = P^T (dP^T - D_i) -> shared.
                 needs_mask = ragged
@@ -295,11 +286,13 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     Q_OFF, DO_OFF, K_OFF, V_OFF, DS_OFF = (lay[x] for x in ("q_off", "do_off", "k_off", "v_off",
                                                              "ds_off"))
     STRIDE, DS_STRIDE = lay["stride"], lay["ds_stride"]
-    load_q = _tile_loader(BLOCK_M, HEAD_DIM, FMT)
-    load_kv = _tile_loader(BLOCK_N, HEAD_DIM, FMT)
+    load_q = make_tile_loader(BLOCK_M, HEAD_DIM, STRIDE, 1, FMT)
+    load_kv = make_tile_loader(BLOCK_N, HEAD_DIM, STRIDE, 1, FMT)
+    score_products = _make_score_products(TM, TN, HEAD_DIM, STRIDE)
+    kv_end = make_kv_end(BLOCK_M, CAUSAL)
     store = prim.storer(FMT)
     LOG2E = prim.LOG2E
-    ZERO = float32(0.0)
+    ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dq_simt(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
                           scale, scale_log2):
@@ -313,15 +306,13 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         hk = h // group
 
         # Q_i, dO_i stay in shared memory; lse_i, D_i and dQ_i in registers.
-        load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, tid)
-        load_q(smem, DO_OFF, dout, b, m0, h, seqlen_q, tid)
+        load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, ONE, tid)
+        load_q(smem, DO_OFF, dout, b, m0, h, seqlen_q, ONE, tid)
         lse_i = cuda.local.array(TM, float32)
         D_i = cuda.local.array(TM, float32)
         dQ_i = cuda.local.array((TM, TD), float32)
         S = cuda.local.array((TM, TN), float32)
         dP = cuda.local.array((TM, TN), float32)
-        k_d = cuda.local.array(TN, float32)
-        v_d = cuda.local.array(TN, float32)
         for i in range(TM):
             r = m0 + row0 + i
             lse_i[i] = ZERO  # padded rows: Q = dO = 0, so dS = 0 there
@@ -334,31 +325,14 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 
         # Keys these queries may see: all, or (causal) up to the diagonal (as in the forward).
         diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
-        kv_end = seqlen_k
-        if CAUSAL:
-            kv_end = min(seqlen_k, m0 + BLOCK_M + diag)
-        for n0 in range(0, kv_end, BLOCK_N):
+        for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # the previous tile's K, V, dS are no longer read
-            load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, tid)
-            load_kv(smem, V_OFF, v, b, n0, hk, seqlen_k, tid)
+            load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, ONE, tid)
+            load_kv(smem, V_OFF, v, b, n0, hk, seqlen_k, ONE, tid)
             cuda.syncthreads()
 
-            # S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T, one outer product per d.
-            for i in range(TM):
-                for j in range(TN):
-                    S[i, j] = ZERO
-                    dP[i, j] = ZERO
-            for d in range(HEAD_DIM):
-                for j in range(TN):
-                    c = lane + LANES_PER_ROW * j
-                    k_d[j] = smem[K_OFF + c * STRIDE + d]
-                    v_d[j] = smem[V_OFF + c * STRIDE + d]
-                for i in range(TM):
-                    q_d = smem[Q_OFF + (row0 + i) * STRIDE + d]
-                    do_d = smem[DO_OFF + (row0 + i) * STRIDE + d]
-                    for j in range(TN):
-                        S[i, j] += q_d * k_d[j]
-                        dP[i, j] += do_d * v_d[j]
+            # S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T.
+            score_products(smem, Q_OFF, K_OFF, DO_OFF, V_OFF, row0, lane, S, dP)
 
             # dS_ij = P_ij (dP_ij - D_i) with P_ij = exp2(S * scale_log2 - lse_i) -> shared.
             needs_mask = n0 + BLOCK_N > seqlen_k

@@ -49,23 +49,18 @@ Limits
 import math
 from functools import lru_cache
 
-import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32
 
 from .. import primitives as prim
-
-THREADS = 128
-LANES_PER_ROW = 8  # threads sharing one query row
-ROW_GROUPS = THREADS // LANES_PER_ROW
+from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_kv_end, make_tile_loader, row_pad
 
 
 def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
     """Offsets (in float32 words) of the four shared tiles and the total size in words."""
-    tm = BLOCK_M // ROW_GROUPS
-    # Smallest P_PAD that puts the TM-row stride of the four row groups of a warp on banks
-    # 0, 8, 16, 24: the P reads of PV are then free of bank conflicts.
-    p_pad = next(p for p in range(32) if (tm * (BLOCK_N + p)) % 32 == 8)
-    q_stride, k_stride, p_stride = BLOCK_M + 1, BLOCK_N + 1, BLOCK_N + p_pad
+    # P_PAD puts the four row groups of a warp on different banks: the P reads of PV are then
+    # free of bank conflicts.
+    q_stride, k_stride = BLOCK_M + 1, BLOCK_N + 1
+    p_stride = BLOCK_N + row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
     q_off = 0
     k_off = q_off + HEAD_DIM * q_stride
     v_off = k_off + HEAD_DIM * k_stride
@@ -86,6 +81,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     Q_OFF, K_OFF, V_OFF, P_OFF = lay["q_off"], lay["k_off"], lay["v_off"], lay["p_off"]
     Q_STRIDE, K_STRIDE, P_STRIDE = lay["q_stride"], lay["k_stride"], lay["p_stride"]
     SCRATCH = prim.scratch_size(THREADS)
+    load_qt = make_tile_loader(BLOCK_M, HEAD_DIM, 1, Q_STRIDE, FMT)  # Q^T: row stride 1
+    kv_end = make_kv_end(BLOCK_M, CAUSAL)
     load, store = prim.loader(FMT), prim.storer(FMT)
     shfl_xor = prim.shfl_xor
     NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
@@ -103,13 +100,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         hk = h // group
 
         # Q_i -> shared (transposed), pre-scaled so that S is in base-2 units.
-        for idx in range(tid, BLOCK_M * HEAD_DIM, THREADS):
-            r = idx // HEAD_DIM
-            d = idx - r * HEAD_DIM
-            x = ZERO
-            if m0 + r < seqlen_q:
-                x = load(q[b, m0 + r, h, d]) * scale_log2
-            smem[Q_OFF + d * Q_STRIDE + r] = x
+        load_qt(smem, Q_OFF, q, b, m0, h, seqlen_q, scale_log2, tid)
 
         # Per-thread online-softmax state, all in registers.
         m_i = cuda.local.array(TM, float32)
@@ -124,12 +115,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 
         # Keys this tile of queries may see: all of them, or (causal) up to the diagonal.
         diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
-        kv_end = seqlen_k
-        if CAUSAL:
-            kv_end = min(seqlen_k, m0 + BLOCK_M + diag)
-        for n0 in range(0, kv_end, BLOCK_N):
+        for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # the previous tile's K, V, P are no longer read
-            # K_j (transposed) and V_j -> shared; rows past the end are zeros.
+            # K_j (transposed) and V_j -> shared; rows past the end are zeros. One pass for both
+            # (one index and bounds test): two load_tile calls cost a quarter more instructions.
             for idx in range(tid, BLOCK_N * HEAD_DIM, THREADS):
                 c = idx // HEAD_DIM
                 d = idx - c * HEAD_DIM

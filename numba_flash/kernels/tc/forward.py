@@ -65,10 +65,12 @@ def shared_elements(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 
 @lru_cache(maxsize=None)
-def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
-    """Python kernel function for one configuration (compile with launch.compile_kernel)."""
-    assert FMT in ("float16", "bfloat16") and BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0
-    NWARPS = BLOCK_M // 16
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
+    """Python kernel function for one configuration (compile with launch.compile_kernel).
+    Each of the NWARPS warps owns MT = BLOCK_M / (16 NWARPS) m16 tiles of query rows: with
+    MT = 2 every K/V fragment loaded by ldmatrix feeds two mma instead of one."""
+    assert FMT in ("float16", "bfloat16") and BLOCK_N % 16 == 0 and BLOCK_M % (16 * NWARPS) == 0
+    MT = BLOCK_M // (16 * NWARPS)  # m16 tiles of query rows per warp
     THREADS = 32 * NWARPS
     DPAD = padded_head_dim(HEAD_DIM)
     STRIDE = DPAD + PAD
@@ -145,20 +147,22 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         ptx.cp_async_wait(0)
         cuda.syncthreads()
 
-        q_lane = Q_OFF + (16 * warp + a_row) * STRIDE + a_col
+        q_lane = Q_OFF + (16 * MT * warp + a_row) * STRIDE + a_col
 
-        # Online-softmax state of this thread's two rows (index 0: row g, 1: row g + 8).
-        m_i = cuda.local.array(2, float32)
-        l_i = cuda.local.array(2, float32)
-        O_i = cuda.local.array((DT, 4), float32)
-        S = cuda.local.array((NT, 4), float32)
-        for half in range(2):
-            m_i[half] = NEG_INF
-            l_i[half] = ZERO
-        for dt in range(DT):
-            for e in range(4):
-                O_i[dt, e] = ZERO
-        row_g = m0 + 16 * warp + g  # global query index of this thread's first row
+        # Online-softmax state of this thread's rows: m-tile mt, half 0 (row g) or 1 (row g + 8).
+        m_i = cuda.local.array((MT, 2), float32)
+        l_i = cuda.local.array((MT, 2), float32)
+        O_i = cuda.local.array((MT, DT, 4), float32)
+        S = cuda.local.array((MT, NT, 4), float32)
+        q_frag = cuda.local.array((MT, 4), uint32)  # A fragments of one k-step
+        for mt in range(MT):
+            for half in range(2):
+                m_i[mt, half] = NEG_INF
+                l_i[mt, half] = ZERO
+            for dt in range(DT):
+                for e in range(4):
+                    O_i[mt, dt, e] = ZERO
+        row_g = m0 + 16 * MT * warp + g  # global query index of this thread's first row
 
         for j in range(n_tiles):
             n0 = j * BLOCK_N
@@ -175,94 +179,111 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             k_tile = k_lane + buf
             v_tile = v_lane + buf
 
-            # S_ij = Q_i K_j^T, two 8-column tiles per ldmatrix.x4 of K.
-            for nt in range(NT):
-                for e in range(4):
-                    S[nt, e] = ZERO
+            # S_ij = Q_i K_j^T: one ldmatrix.x4 of K gives two 8-column tiles, used by every m-tile.
+            for mt in range(MT):
+                for nt in range(NT):
+                    for e in range(4):
+                        S[mt, nt, e] = ZERO
             for ks in range(KSTEPS):
-                qa = ldsm_x4(smem, q_lane + 16 * ks, scratch, tid)
+                for mt in range(MT):  # Q_i stays in shared memory: registers go to S and O_i
+                    r0, r1, r2, r3 = ldsm_x4(smem, q_lane + 16 * mt * STRIDE + 16 * ks,
+                                             scratch, tid)
+                    q_frag[mt, 0] = r0
+                    q_frag[mt, 1] = r1
+                    q_frag[mt, 2] = r2
+                    q_frag[mt, 3] = r3
                 for np2 in range(NT // 2):
                     k0, k1, k2, k3 = ldsm_x4(smem, k_tile + 16 * np2 * STRIDE + 16 * ks,
                                              scratch, tid)
-                    c0 = mma(qa, (k0, k1), (S[2 * np2, 0], S[2 * np2, 1], S[2 * np2, 2],
-                                            S[2 * np2, 3]), scratch, tid)
-                    c1 = mma(qa, (k2, k3), (S[2 * np2 + 1, 0], S[2 * np2 + 1, 1],
-                                            S[2 * np2 + 1, 2], S[2 * np2 + 1, 3]), scratch, tid)
-                    for e in range(4):
-                        S[2 * np2, e] = c0[e]
-                        S[2 * np2 + 1, e] = c1[e]
+                    for mt in range(MT):
+                        qa = (q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3])
+                        n_a, n_b = 2 * np2, 2 * np2 + 1
+                        c0 = mma(qa, (k0, k1), (S[mt, n_a, 0], S[mt, n_a, 1], S[mt, n_a, 2],
+                                                S[mt, n_a, 3]), scratch, tid)
+                        c1 = mma(qa, (k2, k3), (S[mt, n_b, 0], S[mt, n_b, 1], S[mt, n_b, 2],
+                                                S[mt, n_b, 3]), scratch, tid)
+                        for e in range(4):
+                            S[mt, n_a, e] = c0[e]
+                            S[mt, n_b, e] = c1[e]
 
             # Mask only the tiles that cross the ragged end or the causal diagonal.
             needs_mask = n0 + BLOCK_N > seqlen_k
             if CAUSAL:
                 needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
             if needs_mask:
-                # Element (nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 8 (e >> 1):
-                # with the thread's offsets below, each test is one compare with a constant.
+                # Element (mt, nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 16 mt +
+                # 8 (e >> 1): with the thread's offsets below each test is a compare with a constant.
                 past_end = n0 + t2 - seqlen_k          # column >= Sk  <=>  past_end >= -c
                 above_diag = n0 + t2 - row_g - diag    # column > row + diag
-                for nt in range(NT):
-                    for e in range(4):
-                        c = 8 * nt + (e & 1)
-                        if past_end >= -c or (CAUSAL and above_diag > 8 * (e >> 1) - c):
-                            S[nt, e] = NEG_INF
+                for mt in range(MT):
+                    for nt in range(NT):
+                        for e in range(4):
+                            c = 8 * nt + (e & 1)
+                            if past_end >= -c or (CAUSAL and
+                                                  above_diag > 16 * mt + 8 * (e >> 1) - c):
+                                S[mt, nt, e] = NEG_INF
 
-            # Online softmax on the two rows; the quad (4 lanes) shares each row. m_i is kept in
-            # raw score units (the scale is positive, so maxima commute with it) and the scale
-            # rides in each exponent: exp(scale (s - m)) = exp2(s * scale_log2 - m * scale_log2),
-            # one FFMA and one ex2 per element.
-            for half in range(2):
-                mx = max(S[0, 2 * half], S[0, 2 * half + 1])
-                for nt in range(1, NT):
-                    mx = max(mx, max(S[nt, 2 * half], S[nt, 2 * half + 1]))
-                mx = max(mx, shfl_xor(mx, 1, shfl_scratch, tid))
-                mx = max(mx, shfl_xor(mx, 2, shfl_scratch, tid))
-                m_new = max(m_i[half], mx)
-                base = m_new * scale_log2 if m_new != NEG_INF else ZERO  # nothing visible yet
-                alpha = exp2(m_i[half] * scale_log2 - base)
-                m_i[half] = m_new
-                row_sum = ZERO
-                for nt in range(NT):
-                    for e in range(2 * half, 2 * half + 2):
-                        p = exp2(S[nt, e] * scale_log2 - base)
-                        S[nt, e] = p
-                        row_sum += p
-                l_i[half] = l_i[half] * alpha + row_sum
-                for dt in range(DT):
-                    O_i[dt, 2 * half] *= alpha
-                    O_i[dt, 2 * half + 1] *= alpha
+            # Online softmax row by row; the quad (4 lanes) shares each row. m_i is kept in raw
+            # score units (the scale is positive, so maxima commute with it) and the scale rides
+            # in each exponent: exp(scale (s - m)) = exp2(s * scale_log2 - m * scale_log2), one
+            # FFMA and one ex2 per element.
+            for mt in range(MT):
+                for half in range(2):
+                    mx = max(S[mt, 0, 2 * half], S[mt, 0, 2 * half + 1])
+                    for nt in range(1, NT):
+                        mx = max(mx, max(S[mt, nt, 2 * half], S[mt, nt, 2 * half + 1]))
+                    mx = max(mx, shfl_xor(mx, 1, shfl_scratch, tid))
+                    mx = max(mx, shfl_xor(mx, 2, shfl_scratch, tid))
+                    m_new = max(m_i[mt, half], mx)
+                    base = m_new * scale_log2 if m_new != NEG_INF else ZERO  # nothing visible yet
+                    alpha = exp2(m_i[mt, half] * scale_log2 - base)
+                    m_i[mt, half] = m_new
+                    row_sum = ZERO
+                    for nt in range(NT):
+                        for e in range(2 * half, 2 * half + 2):
+                            p = exp2(S[mt, nt, e] * scale_log2 - base)
+                            S[mt, nt, e] = p
+                            row_sum += p
+                    l_i[mt, half] = l_i[mt, half] * alpha + row_sum
+                    for dt in range(DT):
+                        O_i[mt, dt, 2 * half] *= alpha
+                        O_i[mt, dt, 2 * half + 1] *= alpha
 
-            # O_i += P_ij V_j: P straight from registers as the A operand, V through ldmatrix.trans.
+            # O_i += P_ij V_j: P straight from registers as the A operand, V through
+            # ldmatrix.trans, each V fragment used by every m-tile.
             for kk in range(NT // 2):
-                pa = (pack(S[2 * kk, 0], S[2 * kk, 1]), pack(S[2 * kk, 2], S[2 * kk, 3]),
-                      pack(S[2 * kk + 1, 0], S[2 * kk + 1, 1]),
-                      pack(S[2 * kk + 1, 2], S[2 * kk + 1, 3]))
                 for dp in range(DT // 2):
                     v0, v1, v2, v3 = ldsm_x4_t(smem, v_tile + 16 * kk * STRIDE + 16 * dp,
                                                scratch, tid)
-                    c0 = mma(pa, (v0, v1), (O_i[2 * dp, 0], O_i[2 * dp, 1], O_i[2 * dp, 2],
-                                            O_i[2 * dp, 3]), scratch, tid)
-                    c1 = mma(pa, (v2, v3), (O_i[2 * dp + 1, 0], O_i[2 * dp + 1, 1],
-                                            O_i[2 * dp + 1, 2], O_i[2 * dp + 1, 3]), scratch, tid)
-                    for e in range(4):
-                        O_i[2 * dp, e] = c0[e]
-                        O_i[2 * dp + 1, e] = c1[e]
+                    for mt in range(MT):
+                        n_a, n_b = 2 * kk, 2 * kk + 1
+                        pa = (pack(S[mt, n_a, 0], S[mt, n_a, 1]), pack(S[mt, n_a, 2], S[mt, n_a, 3]),
+                              pack(S[mt, n_b, 0], S[mt, n_b, 1]), pack(S[mt, n_b, 2], S[mt, n_b, 3]))
+                        d_a, d_b = 2 * dp, 2 * dp + 1
+                        c0 = mma(pa, (v0, v1), (O_i[mt, d_a, 0], O_i[mt, d_a, 1], O_i[mt, d_a, 2],
+                                                O_i[mt, d_a, 3]), scratch, tid)
+                        c1 = mma(pa, (v2, v3), (O_i[mt, d_b, 0], O_i[mt, d_b, 1], O_i[mt, d_b, 2],
+                                                O_i[mt, d_b, 3]), scratch, tid)
+                        for e in range(4):
+                            O_i[mt, d_a, e] = c0[e]
+                            O_i[mt, d_b, e] = c1[e]
 
         # Epilogue: full row sums over the quad, O_i / l_i and lse_i (natural log).
-        for half in range(2):
-            l = l_i[half]
-            l += shfl_xor(l, 1, shfl_scratch, tid)
-            l += shfl_xor(l, 2, shfl_scratch, tid)
-            row = row_g + 8 * half
-            if row < seqlen_q:
-                inv = ONE / l if l > ZERO else ZERO
-                for dt in range(DT):
-                    col = 8 * dt + t2
-                    if col < HEAD_DIM:
-                        out[b, row, h, col] = store(O_i[dt, 2 * half] * inv)
-                        out[b, row, h, col + 1] = store(O_i[dt, 2 * half + 1] * inv)
-                if t2 == 0:
-                    lse[b, h, row] = (m_i[half] * scale_log2 + math.log2(l)) * LN2 \
-                        if l > ZERO else POS_INF
+        for mt in range(MT):
+            for half in range(2):
+                l = l_i[mt, half]
+                l += shfl_xor(l, 1, shfl_scratch, tid)
+                l += shfl_xor(l, 2, shfl_scratch, tid)
+                row = row_g + 16 * mt + 8 * half
+                if row < seqlen_q:
+                    inv = ONE / l if l > ZERO else ZERO
+                    for dt in range(DT):
+                        col = 8 * dt + t2
+                        if col < HEAD_DIM:
+                            out[b, row, h, col] = store(O_i[mt, dt, 2 * half] * inv)
+                            out[b, row, h, col + 1] = store(O_i[mt, dt, 2 * half + 1] * inv)
+                    if t2 == 0:
+                        lse[b, h, row] = (m_i[mt, half] * scale_log2 + math.log2(l)) * LN2 \
+                            if l > ZERO else POS_INF
 
     return flash_fwd_tc

@@ -232,74 +232,37 @@ if SIMULATOR:
     # Each emulation: barrier (everyone has finished reading the scratch of the previous call),
     # publish this thread's registers, barrier, compute this lane's result from the warp's.
 
-    def _publish_mma(a, b, scratch, tid):
-        row = SCRATCH_WORDS * tid
-        for i in range(4):
-            scratch[row + i] = np.uint32(int(a[i]) & 0xFFFFFFFF)
-        scratch[row + 4] = np.uint32(int(b[0]) & 0xFFFFFFFF)
-        scratch[row + 5] = np.uint32(int(b[1]) & 0xFFFFFFFF)
+    def _make_mma(fmt):
+        @cuda.jit(device=True)
+        def mma(a, b, c, scratch, tid):
+            cuda.syncthreads()
+            row = SCRATCH_WORDS * tid
+            for i in range(4):
+                scratch[row + i] = np.uint32(int(a[i]) & 0xFFFFFFFF)
+            scratch[row + 4] = np.uint32(int(b[0]) & 0xFFFFFFFF)
+            scratch[row + 5] = np.uint32(int(b[1]) & 0xFFFFFFFF)
+            cuda.syncthreads()
+            lane = tid & 31
+            base = tid - lane
+            words = np.array(scratch[SCRATCH_WORDS * base:SCRATCH_WORDS * (base + 32)],
+                             dtype=np.uint32).reshape(32, SCRATCH_WORDS)
+            A, B = _warp_tiles(words[:, :4], words[:, 4:], fmt)
+            return _lane_mma(A, B, c, lane)
 
-    def _lane_mma_from_scratch(c, scratch, tid, fmt):
-        lane = tid & 31
-        base = tid - lane
-        words = np.array(scratch[SCRATCH_WORDS * base:SCRATCH_WORDS * (base + 32)],
-                         dtype=np.uint32).reshape(32, SCRATCH_WORDS)
-        A, B = _warp_tiles(words[:, :4], words[:, 4:], fmt)
-        return _lane_mma(A, B, c, lane)
+        return mma
 
-    @cuda.jit(device=True)
-    def mma_f16(a, b, c, scratch, tid):
-        """D = A @ B + C for one m16n8k16 tile, float16 inputs, float32 accumulate (emulated)."""
-        cuda.syncthreads()
-        _publish_mma(a, b, scratch, tid)
-        cuda.syncthreads()
-        return _lane_mma_from_scratch(c, scratch, tid, "float16")
+    def _make_ldmatrix(num, trans):
+        @cuda.jit(device=True)
+        def ldmatrix(smem, offset, scratch, tid):
+            cuda.syncthreads()
+            scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
+            cuda.syncthreads()
+            lane = tid & 31
+            base = tid - lane
+            offsets = scratch[SCRATCH_WORDS * base:SCRATCH_WORDS * (base + 32):SCRATCH_WORDS]
+            return _lane_ldmatrix(smem.reshape(-1), offsets, lane, num, trans)
 
-    @cuda.jit(device=True)
-    def mma_bf16(a, b, c, scratch, tid):
-        """D = A @ B + C for one m16n8k16 tile, bfloat16 inputs, float32 accumulate (emulated)."""
-        cuda.syncthreads()
-        _publish_mma(a, b, scratch, tid)
-        cuda.syncthreads()
-        return _lane_mma_from_scratch(c, scratch, tid, "bfloat16")
-
-    def _lane_ldmatrix_from_scratch(smem, scratch, tid, num, trans):
-        lane = tid & 31
-        base = tid - lane
-        offsets = scratch[SCRATCH_WORDS * base:SCRATCH_WORDS * (base + 32):SCRATCH_WORDS]
-        return _lane_ldmatrix(smem.reshape(-1), offsets, lane, num, trans)
-
-    @cuda.jit(device=True)
-    def ldmatrix_x4(smem, offset, scratch, tid):
-        """Four 8x8 matrices from shared memory in fragment layout (emulated)."""
-        cuda.syncthreads()
-        scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
-        cuda.syncthreads()
-        return _lane_ldmatrix_from_scratch(smem, scratch, tid, 4, False)
-
-    @cuda.jit(device=True)
-    def ldmatrix_x4_trans(smem, offset, scratch, tid):
-        """Four 8x8 matrices, each transposed, in fragment layout (emulated)."""
-        cuda.syncthreads()
-        scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
-        cuda.syncthreads()
-        return _lane_ldmatrix_from_scratch(smem, scratch, tid, 4, True)
-
-    @cuda.jit(device=True)
-    def ldmatrix_x2(smem, offset, scratch, tid):
-        """Two 8x8 matrices (rows from lanes 0-15) in fragment layout (emulated)."""
-        cuda.syncthreads()
-        scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
-        cuda.syncthreads()
-        return _lane_ldmatrix_from_scratch(smem, scratch, tid, 2, False)
-
-    @cuda.jit(device=True)
-    def ldmatrix_x2_trans(smem, offset, scratch, tid):
-        """Two 8x8 matrices, each transposed (rows from lanes 0-15) (emulated)."""
-        cuda.syncthreads()
-        scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
-        cuda.syncthreads()
-        return _lane_ldmatrix_from_scratch(smem, scratch, tid, 2, True)
+        return ldmatrix
 
     @cuda.jit(device=True)
     def shared_address(smem, offset):
@@ -437,10 +400,10 @@ else:
 
     # ---- mma.sync ------------------------------------------------------------------------
 
-    def _make_mma(ab_type):
+    def _make_mma(fmt):
         ptx = ("mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32 "
                "{{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
-               ).format(ab_type)
+               ).format({"float16": "f16", "bfloat16": "bf16"}[fmt])
         fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
         constraints = "=f,=f,=f,=f," + ",".join(["r"] * 6 + ["f"] * 4)
 
@@ -461,20 +424,11 @@ else:
 
             return retty(a, b, c), codegen
 
-        return mma_asm
+        @cuda.jit(device=True, inline="always")
+        def mma(a, b, c, scratch, tid):
+            return mma_asm(a, b, c)
 
-    _mma_f16_asm = _make_mma("f16")
-    _mma_bf16_asm = _make_mma("bf16")
-
-    @cuda.jit(device=True, inline="always")
-    def mma_f16(a, b, c, scratch, tid):
-        """D = A @ B + C for one 16x16x8 tile: ``mma.sync.aligned.m16n8k16.row.col.f32.f16``."""
-        return _mma_f16_asm(a, b, c)
-
-    @cuda.jit(device=True, inline="always")
-    def mma_bf16(a, b, c, scratch, tid):
-        """D = A @ B + C for one 16x16x8 tile: ``mma.sync.aligned.m16n8k16.row.col.f32.bf16``."""
-        return _mma_bf16_asm(a, b, c)
+        return mma
 
     # ---- ldmatrix ------------------------------------------------------------------------
 
@@ -501,32 +455,11 @@ else:
 
             return retty(smem, offset), codegen
 
-        return ldmatrix_asm
+        @cuda.jit(device=True, inline="always")
+        def ldmatrix(smem, offset, scratch, tid):
+            return ldmatrix_asm(smem, offset)
 
-    _ldmatrix_x4_asm = _make_ldmatrix(4, False)
-    _ldmatrix_x4_trans_asm = _make_ldmatrix(4, True)
-    _ldmatrix_x2_asm = _make_ldmatrix(2, False)
-    _ldmatrix_x2_trans_asm = _make_ldmatrix(2, True)
-
-    @cuda.jit(device=True, inline="always")
-    def ldmatrix_x4(smem, offset, scratch, tid):
-        """Four 8x8 matrices from shared memory in fragment layout (``ldmatrix...x4``)."""
-        return _ldmatrix_x4_asm(smem, offset)
-
-    @cuda.jit(device=True, inline="always")
-    def ldmatrix_x4_trans(smem, offset, scratch, tid):
-        """Four 8x8 matrices, each transposed (``ldmatrix...x4.trans``)."""
-        return _ldmatrix_x4_trans_asm(smem, offset)
-
-    @cuda.jit(device=True, inline="always")
-    def ldmatrix_x2(smem, offset, scratch, tid):
-        """Two 8x8 matrices, rows from lanes 0-15 (``ldmatrix...x2``)."""
-        return _ldmatrix_x2_asm(smem, offset)
-
-    @cuda.jit(device=True, inline="always")
-    def ldmatrix_x2_trans(smem, offset, scratch, tid):
-        """Two 8x8 matrices, each transposed, rows from lanes 0-15 (``ldmatrix...x2.trans``)."""
-        return _ldmatrix_x2_trans_asm(smem, offset)
+        return ldmatrix
 
     @intrinsic
     def shared_address(typingctx, smem, offset):
@@ -704,6 +637,21 @@ else:
             return builder.call(asm, [x32])
 
         return types.float32(x), codegen
+
+
+# The warp-level instructions, each a device function with the same arguments on a GPU and under
+# the simulator (``scratch`` and ``tid`` serve only the emulations):
+#   mma_f16 / mma_bf16 (a, b, c, scratch, tid) -> d: D = A @ B + C for one m16n8k16 tile,
+#       float16 / bfloat16 inputs, float32 accumulate (``mma.sync.aligned.m16n8k16.row.col``);
+#   ldmatrix_x4[_trans] (smem, offset, scratch, tid) -> 4 registers: four 8x8 matrices from
+#       shared memory in fragment layout, ``_trans`` each transposed; ldmatrix_x2[_trans] -> 2
+#       registers: two matrices, rows from lanes 0-15 (``ldmatrix.sync.aligned.m8n8``).
+mma_f16 = _make_mma("float16")
+mma_bf16 = _make_mma("bfloat16")
+ldmatrix_x4 = _make_ldmatrix(4, False)
+ldmatrix_x4_trans = _make_ldmatrix(4, True)
+ldmatrix_x2 = _make_ldmatrix(2, False)
+ldmatrix_x2_trans = _make_ldmatrix(2, True)
 
 
 def mma(fmt):
