@@ -16,8 +16,8 @@ import common
 # Per head dim: 16 rows per warp with a 128-register cap (two 8-warp blocks per SM), and 32 rows
 # per warp (each K/V fragment feeds two mma) with the compiler's register count.
 CANDIDATES = {
-    64: "128x64x8x128,128x32x8x128,128x64x4x0,128x32x4x0",
-    128: "128x32x8x128,128x64x8x128,128x32x4x0,64x32x2x0",
+    64: "128x64x8x128,128x64x4x0",
+    128: "128x32x8x128,128x32x4x0",
     256: "64x32x4x0,64x16x4x0",
 }
 
