@@ -279,6 +279,8 @@ def main(argv=None):
     points = [(m, dt, d, n, c) for m in args.modes for dt in dtypes for d in args.head_dim_list
               for c in args.causal_list for n in args.seqlen_list]
     progress = common.Progress(sum(len(by_mode[p[0]]) for p in points))
+    out = common.results_dir(args.out_dir)
+    path = out / f"attention_{args.mode}.csv"
     rows, checked = [], {}
     for mode, dt, d, n, c in points:
         b, h = max(args.tokens // n, 1), args.hidden // d
@@ -304,10 +306,7 @@ def main(argv=None):
         del q, k, v, dout
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-
-    finish_rows(rows)
-    out = common.results_dir(args.out_dir)
-    path = common.write_csv(out / f"attention_{args.mode}.csv", rows)
+        common.write_csv(path, finish_rows(rows))  # after every point: a cut-short run keeps them
     print(common.format_table(rows, ["mode", "dtype", "head_dim", "seqlen", "causal", "provider",
                                      "correct", "ms", "tflops", "vs_" + ANCHOR, "note"]))
     print(f"wrote {path}")

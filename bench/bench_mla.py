@@ -223,6 +223,8 @@ def main(argv=None):
     points = [(s_q, h_q, n) for s_q in args.s_q_list for h_q in args.heads_q_list
               for n in args.seqlen_list]
     progress = common.Progress(len(points) * len(names))
+    out = common.results_dir(args.out_dir)
+    path = out / "mla_decode.csv"
     rows, checked = [], {}
     for s_q, h_q, n in points:
         lens = draw_seqlens(args.batch, n, args.varlen)
@@ -254,9 +256,7 @@ def main(argv=None):
         del inputs
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-
-    out = common.results_dir(args.out_dir)
-    path = common.write_csv(out / "mla_decode.csv", rows)
+        common.write_csv(path, rows)  # after every point: a cut-short run keeps them
     print(common.format_table(rows, ["s_q", "heads_q", "seqlen", "provider", "correct", "ms",
                                      "tbps", "tflops", "vs_copy", "note"]))
     print(f"wrote {path}")

@@ -221,6 +221,7 @@ def main(argv=None):
         return 0
     points = [(kernel, n) for kernel in args.kernel_list for n in args.seqlen_list]
     progress = common.Progress(len(points))
+    out = common.results_dir(args.out_dir)
     rows, failed = [], []
     for kernel, n in points:
         progress.step(f"{kernel} N={n}")
@@ -231,13 +232,13 @@ def main(argv=None):
             continue
         rows.append(dict(kernel=kernel, seqlen=n, head_dim=args.head_dim, batch=args.batch,
                          heads=args.heads, **totals))
+        common.write_csv(out / "io_bytes.csv", rows)  # a cut-short run keeps what it measured
     for f in failed:
         sys.stderr.write(f + "\n")
     if not rows:
         return 1
     m_words = flash_shared_words(args.head_dim)
     add_fits(rows, args.head_dim, m_words)
-    out = common.results_dir(args.out_dir)
     path = common.write_csv(out / "io_bytes.csv", rows)
     measured = [m for m in rows[0] if m.endswith(".sum") and not m.startswith("model_")]
     print(common.format_table(rows, ["kernel", "seqlen", "kernels"] + measured))

@@ -36,6 +36,7 @@ def main(argv=None):
     import numba_flash as nf
     from numba_flash import arrays, launch
 
+    out = common.results_dir(args.out_dir)
     rows = []
     for d, causal in itertools.product([int(x) for x in args.head_dims.split(",")], (False, True)):
         n = args.seqlen
@@ -66,8 +67,7 @@ def main(argv=None):
                              smem_kb=t.shared_bytes / 1024, err_vs_default=err, ms=ms,
                              tflops=flops / ms * 1e-9))
             print(common.format_table(rows[-1:], list(rows[-1])), flush=True)
-    out = common.results_dir(args.out_dir)
-    common.write_csv(out / "tune_tc_forward.csv", rows)
+            common.write_csv(out / "tune_tc_forward.csv", rows)  # kept if the run is cut short
     print(common.format_table(rows, list(rows[0])))
 
 

@@ -8,6 +8,11 @@ rows with no key to attend giving ``out = 0`` and ``lse = +inf``.
 import numpy as np
 
 
+def _einsum(spec, *operands):
+    """np.einsum through BLAS (optimize=True): the GPU tests' references are large."""
+    return np.einsum(spec, *operands, optimize=True)
+
+
 def to_float64(x):
     """Any NumPy float array (float16, ml_dtypes.bfloat16, float32, ...) as float64."""
     return np.asarray(x).astype(np.float32).astype(np.float64)
@@ -27,7 +32,7 @@ def _scores(q, k, causal, softmax_scale):
     """Scaled scores (B, Hq, Sq, Sk) in float64, masked keys at -inf."""
     hq, d = q.shape[2], q.shape[3]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    s = np.einsum("bqhd,bkhd->bhqk", to_float64(q), to_float64(_expand_kv(k, hq))) * scale
+    s = _einsum("bqhd,bkhd->bhqk", to_float64(q), to_float64(_expand_kv(k, hq))) * scale
     if causal:
         s = np.where(causal_mask(q.shape[1], k.shape[1]), s, -np.inf)
     return s
@@ -47,7 +52,7 @@ def _softmax(s):
 def attention_fwd_ref(q, k, v, causal=False, softmax_scale=None):
     """Exact attention. Returns ``out (B, Sq, Hq, D)`` and ``lse (B, Hq, Sq)``, both float64."""
     p, lse = _softmax(_scores(q, k, causal, softmax_scale))
-    out = np.einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
+    out = _einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
     return out, lse
 
 
@@ -62,11 +67,11 @@ def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None):
     p, _ = _softmax(_scores(q, k, causal, softmax_scale))
     do = to_float64(dout)
     ke, ve = to_float64(_expand_kv(k, hq)), to_float64(_expand_kv(v, hq))
-    dv = np.einsum("bhqk,bqhd->bkhd", p, do)
-    dp = np.einsum("bqhd,bkhd->bhqk", do, ve)
+    dv = _einsum("bhqk,bqhd->bkhd", p, do)
+    dp = _einsum("bqhd,bkhd->bhqk", do, ve)
     ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
-    dq = np.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
-    dk = np.einsum("bhqk,bqhd->bkhd", ds, to_float64(q)) * scale
+    dq = _einsum("bhqk,bkhd->bqhd", ds, ke) * scale
+    dk = _einsum("bhqk,bqhd->bkhd", ds, to_float64(q)) * scale
     group = hq // hk
     return (dq, dk.reshape(b, sk, hk, group, d).sum(axis=3),
             dv.reshape(b, sk, hk, group, v.shape[-1]).sum(axis=3))
@@ -79,7 +84,7 @@ def attention_lowp(q, k, v, causal=False, softmax_scale=None):
     no worse than twice what the textbook algorithm loses in the same precision.
     """
     p = _probs_lowp(q, k, causal, softmax_scale)
-    out = np.einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
+    out = _einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
     return _round(out, q)
 
 
@@ -91,11 +96,11 @@ def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None):
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     p = _probs_lowp(q, k, causal, softmax_scale)
     do = to_float64(dout)
-    dv = _round(np.einsum("bhqk,bqhd->bkhd", p, do), q)
-    dp = _round(np.einsum("bqhd,bkhd->bhqk", do, to_float64(_expand_kv(v, hq))), q)
+    dv = _round(_einsum("bhqk,bqhd->bkhd", p, do), q)
+    dp = _round(_einsum("bqhd,bkhd->bhqk", do, to_float64(_expand_kv(v, hq))), q)
     ds = _round(p * (dp - (p * dp).sum(axis=-1, keepdims=True)), q)
-    dq = np.einsum("bhqk,bkhd->bqhd", ds, to_float64(_expand_kv(k, hq))) * scale
-    dk = _round(np.einsum("bhqk,bqhd->bkhd", ds, to_float64(q)) * scale, q)
+    dq = _einsum("bhqk,bkhd->bqhd", ds, to_float64(_expand_kv(k, hq))) * scale
+    dk = _round(_einsum("bhqk,bqhd->bkhd", ds, to_float64(q)) * scale, q)
     group = hq // hk
     return (_round(dq, q), _round(dk.reshape(b, sk, hk, group, d).sum(axis=3), q),
             _round(dv.reshape(b, sk, hk, group, v.shape[-1]).sum(axis=3), q))
@@ -169,7 +174,7 @@ def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_s
             raise ValueError(f"block_table: row {i} points outside k_cache's {num_blocks} blocks")
         kv = to_float64(kc[pages]).reshape(used * page, h_kv, d)[:n]  # (n, h_kv, d), only real rows
         kv = np.repeat(kv, group, axis=1)  # (n, h_q, d): query head h reads kv head h // group
-        s = np.einsum("thd,nhd->htn", q64[i], kv) * scale  # (h_q, s_q, n)
+        s = _einsum("thd,nhd->htn", q64[i], kv) * scale  # (h_q, s_q, n)
         for t in range(s_q):
             visible = n - (s_q - 1 - t) if causal else n
             if visible <= 0:
@@ -179,5 +184,5 @@ def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_s
             p = np.exp(st - m)
             l = p.sum(axis=-1, keepdims=True)
             lse[i, :, t] = (m + np.log(l))[:, 0]
-            out[i, t] = np.einsum("hn,nhd->hd", p / l, kv[:visible, :, :head_dim_v])
+            out[i, t] = _einsum("hn,nhd->hd", p / l, kv[:visible, :, :head_dim_v])
     return out, lse

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One batched session on a GPU machine: the GPU test run and the benchmarks, each stage under its
+# own time limit, logs in $OUT/log.txt and CSV/PNG files in $OUT/<stage>/ (default OUT:
+# bench/results/<date>-gpu). The CSVs are rewritten after every measured point, so a stage cut
+# short by its limit still leaves what it measured.
+#
+#   bench/gpu_session.sh tests fwd bwd mla io        # stages, in the order given
+#   LIMIT_BWD=300 bench/gpu_session.sh bwd           # a longer limit for one stage
+#
+# Stages: tests (GPU test suite, PTX checks excluded: they need no GPU), fwd / bwd (the
+# attention grid of DESIGN.md), mla (decode grid), io (HBM bytes under ncu), sweep (tc tiles),
+# profile (ncu sections of the tc forward and the decode kernel).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-bench/results/$(date +%F)-gpu}
+mkdir -p "$OUT"
+L=$OUT/log.txt
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+
+run() {  # run STAGE LIMIT_SECONDS COMMAND...
+  local stage=$1 limit=$2; shift 2
+  echo "=== $stage (limit ${limit}s, $(date +%T))" | tee -a "$L"
+  timeout "$limit" "$@" >> "$L" 2>&1
+  echo "=== $stage: exit $?" | tee -a "$L"
+}
+
+for stage in "$@"; do
+  case $stage in
+    tests) run tests "${LIMIT_TESTS:-300}" python3 -m pytest -q -p no:cacheprovider -rfE \
+             -k "not compiles" tests ;;
+    fwd) run fwd "${LIMIT_FWD:-240}" python3 bench/bench_attention.py --mode fwd \
+           --out-dir "$OUT/fwd" ;;
+    bwd) run bwd "${LIMIT_BWD:-300}" python3 bench/bench_attention.py --mode bwd \
+           --dtypes float16 --providers nf-simt,sdpa-flash,sdpa-cudnn,triton --out-dir "$OUT/bwd" ;;
+    mla) run mla "${LIMIT_MLA:-150}" python3 bench/bench_mla.py --heads-q 1,16,128 \
+           --out-dir "$OUT/mla" ;;
+    io) run io "${LIMIT_IO:-120}" python3 bench/io_bytes.py --ncu "$NCU" --out-dir "$OUT/io" ;;
+    sweep) run sweep "${LIMIT_SWEEP:-120}" python3 bench/tune_tc_forward.py --out-dir "$OUT/sweep" ;;
+    profile)
+      # The third launch of the tc forward is the first timed one (a probe and the reference
+      # check come first); the decode kernel's first launch has the benchmark's size.
+      for d in 64 128; do
+        run "profile tc D=$d" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
+          -k regex:flash_fwd_tc --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+          --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+          python3 bench/bench_attention.py --providers nf-tc --dtypes float16 --head-dims $d \
+          --seqlens 4096 --causal 0 --no-plot --out-dir /tmp/profile_$d
+      done
+      run "profile decode" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
+        -k regex:mla_decode --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        python3 bench/bench_mla.py --providers nf-simt --s-q 1 --heads-q 1 --seqlens 4096 \
+        --no-plot --out-dir /tmp/profile_mla ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
