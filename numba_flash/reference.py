@@ -90,15 +90,18 @@ def attention_lowp(q, k, v, causal=False, softmax_scale=None):
 
 def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None):
     """Plain attention backward with P, dV, dP, dS, dQ, dK each rounded to the inputs' dtype:
-    the low-precision counterpart of ``attention_bwd_ref`` for the tolerance rule (float64 out)."""
+    the low-precision counterpart of ``attention_bwd_ref`` for the tolerance rule (float64 out).
+    Like every FlashAttention backward it takes D_i = rowsum(dO_i * O_i) from the forward's
+    output as stored (rounded to the dtype), not from the exact softmax."""
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     p = _probs_lowp(q, k, causal, softmax_scale)
     do = to_float64(dout)
+    D = (do * attention_lowp(q, k, v, causal, softmax_scale)).sum(axis=-1).transpose(0, 2, 1)
     dv = _round(_einsum("bhqk,bqhd->bkhd", p, do), q)
     dp = _round(_einsum("bqhd,bkhd->bhqk", do, to_float64(_expand_kv(v, hq))), q)
-    ds = _round(p * (dp - (p * dp).sum(axis=-1, keepdims=True)), q)
+    ds = _round(p * (dp - D[..., None]), q)
     dq = _einsum("bhqk,bkhd->bqhd", ds, to_float64(_expand_kv(k, hq))) * scale
     dk = _round(_einsum("bhqk,bqhd->bkhd", ds, to_float64(q)) * scale, q)
     group = hq // hk
