@@ -68,37 +68,27 @@ from functools import lru_cache
 from numba import cuda, float32
 
 from .. import primitives as prim
-from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_kv_end, make_tile_loader, row_pad
+from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_kv_end, make_tile_loader, place,
+                    row_pad)
 
 
 def dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
     """Offsets (float32 words) of the dK/dV kernel's shared tiles and the total size."""
     stride = HEAD_DIM + 1
     p_stride = BLOCK_M + row_pad(BLOCK_N // ROW_GROUPS, BLOCK_M)
-    k_off = 0
-    v_off = k_off + BLOCK_N * stride
-    q_off = v_off + BLOCK_N * stride
-    do_off = q_off + BLOCK_M * stride
-    p_off = do_off + BLOCK_M * stride
-    ds_off = p_off + BLOCK_N * p_stride
-    lse_off = ds_off + BLOCK_N * p_stride
-    delta_off = lse_off + BLOCK_M
-    return dict(k_off=k_off, v_off=v_off, q_off=q_off, do_off=do_off, p_off=p_off, ds_off=ds_off,
-                lse_off=lse_off, delta_off=delta_off, stride=stride, p_stride=p_stride,
-                words=delta_off + BLOCK_M)
+    return dict(place(k=BLOCK_N * stride, v=BLOCK_N * stride, q=BLOCK_M * stride,
+                      do=BLOCK_M * stride, p=BLOCK_N * p_stride, ds=BLOCK_N * p_stride,
+                      lse=BLOCK_M, delta=BLOCK_M),
+                stride=stride, p_stride=p_stride)
 
 
 def dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
     """Offsets (float32 words) of the dQ kernel's shared tiles and the total size."""
     stride = HEAD_DIM + 1
     ds_stride = BLOCK_N + row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
-    q_off = 0
-    do_off = q_off + BLOCK_M * stride
-    k_off = do_off + BLOCK_M * stride
-    v_off = k_off + BLOCK_N * stride
-    ds_off = v_off + BLOCK_N * stride
-    return dict(q_off=q_off, do_off=do_off, k_off=k_off, v_off=v_off, ds_off=ds_off,
-                stride=stride, ds_stride=ds_stride, words=ds_off + BLOCK_M * ds_stride)
+    return dict(place(q=BLOCK_M * stride, do=BLOCK_M * stride, k=BLOCK_N * stride,
+                      v=BLOCK_N * stride, ds=BLOCK_M * ds_stride),
+                stride=stride, ds_stride=ds_stride)
 
 
 def _make_score_products(ROWS, COLS, HEAD_DIM, STRIDE):

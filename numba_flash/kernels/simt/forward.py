@@ -52,7 +52,8 @@ from functools import lru_cache
 from numba import cuda, float32
 
 from .. import primitives as prim
-from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_kv_end, make_tile_loader, row_pad
+from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_kv_end, make_tile_loader, place,
+                    row_pad)
 
 
 def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
@@ -61,13 +62,9 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
     # free of bank conflicts.
     q_stride, k_stride = BLOCK_M + 1, BLOCK_N + 1
     p_stride = BLOCK_N + row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
-    q_off = 0
-    k_off = q_off + HEAD_DIM * q_stride
-    v_off = k_off + HEAD_DIM * k_stride
-    p_off = v_off + BLOCK_N * HEAD_DIM
-    words = p_off + BLOCK_M * p_stride
-    return dict(q_off=q_off, k_off=k_off, v_off=v_off, p_off=p_off, q_stride=q_stride,
-                k_stride=k_stride, p_stride=p_stride, words=words)
+    return dict(place(q=HEAD_DIM * q_stride, k=HEAD_DIM * k_stride, v=BLOCK_N * HEAD_DIM,
+                      p=BLOCK_M * p_stride),
+                q_stride=q_stride, k_stride=k_stride, p_stride=p_stride)
 
 
 @lru_cache(maxsize=None)
