@@ -7,9 +7,9 @@
 #   bench/gpu_session.sh tests fwd bwd mla io        # stages, in the order given
 #   LIMIT_BWD=300 bench/gpu_session.sh bwd           # a longer limit for one stage
 #
-# Stages: tests (GPU test suite, PTX checks excluded: they need no GPU), fwd / bwd (the
+# Stages: tests (GPU test suite, PTX checks excluded: they need no GPU; TESTS=paths narrows it), fwd / bwd (the
 # attention grid of DESIGN.md), mla (decode grid), io (HBM bytes under ncu), sweep (tc tiles),
-# profile (ncu sections of the tc forward and the decode kernel).
+# profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-bench/results/$(date +%F)-gpu}
@@ -27,7 +27,7 @@ run() {  # run STAGE LIMIT_SECONDS COMMAND...
 for stage in "$@"; do
   case $stage in
     tests) run tests "${LIMIT_TESTS:-300}" python3 -m pytest -q -p no:cacheprovider -rfE \
-             -k "not compiles" tests ;;
+             -k "not compiles" ${TESTS:-tests} ;;
     fwd) run fwd "${LIMIT_FWD:-240}" python3 bench/bench_attention.py --mode fwd \
            --out-dir "$OUT/fwd" ;;
     bwd) run bwd "${LIMIT_BWD:-300}" python3 bench/bench_attention.py --mode bwd \
@@ -36,16 +36,18 @@ for stage in "$@"; do
            --out-dir "$OUT/mla" ;;
     io) run io "${LIMIT_IO:-120}" python3 bench/io_bytes.py --ncu "$NCU" --out-dir "$OUT/io" ;;
     sweep) run sweep "${LIMIT_SWEEP:-120}" python3 bench/tune_tc_forward.py --out-dir "$OUT/sweep" ;;
-    profile)
+    profile-tc)
       # The third launch of the tc forward is the first timed one (a probe and the reference
       # check come first); the decode kernel's first launch has the benchmark's size.
       for d in 64 128; do
         run "profile tc D=$d" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
           -k regex:flash_fwd_tc --launch-skip 2 --launch-count 1 --section SpeedOfLight \
           --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+          --section InstructionStats --section MemoryWorkloadAnalysis_Tables --section LaunchStats \
           python3 bench/bench_attention.py --providers nf-tc --dtypes float16 --head-dims $d \
           --seqlens 4096 --causal 0 --no-plot --out-dir /tmp/profile_$d
-      done
+      done ;;
+    profile-mla)
       run "profile decode" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
         -k regex:mla_decode --launch-skip 1 --launch-count 1 --section SpeedOfLight \
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
