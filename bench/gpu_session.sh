@@ -38,7 +38,7 @@ for stage in "$@"; do
     sweep) run sweep "${LIMIT_SWEEP:-120}" python3 bench/tune_tc_forward.py --out-dir "$OUT/sweep" ;;
     profile-tc)
       # The third launch of the tc forward is the first timed one (a probe and the reference
-      # check come first); the decode kernel's first launch has the benchmark's size.
+      # check come first).
       for d in 64 128; do
         run "profile tc D=$d" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
           -k regex:flash_fwd_tc --launch-skip 2 --launch-count 1 --section SpeedOfLight \
@@ -47,7 +47,7 @@ for stage in "$@"; do
           python3 bench/bench_attention.py --providers nf-tc --dtypes float16 --head-dims $d \
           --seqlens 4096 --causal 0 --no-plot --out-dir /tmp/profile_$d
       done ;;
-    profile-mla)
+    profile-mla)  # the decode kernel's first launch has the benchmark's size
       run "profile decode" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
         -k regex:mla_decode --launch-skip 1 --launch-count 1 --section SpeedOfLight \
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
