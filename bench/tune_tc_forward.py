@@ -13,11 +13,12 @@ import sys
 
 import common
 
-# Per head dim: 16 rows per warp with a 128-register cap (two 8-warp blocks per SM), and 32 rows
-# per warp (each K/V fragment feeds two mma) with the compiler's register count.
+# Per head dim: 16 rows per warp with a 128-register cap (16 warps per SM in 8- or 4-warp
+# blocks), wider key tiles with more registers and fewer warps, and 32 rows per warp (each K/V
+# fragment feeds two mma) with the compiler's register count.
 CANDIDATES = {
-    64: "128x64x8x128,128x64x4x0",
-    128: "128x32x8x128,128x32x4x0",
+    64: "128x64x8x128,64x64x4x128,128x32x8x128,64x128x4x0,128x64x4x0",
+    128: "128x32x8x128,64x32x4x128,64x64x4x0,128x64x8x168,128x32x4x0",
     256: "64x32x4x0,64x16x4x0",
 }
 
@@ -51,10 +52,10 @@ def main(argv=None):
         flops = common.attention_flops(b, h, n, n, d, causal)
         for cand in (args.candidates or CANDIDATES[d]).split(","):
             tiles = tuple(int(x) for x in cand.split("x"))
-            t = launch.tc_forward_tiles(d, tiles)
+            t = launch.tc_forward_tiles(d, causal, tiles)
             pyfunc, signature, _ = launch.forward_spec("tc", d, causal, tq.fmt, tiles)
             kernel = launch.compile_kernel(pyfunc, signature, t.shared_bytes, t.max_registers)
-            regs = next(iter(kernel.overloads.values()))._codelibrary.get_cufunc().attrs.regs
+            attrs = next(iter(kernel.overloads.values()))._codelibrary.get_cufunc().attrs
 
             def run():
                 launch.launch(kernel, (launch.cdiv(n, t.BLOCK_M), b * h), t.threads, stream,
@@ -63,7 +64,8 @@ def main(argv=None):
             run()
             err = (o.obj.float() - ref.float()).abs().max().item()
             ms = common.time_ms(run)
-            rows.append(dict(head_dim=d, causal=int(causal), tiles=cand, regs=regs,
+            rows.append(dict(head_dim=d, causal=int(causal), tiles=cand, regs=attrs.regs,
+                             local_bytes=attrs.local,
                              smem_kb=t.shared_bytes / 1024, err_vs_default=err, ms=ms,
                              tflops=flops / ms * 1e-9))
             print(common.format_table(rows[-1:], list(rows[-1])), flush=True)

@@ -10,6 +10,7 @@ type inference, and raises the kernel's dynamic shared-memory limit when it need
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 from numba import config, cuda, types
 
 from .kernels import primitives as prim
@@ -58,7 +59,7 @@ def forward_spec(backend, head_dim, causal, fmt, tiles=None):
     if backend == "tc":
         from .kernels.tc import forward
 
-        t = tc_forward_tiles(head_dim, tiles)
+        t = tc_forward_tiles(head_dim, causal, tiles)
         pyfunc = forward.make_forward_kernel(head_dim, t.BLOCK_M, t.BLOCK_N, causal, fmt,
                                              t.threads // 32)
     else:
@@ -69,15 +70,15 @@ def forward_spec(backend, head_dim, causal, fmt, tiles=None):
     return pyfunc, attention_signature(fmt), compile_options(t)
 
 
-def forward_tiles(backend, head_dim):
-    return (tc_forward_tiles if backend == "tc" else simt_forward_tiles)(head_dim)
+def forward_tiles(backend, head_dim, causal):
+    return tc_forward_tiles(head_dim, causal) if backend == "tc" else simt_forward_tiles(head_dim)
 
 
 @lru_cache(maxsize=None)
 def forward_kernel(backend, head_dim, causal, fmt):
     """Compiled forward kernel of ``backend`` and its tiles."""
     pyfunc, signature, _ = forward_spec(backend, head_dim, causal, fmt)
-    tiles = forward_tiles(backend, head_dim)
+    tiles = forward_tiles(backend, head_dim, causal)
     return compile_kernel(pyfunc, signature, tiles.shared_bytes, tiles.max_registers), tiles
 
 
@@ -136,15 +137,22 @@ def simt_backward_kernel(kernel, head_dim, causal, fmt):
 # bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/tune_tc_forward*.csv).
 # With 16 rows per warp, capping registers at 128 lets two 8-warp blocks share an SM (16 warps to
 # hide the latency of mma, ldmatrix and ex2); that beat the uncapped compile by up to 30%.
-_TC_FWD_TILES = ((64, (128, 64, 8, 128)), (128, (128, 32, 8, 128)), (256, (64, 32, 4, 0)))
+# The causal kernel has the mask code in its loop and, as 8-warp blocks, spills a few bytes on
+# sm_80 under the cap, so it runs 4-warp blocks of 64 rows (four per SM, the same 16 warps):
+# ~11% slower than the 8-warp blocks on the H200 (tune_tc_forward.py), but no spills anywhere.
+# Entries: (largest head dim, non-causal tiles, causal tiles).
+_TC_FWD_TILES = ((64, (128, 64, 8, 128), (64, 64, 4, 128)),
+                 (128, (128, 32, 8, 128), (64, 32, 4, 128)),
+                 (256, (64, 32, 4, 0), (64, 32, 4, 0)))
 
 
-def tc_forward_tiles(head_dim, tiles=None):
+def tc_forward_tiles(head_dim, causal=False, tiles=None):
     """Tiles of the tc forward for ``head_dim`` (or for ``tiles`` = (BLOCK_M, BLOCK_N, warps,
     register cap), as the tile sweep passes them)."""
     from .kernels.tc import forward
 
-    bm, bn, warps, regs = tiles or next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
+    bm, bn, warps, regs = tiles or next(t[2 if causal else 1] for t in _TC_FWD_TILES
+                                        if head_dim <= t[0])
     return Tiles(bm, bn, 32 * warps, 2 * forward.shared_elements(bm, bn, head_dim), regs)
 
 
@@ -179,14 +187,14 @@ def naive_kernel(kernel, causal, fmt):
 
 # ----------------------------------------------------------------------------- SIMT MLA decode
 
-# BLOCK_N (cache rows per tile) by BLOCK_M (packed query rows, a power of two up to 32): few rows
-# stream the cache and take deep tiles (more bytes in flight per prefetch); more rows are bound by
-# arithmetic and need their registers for the O_i micro-tile (BLOCK_M * HEAD_DIM_V / 256 floats
-# per thread) and the S micro-tile, so they prefetch shallower tiles. 128 query rows (h_q = 128)
-# run as four tiles of 32: BLOCK_M = 64 (O_i of 128 floats per thread) spills. BLOCK_M halves
-# while the shared memory exceeds the device's limit. Checked by the PTX test (HEAD_DIM 576): no
-# spills on sm_80 / sm_90, 164-254 registers; the next deeper tile of each tier reaches 255
-# registers or spills (float16 on sm_80); shared memory 78-123 KiB (fits an A100).
+# BLOCK_N (cache rows per tile) by BLOCK_M (packed query rows, a power of two up to 32). One or
+# two rows run the narrow variant (warps split the keys): 32-row tiles, 4 keys per warp, a
+# three-tile cp.async ring of 108 KiB in 16 bits. More rows are bound by arithmetic and need their
+# registers for the O_i micro-tile (BLOCK_M * HEAD_DIM_V / 256 floats per thread) and the S
+# micro-tile, so they take shallower tiles. 128 query rows (h_q = 128) run as four tiles of 32:
+# BLOCK_M = 64 (O_i of 128 floats per thread) spills. While a configuration exceeds the device's
+# shared memory (float32 tiles), BLOCK_N halves down to the warp count, then BLOCK_M halves.
+# Checked by the PTX test (HEAD_DIM 576): no spills on sm_80 / sm_90.
 _MLA_BLOCK_N = ((8, 32), (16, 16), (32, 8))
 # Threads per CTA: 256 (8 warps) on a GPU. The simulator runs every thread as a Python thread and
 # a barrier among 256 of them costs ~8x one among 64, so simulated runs use 64 (the layouts are
@@ -205,48 +213,64 @@ def device_limits():
     return dev.MULTIPROCESSOR_COUNT, dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 
 
-def simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, shared_limit):
+def simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, fmt, shared_limit):
     from .kernels.simt import mla_decode
+
+    def nbytes(bm, bn):
+        return mla_decode.layout(bm, bn, head_dim, head_dim_v, fmt, MLA_THREADS)["bytes"]
 
     bm = min(_MLA_BLOCK_N[-1][0], 1 << (q_rows - 1).bit_length())
     while True:
         bn = next(n for rows, n in _MLA_BLOCK_N if bm <= rows)
-        nbytes = 4 * mla_decode.layout(bm, bn, head_dim, head_dim_v, MLA_THREADS)["words"]
-        if nbytes <= shared_limit or bm == 1:
-            return Tiles(bm, bn, MLA_THREADS, nbytes)
+        while nbytes(bm, bn) > shared_limit and bn > MLA_THREADS // 32:
+            bn //= 2
+        if nbytes(bm, bn) <= shared_limit or bm == 1:
+            return Tiles(bm, bn, MLA_THREADS, nbytes(bm, bn))
         bm //= 2
 
 
-def simt_mla_decode_spec(q_rows, head_dim, head_dim_v, causal, fmt, shared_limit):
+def mla_copies_16_bytes(k_cache):
+    """Whether the decode kernel may copy the cache ``k_cache`` (num_blocks, page, h_kv, d), any
+    array with an array interface, in 16-byte chunks: data pointer, rows and every stride
+    multiples of 16 bytes. Pass it to ``simt_mla_decode_kernel`` as ``vec``."""
+    iface = getattr(k_cache, "__cuda_array_interface__", None) or k_cache.__array_interface__
+    itemsize = np.dtype(k_cache.dtype).itemsize
+    return all(x % 16 == 0 for x in (iface["data"][0], k_cache.shape[3] * itemsize,
+                                     *k_cache.strides[:3]))
+
+
+def simt_mla_decode_spec(q_rows, head_dim, head_dim_v, causal, fmt, shared_limit, vec=True):
     """``(pyfunc, signature, compile options)`` of the decode kernel for ``q_rows = s_q * h_q /
-    h_kv`` packed rows. Signature: q, k_cache, block_table, cache_seqlens, metadata, num_splits,
-    out, lse, o_acc, lse_acc, s_q, group, page_size, scale_log2."""
+    h_kv`` packed rows (``vec``: the cache is 16-byte aligned). Signature: q, k_cache,
+    block_table, cache_seqlens, metadata, num_splits, out, lse, o_acc, lse_acc, s_q, group,
+    page_size, scale_log2."""
     from .kernels.simt import mla_decode
 
-    tiles = simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, shared_limit)
+    tiles = simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, fmt, shared_limit)
     t = types.Array(prim.storage_type(fmt), 4, "A")
     i1, i2 = types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A")
     f3, f4 = types.Array(types.float32, 3, "A"), types.Array(types.float32, 4, "A")
     i32 = types.int32
     pyfunc = mla_decode.make_mla_decode_kernel(head_dim, head_dim_v, tiles.BLOCK_M, tiles.BLOCK_N,
-                                               tiles.threads, causal, fmt)
+                                               tiles.threads, causal, fmt, vec)
     return (pyfunc, types.void(t, t, i2, i1, i2, i1, t, f3, f4, f3, i32, i32, i32, types.float32),
             COMPILE_OPTIONS)
 
 
 @lru_cache(maxsize=None)
-def simt_mla_decode_kernel(q_rows, head_dim, head_dim_v, causal, fmt):
-    """``(kernel, tiles)``; configurations with the same tiles share one compiled kernel."""
+def simt_mla_decode_kernel(q_rows, head_dim, head_dim_v, causal, fmt, vec=True):
+    """``(kernel, tiles)``; configurations with the same tiles share one compiled kernel.
+    ``vec``: ``mla_copies_16_bytes(k_cache)``."""
     limit = device_limits()[1]
-    tiles = simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, limit)
-    return _simt_mla_decode_compiled(tiles, head_dim, head_dim_v, causal, fmt, limit), tiles
+    tiles = simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, fmt, limit)
+    return _simt_mla_decode_compiled(tiles, head_dim, head_dim_v, causal, fmt, limit, vec), tiles
 
 
 @lru_cache(maxsize=None)
-def _simt_mla_decode_compiled(tiles, head_dim, head_dim_v, causal, fmt, limit):
+def _simt_mla_decode_compiled(tiles, head_dim, head_dim_v, causal, fmt, limit, vec):
     # q_rows = BLOCK_M gives back the same tiles
     pyfunc, signature, _ = simt_mla_decode_spec(tiles.BLOCK_M, head_dim, head_dim_v, causal, fmt,
-                                                limit)
+                                                limit, vec)
     return compile_kernel(pyfunc, signature, tiles.shared_bytes)
 
 

@@ -5,6 +5,9 @@ What it computes
     online softmax and the causal rules are identical), but both matrix products run on the
     tensor cores as ``mma.sync.m16n8k16`` (16-bit inputs, float32 accumulation) issued through
     inline PTX (``ptx.py``).
+    One refinement over the textbook online softmax: m_i moves only when a row maximum exceeds
+    it by more than 8 in base-2 units, a factor 256 in P (lazy rescaling, see the softmax step),
+    which skips the O_i rescale on almost every tile.
 
 Grid / block mapping
     grid = (ceil(Sq / BLOCK_M), B * Hq); block = NWARPS warps, BLOCK_M = 16 * NWARPS. Warp ``w``
@@ -13,7 +16,7 @@ Grid / block mapping
     ``l`` holds rows ``l >> 2`` and ``(l >> 2) + 8``, columns ``2 (l & 3)`` and ``+1`` of every
     8-column tile. So each thread keeps, in registers:
 
-        Q fragments   KSTEPS x 4 words   (HEAD_DIM / 16 k-steps, loaded once with ldmatrix)
+        Q fragments   2 x 4 words        (one k-step's A operand, and the next one's)
         S / P         NT x 4 floats      (BLOCK_N / 8 column tiles of S_ij)
         O_i           DT x 4 floats      (HEAD_DIM / 8 column tiles of the output)
         m_i, l_i      2 + 2 floats       (its two rows)
@@ -31,7 +34,8 @@ Memory pipeline
 
 Shared memory (16-bit elements, dynamic; rows padded by 8 elements so the 8 row addresses of an
 ldmatrix fall in 8 different 16-byte bank groups)
-    Q   BLOCK_M x (DPAD + 8)         staged once, then kept in registers
+    Q   BLOCK_M x (DPAD + 8)         staged once; ldmatrix re-reads it every k-step (the
+                                     registers go to S and O_i)
     K   2 x BLOCK_N x (DPAD + 8)     double buffer
     V   2 x BLOCK_N x (DPAD + 8)     double buffer
     DPAD is HEAD_DIM rounded up to 16 (the k-step of mma); the padding columns are zero-filled.
@@ -52,6 +56,7 @@ from . import ptx
 from .ptx import SHARED_ALIGN
 
 PAD = 8  # elements of row padding in shared memory (16 bytes)
+RESCALE_LOG2 = 8.0  # growth of a row maximum (base 2) that moves m_i: P stays below 2^8
 
 
 def padded_head_dim(head_dim):
@@ -92,6 +97,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     exp2 = ptx.exp2_approx  # ex2.approx.ftz: no special-case selects around it
     NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
     ZERO, ONE = float32(0.0), float32(1.0)
+    RESCALE = float32(RESCALE_LOG2)
 
     # Copy geometry: a row of DPAD elements is CHUNKS 16-byte chunks; each thread always copies
     # the same chunk column (its ``tid % CHUNK_SLOTS``) of rows ``tid // CHUNK_SLOTS + pass *
@@ -154,7 +160,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         l_i = cuda.local.array((MT, 2), float32)
         O_i = cuda.local.array((MT, DT, 4), float32)
         S = cuda.local.array((MT, NT, 4), float32)
-        q_frag = cuda.local.array((MT, 4), uint32)  # A fragments of one k-step
+        q_frag = cuda.local.array((2, MT, 4), uint32)  # A fragments of one k-step
         for mt in range(MT):
             for half in range(2):
                 m_i[mt, half] = NEG_INF
@@ -184,19 +190,23 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                 for nt in range(NT):
                     for e in range(4):
                         S[mt, nt, e] = ZERO
+            # q_frag alternates between two slots: indexed by ks, the loop is one LLVM must
+            # unroll to keep q_frag in registers, and unrolled, ptxas can issue the next k-step's
+            # ldmatrix under this one's mma (the rolled loop was 8% slower on the H200).
             for ks in range(KSTEPS):
-                for mt in range(MT):  # Q_i stays in shared memory: registers go to S and O_i
+                qb = ks & 1
+                for mt in range(MT):
                     r0, r1, r2, r3 = ldsm_x4(smem, q_lane + 16 * mt * STRIDE + 16 * ks,
                                              scratch, tid)
-                    q_frag[mt, 0] = r0
-                    q_frag[mt, 1] = r1
-                    q_frag[mt, 2] = r2
-                    q_frag[mt, 3] = r3
+                    q_frag[qb, mt, 0] = r0
+                    q_frag[qb, mt, 1] = r1
+                    q_frag[qb, mt, 2] = r2
+                    q_frag[qb, mt, 3] = r3
                 for np2 in range(NT // 2):
                     k0, k1, k2, k3 = ldsm_x4(smem, k_tile + 16 * np2 * STRIDE + 16 * ks,
                                              scratch, tid)
                     for mt in range(MT):
-                        qa = (q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3])
+                        qa = (q_frag[qb, mt, 0], q_frag[qb, mt, 1], q_frag[qb, mt, 2], q_frag[qb, mt, 3])
                         n_a, n_b = 2 * np2, 2 * np2 + 1
                         c0 = mma(qa, (k0, k1), (S[mt, n_a, 0], S[mt, n_a, 1], S[mt, n_a, 2],
                                                 S[mt, n_a, 3]), scratch, tid)
@@ -212,21 +222,28 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                 needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
             if needs_mask:
                 # Element (mt, nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 16 mt +
-                # 8 (e >> 1): with the thread's offsets below each test is a compare with a constant.
-                past_end = n0 + t2 - seqlen_k          # column >= Sk  <=>  past_end >= -c
-                above_diag = n0 + t2 - row_g - diag    # column > row + diag
+                # 8 (e >> 1). Row r sees columns < min(Sk, r + diag + 1): relative to the
+                # thread's first column that is a limit per row, and each test is a compare of
+                # that limit with a constant.
                 for mt in range(MT):
-                    for nt in range(NT):
-                        for e in range(4):
-                            c = 8 * nt + (e & 1)
-                            if past_end >= -c or (CAUSAL and
-                                                  above_diag > 16 * mt + 8 * (e >> 1) - c):
-                                S[mt, nt, e] = NEG_INF
+                    for half in range(2):
+                        limit = seqlen_k
+                        if CAUSAL:
+                            limit = min(limit, row_g + 16 * mt + 8 * half + diag + 1)
+                        limit -= n0 + t2
+                        for nt in range(NT):
+                            for e in range(2 * half, 2 * half + 2):
+                                if 8 * nt + (e & 1) >= limit:
+                                    S[mt, nt, e] = NEG_INF
 
             # Online softmax row by row; the quad (4 lanes) shares each row. m_i is kept in raw
             # score units (the scale is positive, so maxima commute with it) and the scale rides
             # in each exponent: exp(scale (s - m)) = exp2(s * scale_log2 - m * scale_log2), one
             # FFMA and one ex2 per element.
+            # Lazy rescaling: m_i only moves when the row maximum has grown by more than
+            # RESCALE_LOG2 (base 2). Any m_i works as long as O_i and l_i share it; a stale one
+            # just lets P reach 2^RESCALE_LOG2, harmless in fp32 and in 16-bit P. The rescale of
+            # O_i (HEAD_DIM / 4 multiplies per row per tile) then runs for a few early tiles only.
             for mt in range(MT):
                 for half in range(2):
                     mx = max(S[mt, 0, 2 * half], S[mt, 0, 2 * half + 1])
@@ -234,20 +251,23 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                         mx = max(mx, max(S[mt, nt, 2 * half], S[mt, nt, 2 * half + 1]))
                     mx = max(mx, shfl_xor(mx, 1, shfl_scratch, tid))
                     mx = max(mx, shfl_xor(mx, 2, shfl_scratch, tid))
-                    m_new = max(m_i[mt, half], mx)
-                    base = m_new * scale_log2 if m_new != NEG_INF else ZERO  # nothing visible yet
-                    alpha = exp2(m_i[mt, half] * scale_log2 - base)
-                    m_i[mt, half] = m_new
+                    m_old = m_i[mt, half]
+                    if (mx - m_old) * scale_log2 > RESCALE:  # false while both are -inf
+                        alpha = exp2((m_old - mx) * scale_log2)
+                        m_i[mt, half] = mx
+                        l_i[mt, half] *= alpha
+                        for dt in range(DT):
+                            O_i[mt, dt, 2 * half] *= alpha
+                            O_i[mt, dt, 2 * half + 1] *= alpha
+                    m = m_i[mt, half]
+                    base = m * scale_log2 if m != NEG_INF else ZERO  # nothing visible yet
                     row_sum = ZERO
                     for nt in range(NT):
                         for e in range(2 * half, 2 * half + 2):
                             p = exp2(S[mt, nt, e] * scale_log2 - base)
                             S[mt, nt, e] = p
                             row_sum += p
-                    l_i[mt, half] = l_i[mt, half] * alpha + row_sum
-                    for dt in range(DT):
-                        O_i[mt, dt, 2 * half] *= alpha
-                        O_i[mt, dt, 2 * half + 1] *= alpha
+                    l_i[mt, half] += row_sum
 
             # O_i += P_ij V_j: P straight from registers as the A operand, V through
             # ldmatrix.trans, each V fragment used by every m-tile.

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from helpers import SIMULATOR, assert_compiles_clean, check_forward
+from helpers import (DTYPES, SIMULATOR, assert_close_rule, assert_compiles_clean, assert_lse,
+                     check_forward, nan_like, randn, to_device)
 
 CASES_SIM = [
     (1, 5, 7, 2, 1, 16, False, "float16"),
@@ -34,6 +35,30 @@ def test_large_logits_stay_finite():
     B, S, H, D = (1, 9, 1, 16) if SIMULATOR else (1, 600, 2, 64)
     check_forward(np.random.default_rng(), B, S, S, H, H, D, True, "bfloat16", backend="tc",
                   scale=8.0, softmax_scale=1.0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_maxima_that_keep_growing_rescale_correctly(causal):
+    """Scores that rise from key tile to key tile by far more than the lazy-rescale threshold
+    (2^8 in P): m_i must move, and O_i and l_i be rescaled, on every tile; and a last tile that
+    falls back leaves them alone."""
+    import numba_flash as nf
+    from numba_flash import reference as ref
+
+    rng = np.random.default_rng()
+    Sq, Sk, D = (5, 200, 16) if SIMULATOR else (300, 1000, 64)
+    fmt = "float16"
+    q = np.abs(randn(rng, (1, Sq, 1, D), fmt)) + DTYPES[fmt](1)
+    ramp = np.linspace(0.0, 12.0, Sk)  # the score of key j grows ~ j: 12 * sum(q) at the end
+    ramp[-Sk // 8:] = 0.0
+    k = (randn(rng, (1, Sk, 1, D), fmt, 0.1) + ramp[None, :, None, None]).astype(DTYPES[fmt])
+    v = randn(rng, (1, Sk, 1, D), fmt)
+    out = nan_like(q)
+    o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), causal=causal,
+                               softmax_scale=1.0 / D, backend="tc", out=out)
+    ro, rl = ref.attention_fwd_ref(q, k, v, causal, 1.0 / D)
+    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal, 1.0 / D), fmt)
+    assert_lse(lse, rl)
 
 
 def test_every_specialization_compiles_to_mma_without_spills():
