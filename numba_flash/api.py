@@ -267,7 +267,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     lse_acc = arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc")
     stream = arrays.stream_of(q, stream)
     kernel, tiles = launch.simt_mla_decode_kernel(s_q * group, d, dv, bool(causal) and s_q > 1,
-                                                  q.fmt)
+                                                  q.fmt, launch.mla_copies_16_bytes(k_cache.view))
     launch.launch(kernel, (parts, h_kv, launch.cdiv(s_q * group, tiles.BLOCK_M)), tiles.threads,
                   stream, tiles.shared_bytes, q.view, k_cache.view, block_table.view,
                   cache_seqlens.view, metadata.view, num_splits.view, o.view, lse.view,

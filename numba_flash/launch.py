@@ -187,15 +187,16 @@ def naive_kernel(kernel, causal, fmt):
 
 # ----------------------------------------------------------------------------- SIMT MLA decode
 
-# BLOCK_N (cache rows per tile) by BLOCK_M (packed query rows, a power of two up to 32). One or
+# BLOCK_N (cache rows per tile) by BLOCK_M (packed query rows, a power of two up to 16). One or
 # two rows run the narrow variant (warps split the keys): 32-row tiles, 4 keys per warp, a
 # three-tile cp.async ring of 108 KiB in 16 bits. More rows are bound by arithmetic and need their
 # registers for the O_i micro-tile (BLOCK_M * HEAD_DIM_V / 256 floats per thread) and the S
-# micro-tile, so they take shallower tiles. 128 query rows (h_q = 128) run as four tiles of 32:
-# BLOCK_M = 64 (O_i of 128 floats per thread) spills. While a configuration exceeds the device's
-# shared memory (float32 tiles), BLOCK_N halves down to the warp count, then BLOCK_M halves.
+# micro-tile, so they take shallower tiles. 128 query rows (h_q = 128) run as eight tiles of 16:
+# BLOCK_M = 32 (O_i of 64 floats per thread) spills on sm_80. While a configuration exceeds the
+# device's shared memory (float32 tiles), BLOCK_N halves down to the warp count, but a wide tile
+# never below BLOCK_M (float32 16 x 8 spills on sm_80), then BLOCK_M halves.
 # Checked by the PTX test (HEAD_DIM 576): no spills on sm_80 / sm_90.
-_MLA_BLOCK_N = ((8, 32), (16, 16), (32, 8))
+_MLA_BLOCK_N = ((8, 32), (16, 16))
 # Threads per CTA: 256 (8 warps) on a GPU. The simulator runs every thread as a Python thread and
 # a barrier among 256 of them costs ~8x one among 64, so simulated runs use 64 (the layouts are
 # parametric in it; one test runs the GPU's 256).
@@ -222,7 +223,8 @@ def simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, fmt, shared_limit):
     bm = min(_MLA_BLOCK_N[-1][0], 1 << (q_rows - 1).bit_length())
     while True:
         bn = next(n for rows, n in _MLA_BLOCK_N if bm <= rows)
-        while nbytes(bm, bn) > shared_limit and bn > MLA_THREADS // 32:
+        least = max(MLA_THREADS // 32, 1 if bm <= mla_decode.NARROW_ROWS else bm)
+        while nbytes(bm, bn) > shared_limit and bn > least:
             bn //= 2
         if nbytes(bm, bn) <= shared_limit or bm == 1:
             return Tiles(bm, bn, MLA_THREADS, nbytes(bm, bn))

@@ -17,7 +17,7 @@ What it computes
     its metadata row exactly as ``scheduler.part_pieces`` does. For each piece it runs the
     online softmax of the forward kernel over key tiles of BLOCK_N rows,
 
-        S = Q K^T (base 2: Q is pre-scaled by scale * log2 e)
+        S = Q K^T (base 2: scaled by scale * log2 e)
         m_new = max(m_i, rowmax S);  P = exp2(S - m_new);  alpha = exp2(m_i - m_new)
         l_i = alpha l_i + rowsum P;  O_i = alpha O_i + P V;  m_i = m_new
 
@@ -27,67 +27,107 @@ What it computes
     ``combine.py`` merges. A row without visible keys gives ``out = 0, lse = +inf`` (partial:
     ``O = 0, lse = -inf``, weight 0 in the combine).
 
-Grid / block mapping
-    grid = (num_sm_parts, h_kv, ceil(q_rows / BLOCK_M)); block = THREADS = 256 threads (8 warps).
-    One CTA per (SM part, KV head, tile of BLOCK_M packed query rows). Every phase uses the
+The cache stream (both variants below)
+    Decode reads every cache byte once and does little arithmetic per byte (at h_q = 1, one FMA
+    per element for S and one for PV), and the scheduler gives each SM one CTA, so a CTA must
+    keep the memory system busy by itself. Cache tiles go straight from global to shared memory
+    with 16-byte ``cp.async`` copies into a ring of NSTAGES = 3 tiles, in the storage format
+    (16-bit bits or float32): tile ``j + 2`` is issued when tile ``j`` is about to be computed,
+    so two tiles are always in flight, no register holds the tile, and a 16-bit tile takes
+    half the shared memory of a float32 one. Every thread copies one row of the tile: the
+    ``THREADS / BLOCK_N`` threads of a row issue its 16-byte chunks ``lane, lane + THREADS /
+    BLOCK_N, ...``, so each thread does one block-table lookup per tile, fetched one tile ahead
+    (the lookup's latency is hidden behind a tile's compute). A row at or past the piece end is
+    zero-filled (``cp.async`` with source size 0): it reads neither its block-table entry nor
+    its slot, which may be garbage, and its zeros keep ``P V`` finite.
+
+    16-byte copies need 16-byte aligned chunks. The API honours any strides but the last, so
+    the host checks the cache (``launch.mla_copies_16_bytes``: data pointer and every stride a
+    multiple of 16 bytes) and compiles the same kernel with ``VEC = False`` for a view that is not
+    aligned: its threads copy the same rows element by element with plain loads and stores (a
+    slower stream, the same results).
+
+    The compute reads the 16-bit tile as 32-bit words, two elements per shared load (unpacked to
+    float32); a float32 tile is read as element pairs. Offsets below count such *pairs*.
+
+Narrow variant: BLOCK_M <= NARROW_ROWS (2) query rows (h_q = 1 decode)
+    grid = (num_sm_parts, h_kv, ceil(q_rows / BLOCK_M)); block = THREADS = 256 (8 warps).
+    A single query row has nothing to split over 256 threads but the keys, so the warps split
+    them: warp ``w`` owns rows ``w * KPW .. w * KPW + KPW - 1`` of every tile (KPW = BLOCK_N /
+    WARPS) and runs its own online softmax (its own m_i, l_i, O_i) over them; the WARPS partial
+    results are merged once per piece, as the combine kernel merges splits. Lane ``lane`` owns
+    pairs ``lane + 32 i`` of the head dim: the query rows, pre-scaled and staged through the
+    ring, live in its registers (HEAD_DIM / 32 floats per row), and it reads pairs
+    ``lane + 32 i`` of each key row, a whole
+    32-word row per warp-wide load (no bank conflicts, no padding). Per batch of KBW keys (4
+    for one query row, 1 for two: the registers of the S batch and of the two rows' O_i): the
+    lane's partial dot products, summed over the warp by a 5-step ``shfl_xor`` butterfly (all
+    lanes get all scores), the softmax update in registers, and ``O_i += P V`` from the same
+    words read again (V is the first HEAD_DIM_V columns of the key rows; keeping the batch's
+    words in registers instead spills on sm_80). One ``syncthreads`` per tile (the ring's);
+    O_i is 16 floats per lane and row.
+
+Wide variant: BLOCK_M > 2 query rows (h_q >= 4 or s_q h_q >= 4)
+    grid as above; block = THREADS = 256. All threads share each tile; every phase uses the
     thread layout that suits it (``layout`` computes all of them):
 
-    load      warp ``w`` copies cache rows ``w, w + 8, ...`` of the tile, its 32 lanes consecutive
-              columns: coalesced, and one block-table lookup per row and warp. The loads of tile
-              ``j + 1`` are issued into registers before tile ``j`` is computed, so the memory
-              system always has a whole tile in flight (software pipelining: decode is bound by
-              how fast the cache streams, and there is one CTA per SM).
     S = QK^T  thread = (row group, key group, d lane): a TM x TN register micro-tile of S over
-              the 1 / DS slice ``d = ds + DS * i`` of the head dim. Splitting d lets all 256
-              threads share a tile that has few rows (1 query row at h_q = 1: there is nothing
-              else to split); more rows widen the micro-tile to TM = 8 rows (8 + TN shared
-              loads per 8 TN FMAs). Each d-lane writes its partial sums to its own plane of
-              shared memory (one store per value: cheaper than a DS-lane shuffle butterfly).
-    softmax   SL lanes per row add the DS partial planes up, mask the keys the row may not
+              the 1 / DS slice ``pair = ds + DS * i`` of the head dim (TM = min(BLOCK_M, 8)
+              rows: 2 (8 + TN) shared loads per 16 TN FMAs). The query rows are held in shared
+              memory as storage bits (S is scaled afterwards). Each d-lane writes its partial
+              sums to its own plane of shared memory (cheaper than a DS-lane butterfly).
+    softmax   SL lanes per row add the DS partial planes up, scale, mask the keys the row may not
               see, and hold m_i and a partial l_i in registers (the row maximum is an SL-lane
               ``shfl_xor`` reduction); P and the rescale factor alpha go through shared memory
               to the PV layout.
-    O += PV   thread = (row group, column lane): a TMo x TDo register micro-tile of O_i, columns
-              ``lane + Co * j`` (consecutive threads, consecutive columns: conflict-free V reads
-              and coalesced output writes).
+    O += PV   thread = (row group, pair lane): a TMo x 2 TDo register micro-tile of O_i, pairs
+              ``lane + Co * j`` (consecutive threads, consecutive words: conflict-free V reads).
+    Three ``syncthreads`` per tile (ring, S planes, P).
 
-Shared memory (float32 words, dynamic; see ``layout``)
-    Q     BLOCK_M x HEAD_DIM              the packed query rows, pre-scaled
-    KV    BLOCK_N x KV_STRIDE             one cache tile (KV_STRIDE: HEAD_DIM, padded when DS < 32
-                                          so that the key groups of a warp read different banks)
-    S/P   DS planes of BLOCK_M x P_STRIDE the partial S of each d-lane; then P in plane 0.
-                                          DS * BLOCK_M * BLOCK_N = THREADS * TM * TN words
-    alpha, l, m   3 x BLOCK_M             per-row values handed between layouts
-    Strides are padded so that the lanes of a warp hit different banks (see ``layout``).
-    e.g. HEAD_DIM 576, HEAD_DIM_V 512: 78 KiB (BLOCK_M 1, BLOCK_N 32) to 123 KiB (BLOCK_M 32,
-    BLOCK_N 8); the tiles per BLOCK_M are chosen in launch.py.
+Shared memory (dynamic; one buffer seen as storage elements, 32-bit words and float32)
+    narrow  ring   NSTAGES x BLOCK_N x HEAD_DIM storage elements
+            after the last tile of a piece, the ring holds the WARPS partial (m_i, l_i, O_i)
+    wide    Q      BLOCK_M x HEAD_DIM storage elements
+            ring   NSTAGES x BLOCK_N x KV_STRIDE (HEAD_DIM padded so that the key groups of a
+                   warp read different banks)
+            S/P    DS planes of BLOCK_M x P_STRIDE float32 (the partial S of each d-lane; then P)
+            alpha, l, m   3 x BLOCK_M float32
+    e.g. HEAD_DIM 576, HEAD_DIM_V 512, bfloat16: 108 KiB (BLOCK_M 1 or 2, BLOCK_N 32), 149 KiB
+    (BLOCK_M 8, BLOCK_N 32), 104 KiB (BLOCK_M 16, BLOCK_N 16); launch.py picks the tiles (and
+    halves BLOCK_N, for a wide tile not below BLOCK_M, then BLOCK_M, while a configuration
+    exceeds the device's shared memory, as float32 may).
 
 Indexing
     Shared-memory indices and the innermost index of global arrays are cast to uint64. Numba
     gives signed indices Python's negative-index wraparound: a compare and a select per access,
-    whose copies, hoisted out of the unrolled loops, cost dozens of registers (BLOCK_M = 32
-    spilled) and keep constant offsets from folding into the load instructions.
+    whose copies, hoisted out of the unrolled loops, cost dozens of registers and keep constant
+    offsets from folding into the load instructions.
 
 Limits
     HEAD_DIM a multiple of 8 up to 576, any HEAD_DIM_V <= HEAD_DIM, any page size; BLOCK_N must
-    divide the scheduler's 64-row block (so a key tile never straddles two pieces) and be a
-    multiple of the warp count. float32 accumulation; float16 / bfloat16 (uint16 bits) or float32.
-    Unlike the reference, which gathers the whole sequence, it never touches a cache slot at or
-    past ``seqlen`` nor a block-table entry past ``ceil(seqlen / page)``.
+    divide the scheduler's 64-row block (so a key tile never straddles two pieces), be a
+    multiple of the warp count and at most THREADS. float32 accumulation; float16 / bfloat16
+    (uint16 bits) or float32. Unlike the reference, which gathers the whole sequence, it never
+    touches a cache slot at or past ``seqlen`` nor a block-table entry past ``ceil(seqlen /
+    page)``.
 """
 
 import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, uint64
+from numba import cuda, float32, int32, uint32, uint64
 
 from ... import scheduler
 from .. import primitives as prim
+from ..tc import ptx
+from ..tc.ptx import SHARED_ALIGN
 
 THREADS = 256  # per CTA on a GPU (the simulator runs fewer: see launch.MLA_THREADS)
 MAX_HEAD_DIM = 576
 SCHED_BLOCK = scheduler.BLOCK_N  # keys per scheduling block (64)
+NSTAGES = 3  # cache tiles in the shared ring: two in flight while one is computed
+NARROW_ROWS = 2  # BLOCK_M up to this runs the narrow (key-split) variant
 
 
 def _log2(n):
@@ -109,12 +149,31 @@ def _bank_stride(n, g):
     return g * (m + 1 - m % 2)
 
 
-def layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS=THREADS):
-    """Every compile-time constant of one configuration: thread layouts and shared offsets."""
+def layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS):
+    """Every compile-time constant of one configuration: thread layouts, shared offsets (storage
+    elements for the tiles, float32 words for the rest) and the shared ``bytes``."""
     assert BLOCK_M & (BLOCK_M - 1) == 0 and 1 <= BLOCK_M <= 64, BLOCK_M
     assert THREADS & (THREADS - 1) == 0 and THREADS >= max(32, BLOCK_M), THREADS
     assert SCHED_BLOCK % BLOCK_N == 0 and BLOCK_N % (THREADS // 32) == 0, BLOCK_N
+    assert BLOCK_N <= THREADS
     assert HEAD_DIM % 8 == 0 and HEAD_DIM <= MAX_HEAD_DIM and 1 <= HEAD_DIM_V <= HEAD_DIM
+    item = 4 if FMT == "float32" else 2
+    DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
+    TPR = THREADS // BLOCK_N  # copy: threads per cache row
+    lay = dict(item=item, DP=DP, VP=VP, TPR=TPR, narrow=BLOCK_M <= NARROW_ROWS)
+    if lay["narrow"]:
+        WARPS = THREADS // 32
+        kv_stride = HEAD_DIM
+        ring = NSTAGES * BLOCK_N * kv_stride * item
+        # After the last tile: per warp and row (m_i, l_i), then O_i (2 VP floats).
+        o_stride = 2 * VP
+        stat_off = 0
+        o_off = stat_off + 2 * WARPS * BLOCK_M
+        words = o_off + WARPS * BLOCK_M * o_stride
+        assert BLOCK_N * item >= 4 * BLOCK_M  # the float32 query rows fit in one ring slot
+        return dict(lay, KPW=BLOCK_N // WARPS, kv_stride=kv_stride, ring_off=0,
+                    slot=BLOCK_N * kv_stride, stat_off=stat_off, o_off=o_off, o_stride=o_stride,
+                    bytes=max(ring, 4 * words))
     # S = Q K^T: R row groups x C key groups x DS d-lanes, each thread a TM x TN micro-tile.
     TM = min(BLOCK_M, 8)
     R = BLOCK_M // TM
@@ -127,50 +186,53 @@ def layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS=THREADS):
     SL = min(32, THREADS // BLOCK_M)
     TS = _cdiv(BLOCK_N, SL)
     assert SL * TS == BLOCK_N or BLOCK_N < SL
-    # O += P V: Ro row groups x Co column lanes, each thread a TMo x TDo micro-tile.
+    # O += P V: Ro row groups x Co pair lanes, each thread a TMo x 2 TDo micro-tile.
     TMo = min(BLOCK_M, 8)
     Ro = BLOCK_M // TMo
     Co = THREADS // Ro
-    TDo = _cdiv(HEAD_DIM_V, Co)
+    TDo = _cdiv(VP, Co)
     # Strides that keep the lanes of a warp on different banks: the S phase reads DS words of
     # each of 32 / DS KV rows and writes 32 / DS words of each of DS planes; the softmax reads SL
-    # words of each of 32 / SL rows of a plane.
-    kv_stride = _bank_stride(HEAD_DIM, DS)
+    # words of each of 32 / SL rows of a plane. A KV row stays a multiple of 16 bytes (cp.async).
+    kv_stride = 2 * _bank_stride(DP, max(DS, 4))  # elements
     p_stride = _bank_stride(BLOCK_N, SL)
     plane = _bank_stride(BLOCK_M * p_stride, 32 // DS)
     q_off = 0
-    kv_off = q_off + BLOCK_M * HEAD_DIM
-    p_off = kv_off + BLOCK_N * kv_stride
+    ring_off = q_off + BLOCK_M * HEAD_DIM
+    slot = BLOCK_N * kv_stride
+    p_off = (ring_off + NSTAGES * slot) * item // 4  # float32 words from here on
     alpha_off = p_off + DS * plane
     l_off = alpha_off + BLOCK_M
     m_off = l_off + BLOCK_M
-    return dict(TM=TM, R=R, TN=TN, C=C, DS=DS, SL=SL, TS=TS, TMo=TMo, Ro=Ro, Co=Co, TDo=TDo,
-                kv_stride=kv_stride, p_stride=p_stride, plane=plane, q_off=q_off,
-                kv_off=kv_off, p_off=p_off, alpha_off=alpha_off, l_off=l_off, m_off=m_off,
-                words=m_off + BLOCK_M)
+    return dict(lay, TM=TM, R=R, TN=TN, C=C, DS=DS, SL=SL, TS=TS, TMo=TMo, Ro=Ro, Co=Co,
+                TDo=TDo, kv_stride=kv_stride, p_stride=p_stride, plane=plane, q_off=q_off,
+                ring_off=ring_off, slot=slot, p_off=p_off, alpha_off=alpha_off, l_off=l_off,
+                m_off=m_off, bytes=4 * (m_off + BLOCK_M))
 
 
 @lru_cache(maxsize=None)
-def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT):
-    """Python kernel function specialised for one configuration (compile with launch.compile)."""
-    lay = layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS)
+def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
+                           VEC=True):
+    """Python kernel function specialised for one configuration (compile with launch.compile);
+    ``VEC``: the cache is 16-byte aligned (``launch.mla_copies_16_bytes``)."""
+    lay = layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
     WARPS = THREADS // 32
-    TM, TN, C, DS, SL, TS = (lay[k] for k in ("TM", "TN", "C", "DS", "SL", "TS"))
-    TMo, Co, TDo = lay["TMo"], lay["Co"], lay["TDo"]
-    LOG_DS, LOG_SL = _log2(DS), _log2(SL)
-    KV_STRIDE, P_STRIDE, PLANE = lay["kv_stride"], lay["p_stride"], lay["plane"]
-    Q_OFF, KV_OFF, P_OFF = lay["q_off"], lay["kv_off"], lay["p_off"]
-    ALPHA_OFF, L_OFF, M_OFF = lay["alpha_off"], lay["l_off"], lay["m_off"]
-    D_STEPS, D_TAIL = HEAD_DIM // DS, HEAD_DIM % DS  # d-slice of a thread: ds + DS * i
-    COLS = _cdiv(HEAD_DIM, 32)  # columns a lane copies per cache row
+    DP, VP, TPR = lay["DP"], lay["VP"], lay["TPR"]
+    KV_STRIDE, RING_OFF, SLOT = lay["kv_stride"], lay["ring_off"], lay["slot"]
+    PACKED = FMT != "float32"  # a pair is one 32-bit word
+    CHUNK = ptx.CP_ASYNC_BYTES // lay["item"]  # elements per 16-byte copy
+    CHUNKS = _cdiv(HEAD_DIM // CHUNK, TPR)  # copies per thread and tile
+    CHUNKS_EXACT = (HEAD_DIM // CHUNK) % TPR == 0
+    ELEMS = _cdiv(HEAD_DIM, TPR)  # elements per thread and tile (VEC = False)
+    ELEMS_EXACT = HEAD_DIM % TPR == 0
+    WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
+    COLS = _cdiv(HEAD_DIM, 32)  # query columns a lane loads per row
     COLS_EXACT = HEAD_DIM % 32 == 0
-    DV_EXACT = HEAD_DIM_V % Co == 0
-    ROWS_PER_WARP = BLOCK_N // WARPS  # cache rows a warp copies per tile
-    Q_ROWS_PER_WARP = _cdiv(BLOCK_M, WARPS)
     SCRATCH = prim.scratch_size(THREADS)
     STORAGE = prim.storage_type(FMT)
     ZERO_BITS = np.float32(0) if FMT == "float32" else np.uint16(0)  # +0.0 in every format
     load, store = prim.loader(FMT), prim.storer(FMT)
+    unpack = ptx.unpack(FMT if PACKED else "bfloat16")  # (never called for float32)
     shfl_xor = prim.shfl_xor
     NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
     ZERO, ONE = float32(0.0), float32(1.0)
@@ -179,27 +241,292 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
     BEGIN_SPLIT, FIRST_SPLIT, LAST_SPLIT = (scheduler.BEGIN_SPLIT, scheduler.FIRST_SPLIT,
                                             scheduler.LAST_SPLIT)
 
-    @cuda.jit(device=True, inline="always")
-    def fetch_tile(kbuf, k_cache, block_table, req, hk, n0, n_end, page_size, warp, lane):
-        """Issue the loads of cache rows [n0, n0 + BLOCK_N) into registers; rows at or past
-        n_end are not read (their block-table entries and slots may be garbage) but zeroed."""
-        for jj in range(ROWS_PER_WARP):
-            pos = n0 + warp + WARPS * jj
-            if pos < n_end:
-                blk = pos // page_size
-                page = block_table[req, blk]
-                slot = pos - blk * page_size
-                for ii in range(COLS):
-                    d = lane + 32 * ii
-                    if COLS_EXACT or d < HEAD_DIM:
-                        kbuf[jj, ii] = k_cache[page, slot, hk, uint64(d)]
-            else:
-                for ii in range(COLS):
-                    kbuf[jj, ii] = ZERO_BITS
+    # ---- shared by both variants -----------------------------------------------------------
 
-    def mla_decode_simt(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
+    @cuda.jit(device=True, inline="always")
+    def piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req):
+        """The piece of ``req`` this part handles (scheduler.part_pieces, on the device):
+        keys [n_lo, n_hi), the request's length, whether it is split and its slot."""
+        first = req == begin_req
+        last = req == end_req
+        seqlen = cache_seqlens[req]
+        blk_lo = metadata[part, BEGIN_BLOCK] if first else 0
+        blk_hi = metadata[part, END_BLOCK] if last else (max(seqlen - 1, 0) // SCHED_BLOCK + 1)
+        piece = metadata[part, BEGIN_SPLIT] if first else 0
+        split = metadata[part, FIRST_SPLIT] if first else (
+            metadata[part, LAST_SPLIT] if last else 0)
+        return (blk_lo * SCHED_BLOCK, min(blk_hi * SCHED_BLOCK, seqlen), seqlen, split,
+                num_splits[req] + piece)
+
+    @cuda.jit(device=True, inline="always")
+    def row_source(block_table, req, pos, n_end, page_size):
+        """(page, slot, valid) of cache row ``pos``; a row at or past n_end reads no table
+        entry and gets page 0, slot 0 (an address inside the cache, never read)."""
+        page = int32(0)
+        slot = int32(0)
+        valid = pos < n_end
+        if valid:  # 32-bit division (a 64-bit one is a subroutine call)
+            pos32 = int32(pos)
+            blk = pos32 // page_size
+            page = block_table[req, blk]
+            slot = pos32 - blk * page_size
+        return page, slot, valid
+
+    @cuda.jit(device=True, inline="always")
+    def copy_row(tile, at, k_cache, hk, page, slot, valid, rl):
+        """This thread's share of one cache row -> tile[at ...] (storage elements): 16-byte
+        cp.async chunks (zero-filled when not valid) or, for unaligned views, elements."""
+        if VEC:
+            for i in range(CHUNKS):
+                col = (rl + TPR * i) * CHUNK
+                if CHUNKS_EXACT or col < HEAD_DIM:
+                    ptx.cp_async_16_zfill(tile, uint64(at + col), k_cache,
+                                          (page, slot, hk, uint64(col)), valid)
+        else:
+            for i in range(ELEMS):
+                col = rl + TPR * i
+                if ELEMS_EXACT or col < HEAD_DIM:
+                    x = ZERO_BITS
+                    if valid:
+                        x = k_cache[page, slot, hk, uint64(col)]
+                    tile[uint64(at + col)] = x
+
+    @cuda.jit(device=True, inline="always")
+    def pair(words, floats, p):
+        """Elements 2p and 2p + 1 of the shared buffer as float32."""
+        if PACKED:
+            return unpack(words[uint64(p)])
+        return floats[uint64(2 * p)], floats[uint64(2 * p + 1)]
+
+    @cuda.jit(device=True, inline="always")
+    def put(out, o_acc, split, req, slot, t, h, col, x):
+        if split:
+            o_acc[slot, t, h, uint64(col)] = x
+        else:
+            out[req, t, h, uint64(col)] = store(x)
+
+    @cuda.jit(device=True, inline="always")
+    def put_lse(lse, lse_acc, split, req, slot, t, h, m, l):
+        """Base-2 partial lse (split) or the final natural-log lse of a row (m_i, l_i)."""
+        lse2 = m + math.log2(l) if l > ZERO else NEG_INF
+        if split:
+            lse_acc[slot, h, t] = lse2
+        else:
+            lse[req, h, t] = lse2 * LN2 if l > ZERO else POS_INF
+
+    # ---- narrow: the warps split the keys ---------------------------------------------------
+
+    if lay["narrow"]:
+        KPW = lay["KPW"]
+        KBW = min(4 if BLOCK_M == 1 else 1, KPW)  # keys per batch (registers: see above)
+        BATCHES = KPW // KBW
+        NQ = _cdiv(DP, 32)  # pairs per lane of a key row
+        NV = _cdiv(VP, 32)  # ... of its value part
+        Q_EXACT, V_EXACT = DP % 32 == 0, VP % 32 == 0
+        STAT_OFF, O_OFF, O_STRIDE = lay["stat_off"], lay["o_off"], lay["o_stride"]
+        OUT_STEPS = _cdiv(HEAD_DIM_V, THREADS)
+        RING_P, SLOT_P, ROW_P = RING_OFF // 2, SLOT // 2, KV_STRIDE // 2  # in pairs
+        Q_STAGE = (RING_OFF + (NSTAGES - 1) * SLOT) * lay["item"] // 4  # float32 words
+        Q_STEPS, Q_STEPS_EXACT = _cdiv(HEAD_DIM, THREADS), HEAD_DIM % THREADS == 0
+
+        def mla_decode_narrow(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out,
+                              lse, o_acc, lse_acc, s_q, group, page_size, scale_log2):
+            tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
+            words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
+            floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
+            scratch = cuda.shared.array(SCRATCH, float32)
+            tid = cuda.threadIdx.x
+            warp = tid >> 5
+            lane = tid & 31
+            part = cuda.blockIdx.x
+            hk = cuda.blockIdx.y
+            m0 = cuda.blockIdx.z * BLOCK_M
+            batch = cache_seqlens.shape[0]
+            begin_req = metadata[part, BEGIN_REQ]
+            if begin_req >= batch:
+                return  # idle part
+            end_req = metadata[part, END_REQ]
+            q_rows = s_q * group
+            row = tid // TPR  # copy: this thread's row of every tile,
+            rl = tid % TPR  # its lane in the row
+
+            qv = cuda.local.array((BLOCK_M, NQ, 2), float32)
+            O_i = cuda.local.array((BLOCK_M, NV, 2), float32)
+            m_i = cuda.local.array(BLOCK_M, float32)
+            l_i = cuda.local.array(BLOCK_M, float32)
+            visible = cuda.local.array(BLOCK_M, np.int32)
+            S = cuda.local.array((BLOCK_M, KBW), float32)
+            wscale = cuda.local.array(WARPS, float32)
+
+            for req in range(begin_req, end_req + 1):
+                n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits,
+                                                           part, req, begin_req, end_req)
+                cuda.syncthreads()  # the previous piece's partial results are read
+                for st in range(NSTAGES - 1):
+                    n0 = n_lo + st * BLOCK_N
+                    if n0 < n_hi:
+                        page, pslot, ok = row_source(block_table, req, n0 + row, n_hi, page_size)
+                        copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk,
+                                 page, pslot, ok, rl)
+                    ptx.cp_async_commit()
+                page, pslot, ok = row_source(block_table, req,
+                                             n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi,
+                                             page_size)
+
+                # The query rows, pre-scaled so that S is in base-2 units, go through the ring's
+                # last slot (free until the first tile's barrier): loaded in consecutive columns
+                # per thread, read back as the pairs lane + 32 i. (Loaded as pairs directly, the
+                # lane's 2 NQ addresses, with the run-time stride of q, stay in registers for
+                # the whole kernel: ~36 of them, and spills on sm_80.)
+                for m in range(BLOCK_M):
+                    gr = m0 + m
+                    t = gr // group
+                    h = hk * group + gr - t * group
+                    if CAUSAL:
+                        visible[m] = min(seqlen - (s_q - 1 - t), seqlen)
+                    else:
+                        visible[m] = seqlen
+                    for j in range(Q_STEPS):
+                        d = tid + THREADS * j
+                        if Q_STEPS_EXACT or d < HEAD_DIM:
+                            x = ZERO
+                            if gr < q_rows:
+                                x = load(q[req, t, h, uint64(d)]) * scale_log2
+                            floats[uint64(Q_STAGE + HEAD_DIM * m + d)] = x
+                cuda.syncthreads()
+                for m in range(BLOCK_M):
+                    for i in range(NQ):
+                        p = lane + 32 * i
+                        for e in range(2):
+                            x = ZERO
+                            if Q_EXACT or p < DP:
+                                x = floats[uint64(Q_STAGE + HEAD_DIM * m + 2 * p + e)]
+                            qv[m, i, e] = x
+                    m_i[m] = NEG_INF
+                    l_i[m] = ZERO
+                    for i in range(NV):
+                        for e in range(2):
+                            O_i[m, i, e] = ZERO
+
+                rd = 0  # ring slot of the tile computed now
+                for n0 in range(n_lo, n_hi, BLOCK_N):
+                    ptx.cp_async_wait(WAIT)
+                    cuda.syncthreads()  # tile n0 has landed; the slot written next is read
+                    wr = rd - 1 if rd > 0 else NSTAGES - 1
+                    if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:
+                        copy_row(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, hk,
+                                 page, pslot, ok, rl)
+                    ptx.cp_async_commit()
+                    page, pslot, ok = row_source(block_table, req,
+                                                 n0 + NSTAGES * BLOCK_N + row, n_hi, page_size)
+
+                    for b in range(BATCHES):
+                        key = warp * KPW + b * KBW  # first tile row of the batch
+                        # S: this lane's partial dot products, then the warp's butterfly.
+                        for m in range(BLOCK_M):
+                            for k in range(KBW):
+                                S[m, k] = ZERO
+                        for k in range(KBW):
+                            at = RING_P + rd * SLOT_P + (key + k) * ROW_P + lane
+                            for i in range(NQ):
+                                if Q_EXACT or lane + 32 * i < DP:
+                                    x0, x1 = pair(words, floats, at + 32 * i)
+                                    for m in range(BLOCK_M):  # two FMAs
+                                        S[m, k] += qv[m, i, 0] * x0
+                                        S[m, k] += qv[m, i, 1] * x1
+                        for m in range(BLOCK_M):
+                            for k in range(KBW):
+                                for j in range(5):
+                                    S[m, k] += shfl_xor(S[m, k], 1 << j, scratch, tid)
+                        # Online softmax of the warp's keys, row by row (every lane alike).
+                        for m in range(BLOCK_M):
+                            mx = NEG_INF
+                            for k in range(KBW):
+                                if n0 + key + k >= visible[m]:
+                                    S[m, k] = NEG_INF
+                                mx = max(mx, S[m, k])
+                            m_new = max(m_i[m], mx)
+                            base = m_new if m_new != NEG_INF else ZERO  # nothing visible yet
+                            alpha = math.exp2(m_i[m] - base)
+                            m_i[m] = m_new
+                            row_sum = ZERO
+                            for k in range(KBW):
+                                S[m, k] = math.exp2(S[m, k] - base)
+                                row_sum += S[m, k]
+                            l_i[m] = l_i[m] * alpha + row_sum
+                            for i in range(NV):
+                                for e in range(2):
+                                    O_i[m, i, e] *= alpha
+                        # O_i += P V from the same words.
+                        for k in range(KBW):
+                            at = RING_P + rd * SLOT_P + (key + k) * ROW_P + lane
+                            for i in range(NV):
+                                if V_EXACT or lane + 32 * i < VP:
+                                    x0, x1 = pair(words, floats, at + 32 * i)
+                                    for m in range(BLOCK_M):
+                                        O_i[m, i, 0] += S[m, k] * x0
+                                        O_i[m, i, 1] += S[m, k] * x1
+                    rd = rd + 1 if rd + 1 < NSTAGES else 0
+
+                # Merge the warps' partial results through the (now idle) ring.
+                ptx.cp_async_wait_all()
+                cuda.syncthreads()
+                for m in range(BLOCK_M):
+                    at = (warp * BLOCK_M + m)
+                    if lane == 0:
+                        floats[uint64(STAT_OFF + 2 * at)] = m_i[m]
+                        floats[uint64(STAT_OFF + 2 * at + 1)] = l_i[m]
+                    for i in range(NV):
+                        p = lane + 32 * i
+                        if V_EXACT or p < VP:
+                            for e in range(2):
+                                floats[uint64(O_OFF + O_STRIDE * at + 2 * p + e)] = O_i[m, i, e]
+                cuda.syncthreads()
+                for m in range(BLOCK_M):
+                    gr = m0 + m
+                    if gr < q_rows:
+                        t = gr // group
+                        h = hk * group + gr - t * group
+                        mx = NEG_INF
+                        for w in range(WARPS):
+                            mx = max(mx, floats[uint64(STAT_OFF + 2 * (w * BLOCK_M + m))])
+                        base = mx if mx != NEG_INF else ZERO
+                        l = ZERO
+                        for w in range(WARPS):
+                            at = STAT_OFF + 2 * (w * BLOCK_M + m)
+                            wscale[w] = math.exp2(floats[uint64(at)] - base)
+                            l += floats[uint64(at + 1)] * wscale[w]
+                        inv = ONE / l if l > ZERO else ZERO
+                        for j in range(OUT_STEPS):
+                            col = tid + THREADS * j
+                            if col < HEAD_DIM_V:
+                                o = ZERO
+                                for w in range(WARPS):
+                                    o += floats[uint64(O_OFF + O_STRIDE * (w * BLOCK_M + m)
+                                                       + col)] * wscale[w]
+                                put(out, o_acc, split, req, slot, t, h, col, o * inv)
+                        if tid == 0:
+                            put_lse(lse, lse_acc, split, req, slot, t, h, mx, l)
+
+        return mla_decode_narrow
+
+    # ---- wide: all threads share each tile --------------------------------------------------
+
+    TM, TN, C, DS, SL, TS = (lay[k] for k in ("TM", "TN", "C", "DS", "SL", "TS"))
+    TMo, Co, TDo = lay["TMo"], lay["Co"], lay["TDo"]
+    LOG_DS, LOG_SL = _log2(DS), _log2(SL)
+    P_STRIDE, PLANE, Q_OFF = lay["p_stride"], lay["plane"], lay["q_off"]
+    P_OFF, ALPHA_OFF, L_OFF, M_OFF = lay["p_off"], lay["alpha_off"], lay["l_off"], lay["m_off"]
+    D_STEPS, D_TAIL = DP // DS, DP % DS  # pair slice of a thread: ds + DS * i
+    RING_P, SLOT_P, KV_PAIRS = RING_OFF // 2, SLOT // 2, KV_STRIDE // 2  # in pairs
+    VP_EXACT = VP % Co == 0
+    Q_ROWS_PER_WARP = _cdiv(BLOCK_M, WARPS)
+
+    def mla_decode_wide(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
                         o_acc, lse_acc, s_q, group, page_size, scale_log2):
-        smem = cuda.shared.array(0, float32)
+        tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
+        words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
+        floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
         scratch = cuda.shared.array(SCRATCH, float32)
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -213,44 +540,43 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
             return  # idle part
         end_req = metadata[part, END_REQ]
         q_rows = s_q * group
+        row = tid // TPR  # copy: this thread's row of every tile,
+        rl = tid % TPR  # its lane in the row
 
-        # This thread's place in each layout (see the module docstring) and its first word in
+        # This thread's place in each layout (see the module docstring) and its first pair in
         # the shared tiles it reads in that layout.
         ds = tid & (DS - 1)  # S = QK^T: d-lane,
         kg = (tid >> LOG_DS) % C  # key group,
         s_row0 = (tid // (DS * C)) * TM  # first row of the micro-tile
-        q_at = Q_OFF + s_row0 * HEAD_DIM + ds  # Q[s_row0, ds]
-        k_at = KV_OFF + kg * KV_STRIDE + ds  # K[kg, ds]
+        q_at = Q_OFF // 2 + s_row0 * DP + ds  # Q[s_row0, pair ds]
+        k_at = kg * KV_PAIRS + ds  # K[kg, pair ds], from the slot's start
         part_at = P_OFF + ds * PLANE + s_row0 * P_STRIDE + kg  # plane ds, S[s_row0, kg]
         srow = tid >> LOG_SL  # softmax: row,
         sl = tid & (SL - 1)  # lane in the row
         p_at = P_OFF + srow * P_STRIDE + sl  # plane 0, S[srow, sl]
         o_row0 = (tid // Co) * TMo  # O += PV: first row of the micro-tile,
-        co = tid % Co  # first column
+        co = tid % Co  # first pair
 
-        kbuf = cuda.local.array((ROWS_PER_WARP, COLS), STORAGE)
         S = cuda.local.array((TM, TN), float32)
-        kv = cuda.local.array(TN, float32)
+        kv = cuda.local.array((TN, 2), float32)
         sv = cuda.local.array(TS, float32)
-        O_i = cuda.local.array((TMo, TDo), float32)
-        vv = cuda.local.array(TDo, float32)
+        O_i = cuda.local.array((TMo, TDo, 2), float32)
+        vv = cuda.local.array((TDo, 2), float32)
 
         for req in range(begin_req, end_req + 1):
-            # The piece of `req` this part handles (scheduler.part_pieces, on the device).
-            first = req == begin_req
-            last = req == end_req
-            seqlen = cache_seqlens[req]
-            blk_lo = metadata[part, BEGIN_BLOCK] if first else 0
-            blk_hi = metadata[part, END_BLOCK] if last else (max(seqlen - 1, 0) // SCHED_BLOCK + 1)
-            n_lo = blk_lo * SCHED_BLOCK
-            n_hi = min(blk_hi * SCHED_BLOCK, seqlen)
-            piece = metadata[part, BEGIN_SPLIT] if first else 0
-            split = metadata[part, FIRST_SPLIT] if first else (
-                metadata[part, LAST_SPLIT] if last else 0)
-            slot = num_splits[req] + piece
-
+            n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
+                                                       req, begin_req, end_req)
             cuda.syncthreads()  # the previous piece's Q tile and row statistics are read
-            # Q_i -> shared, pre-scaled so that S is in base-2 units; padding rows are zeros.
+            for st in range(NSTAGES - 1):
+                n0 = n_lo + st * BLOCK_N
+                if n0 < n_hi:
+                    page, pslot, ok = row_source(block_table, req, n0 + row, n_hi, page_size)
+                    copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk, page,
+                             pslot, ok, rl)
+                ptx.cp_async_commit()
+            page, pslot, ok = row_source(block_table, req, n_lo + (NSTAGES - 1) * BLOCK_N + row,
+                                         n_hi, page_size)
+            # Q_i -> shared as storage bits; padding rows are zeros.
             for jr in range(Q_ROWS_PER_WARP):
                 r = warp + WARPS * jr
                 if r < BLOCK_M:
@@ -260,10 +586,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     for ii in range(COLS):
                         d = lane + 32 * ii
                         if COLS_EXACT or d < HEAD_DIM:
-                            x = ZERO
+                            x = ZERO_BITS
                             if gr < q_rows:
-                                x = load(q[req, t, h, uint64(d)]) * scale_log2
-                            smem[uint64(Q_OFF + r * HEAD_DIM + d)] = x
+                                x = q[req, t, h, uint64(d)]
+                            tile[uint64(Q_OFF + r * HEAD_DIM + d)] = x
 
             # Keys the softmax row may see: all, or (causal) those before its token's diagonal.
             visible = seqlen
@@ -273,41 +599,43 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
             l_i = ZERO  # partial: this lane's share of the row sum
             for im in range(TMo):
                 for jd in range(TDo):
-                    O_i[im, jd] = ZERO
+                    for e in range(2):
+                        O_i[im, jd, e] = ZERO
 
-            fetch_tile(kbuf, k_cache, block_table, req, hk, n_lo, n_hi, page_size, warp, lane)
+            rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
-                cuda.syncthreads()  # the previous tile's KV and P are no longer read
-                for jj in range(ROWS_PER_WARP):
-                    c = warp + WARPS * jj
-                    for ii in range(COLS):
-                        d = lane + 32 * ii
-                        if COLS_EXACT or d < HEAD_DIM:
-                            smem[uint64(KV_OFF + c * KV_STRIDE + d)] = load(kbuf[jj, ii])
-                cuda.syncthreads()
-                # Prefetch: the next tile's loads fly while this one is computed.
-                fetch_tile(kbuf, k_cache, block_table, req, hk, n0 + BLOCK_N, n_hi, page_size,
-                           warp, lane)
+                ptx.cp_async_wait(WAIT)
+                cuda.syncthreads()  # tile n0 has landed; the slot written next, P, are read
+                wr = rd - 1 if rd > 0 else NSTAGES - 1
+                if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:
+                    copy_row(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, hk, page,
+                             pslot, ok, rl)
+                ptx.cp_async_commit()
+                page, pslot, ok = row_source(block_table, req, n0 + NSTAGES * BLOCK_N + row,
+                                             n_hi, page_size)
+                kv_at = RING_P + rd * SLOT_P  # the tile's first pair
 
-                # S = Q K^T: each thread the micro-tile over its d-slice, one partial sum per
+                # S = Q K^T: each thread the micro-tile over its pair slice, one partial sum per
                 # d-lane ds, written to plane ds (the softmax adds the DS planes up).
                 for im in range(TM):
                     for jn in range(TN):
                         S[im, jn] = ZERO
                 for i in range(D_STEPS + (1 if D_TAIL else 0)):
-                    if i < D_STEPS or ds < D_TAIL:  # column d = ds + DS * i
+                    if i < D_STEPS or ds < D_TAIL:  # pair ds + DS * i
                         for jn in range(TN):
-                            kv[jn] = smem[uint64(k_at + C * KV_STRIDE * jn + DS * i)]
+                            kv[jn, 0], kv[jn, 1] = pair(words, floats,
+                                                        kv_at + k_at + C * KV_PAIRS * jn + DS * i)
                         for im in range(TM):
-                            a = smem[uint64(q_at + HEAD_DIM * im + DS * i)]
+                            a0, a1 = pair(words, floats, q_at + DP * im + DS * i)
                             for jn in range(TN):
-                                S[im, jn] += a * kv[jn]
+                                S[im, jn] += a0 * kv[jn, 0]  # two FMAs
+                                S[im, jn] += a1 * kv[jn, 1]
                 for im in range(TM):
                     for jn in range(TN):
-                        smem[uint64(part_at + P_STRIDE * im + C * jn)] = S[im, jn]
+                        floats[uint64(part_at + P_STRIDE * im + C * jn)] = S[im, jn]
                 cuda.syncthreads()
 
-                # Online softmax, SL lanes per row: the scores (masked), the new maximum,
+                # Online softmax, SL lanes per row: the scores (scaled, masked), the new maximum,
                 # P = exp2(S - m_new) (over plane 0) and the rescale factor alpha.
                 mx = NEG_INF
                 for j in range(TS):
@@ -316,7 +644,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     if srow < BLOCK_M and c < BLOCK_N and n0 + c < visible:
                         s = ZERO
                         for plane in range(DS):
-                            s += smem[uint64(p_at + PLANE * plane + SL * j)]
+                            s += floats[uint64(p_at + PLANE * plane + SL * j)]
+                        s *= scale_log2
                     sv[j] = s
                     mx = max(mx, s)
                 for k in range(LOG_SL):
@@ -331,34 +660,38 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     row_sum += p
                     c = sl + SL * j
                     if srow < BLOCK_M and c < BLOCK_N:
-                        smem[uint64(p_at + SL * j)] = p
+                        floats[uint64(p_at + SL * j)] = p
                 l_i = l_i * alpha + row_sum
                 if srow < BLOCK_M and sl == 0:
-                    smem[uint64(ALPHA_OFF + srow)] = alpha
+                    floats[uint64(ALPHA_OFF + srow)] = alpha
                 cuda.syncthreads()
 
                 # O_i = alpha O_i + P V, V being the first HEAD_DIM_V columns of the same tile.
                 for im in range(TMo):
-                    a = smem[uint64(ALPHA_OFF + o_row0 + im)]
+                    a = floats[uint64(ALPHA_OFF + o_row0 + im)]
                     for jd in range(TDo):
-                        O_i[im, jd] *= a
+                        for e in range(2):
+                            O_i[im, jd, e] *= a
                 for c in range(BLOCK_N):
                     for jd in range(TDo):
-                        col = co + Co * jd
-                        vv[jd] = ZERO
-                        if DV_EXACT or col < HEAD_DIM_V:
-                            vv[jd] = smem[uint64(KV_OFF + c * KV_STRIDE + col)]
+                        u = co + Co * jd
+                        vv[jd, 0] = ZERO
+                        vv[jd, 1] = ZERO
+                        if VP_EXACT or u < VP:
+                            vv[jd, 0], vv[jd, 1] = pair(words, floats, kv_at + c * KV_PAIRS + u)
                     for im in range(TMo):
-                        p = smem[uint64(P_OFF + (o_row0 + im) * P_STRIDE + c)]
+                        p = floats[uint64(P_OFF + (o_row0 + im) * P_STRIDE + c)]
                         for jd in range(TDo):
-                            O_i[im, jd] += p * vv[jd]
+                            O_i[im, jd, 0] += p * vv[jd, 0]
+                            O_i[im, jd, 1] += p * vv[jd, 1]
+                rd = rd + 1 if rd + 1 < NSTAGES else 0
 
             # Epilogue: full row sums, then O_i / l_i and the lse, final or partial.
             for k in range(LOG_SL):
                 l_i += shfl_xor(l_i, 1 << k, scratch, tid)
             if srow < BLOCK_M and sl == 0:
-                smem[uint64(L_OFF + srow)] = l_i
-                smem[uint64(M_OFF + srow)] = m_i
+                floats[uint64(L_OFF + srow)] = l_i
+                floats[uint64(M_OFF + srow)] = m_i
             cuda.syncthreads()
             for im in range(TMo):
                 r = o_row0 + im
@@ -366,20 +699,15 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                 if gr < q_rows:
                     t = gr // group
                     h = hk * group + gr - t * group
-                    l = smem[uint64(L_OFF + r)]
+                    l = floats[uint64(L_OFF + r)]
                     inv = ONE / l if l > ZERO else ZERO
                     for jd in range(TDo):
-                        col = co + Co * jd
-                        if DV_EXACT or col < HEAD_DIM_V:
-                            if split:
-                                o_acc[slot, t, h, uint64(col)] = O_i[im, jd] * inv
-                            else:
-                                out[req, t, h, uint64(col)] = store(O_i[im, jd] * inv)
+                        for e in range(2):
+                            col = 2 * (co + Co * jd) + e
+                            if col < HEAD_DIM_V:
+                                put(out, o_acc, split, req, slot, t, h, col, O_i[im, jd, e] * inv)
                     if co == 0:
-                        lse2 = smem[uint64(M_OFF + r)] + math.log2(l) if l > ZERO else NEG_INF
-                        if split:
-                            lse_acc[slot, h, t] = lse2
-                        else:
-                            lse[req, h, t] = lse2 * LN2 if l > ZERO else POS_INF
+                        put_lse(lse, lse_acc, split, req, slot, t, h,
+                                floats[uint64(M_OFF + r)], l)
 
-    return mla_decode_simt
+    return mla_decode_wide

@@ -51,18 +51,26 @@ def mla_lowp(q, k_cache, block_table, seqlens, head_dim_v, causal):
     return out
 
 
-def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits=None):
+def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits=None,
+             unaligned=False):
     """One decode through the public API, checked against the reference; ``splits`` (if not
-    None) asserts whether the plan cut some request into pieces, i.e. whether the combine ran."""
+    None) asserts whether the plan cut some request into pieces, i.e. whether the combine ran;
+    ``unaligned`` passes the cache as a view that starts one element into wider rows."""
     seqlens = np.asarray(seqlens, np.int32)
     k_cache, table = paged_cache(rng, seqlens, page, h_kv, d, fmt)
+    dk_cache = to_device(k_cache)
+    if unaligned:
+        wide = np.zeros(k_cache.shape[:3] + (d + 1,), k_cache.dtype)
+        wide[..., 1:] = k_cache
+        dk_cache = to_device(wide)[..., 1:]
+        assert not launch.mla_copies_16_bytes(dk_cache)
     q = randn(rng, (len(seqlens), s_q, h_q, d), fmt)
     metadata, num_splits = nf.get_mla_metadata(to_device(seqlens), s_q * h_q // h_kv, h_kv,
                                                num_sms=num_sms)
     if splits is not None:
         assert (np.diff(to_host(num_splits)) > 1).any() == splits, to_host(num_splits)
     out = nan_like(np.zeros((len(seqlens), s_q, h_q, dv), DTYPES[fmt]))
-    o, lse = nf.flash_mla_with_kvcache(to_device(q), to_device(k_cache), to_device(table),
+    o, lse = nf.flash_mla_with_kvcache(to_device(q), dk_cache, to_device(table),
                                        to_device(seqlens), dv, metadata, num_splits,
                                        causal=causal, out=out)
     assert o is out
@@ -72,10 +80,14 @@ def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, sp
 
 
 # (seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits): page sizes 1 / 16 / 64,
-# lengths 0 and off the page and tile grid, s_q 1 and 2, causal, h_kv = 2, every BLOCK_M tier
-# (2, 4: 32-row tiles; 16: 16-row tiles; 32: 8-row tiles, 40 rows as two tiles), requests cut
-# into pieces (and, with causal, a last piece that token 0 cannot see at all).
+# lengths 0 and off the page and tile grid, s_q 1 and 2, causal, h_kv = 2, odd head_dim_v, both
+# variants (narrow: 1 and 2 rows; wide: 4 and 8 rows in 32-row tiles, 16 in 16-row tiles, 24 and
+# 40 rows as several 16-row tiles) in every format, requests cut into pieces (and, with causal,
+# a last piece that token 0 cannot see at all).
 CASES_SIM = [
+    ([0, 37, 300, 16], 1, 1, 1, 72, 64, 16, False, "bfloat16", 8, True),
+    ([64, 1, 200], 1, 2, 2, 40, 23, 64, False, "float32", 20, True),
+    ([90, 5], 1, 1, 1, 24, 17, 1, False, "float16", 4, None),
     ([0, 37, 300, 16], 1, 2, 1, 72, 64, 16, False, "bfloat16", 8, True),
     ([330, 5], 2, 2, 1, 72, 64, 1, True, "float16", 4, True),
     ([64, 1, 200], 1, 32, 2, 40, 24, 64, False, "float32", 20, True),
@@ -88,6 +100,8 @@ CASES_SIM = [
 # float64 reference repeats the cache over the heads and runs on the host (~1 s per request at
 # seqlen 2048, h_q 128, s_q 2), so long sequences use h_q = 16 and large batches short ones.
 CASES_GPU = [
+    ([1 + 37 * i for i in range(128)], 1, 1, 1, 576, 512, 64, False, "bfloat16", None, None),
+    ([32768, 3, 0, 4095], 2, 1, 1, 576, 512, 64, True, "float16", None, True),
     ([1 + 13 * i for i in range(128)], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, None),
     ([32768, 1, 0, 5000, 777], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, True),
     ([2048, 1500], 2, 128, 1, 576, 512, 64, True, "float16", None, None),
@@ -98,6 +112,12 @@ CASES_GPU = [
     ([5000, 50], 1, 16, 1, 576, 512, 16, True, "bfloat16", 132, True),
 ]
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
+# A cache view whose rows are not 16-byte aligned (one column sliced off the front), for the
+# element-copy variant (VEC = False): (seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms).
+CASES_UNALIGNED = [
+    ([0, 200, 17], 1, 1, 1, 16, 16, 16, False, "bfloat16", 8),
+    ([70, 3], 2, 4, 1, 24, 8, 1, True, "float16", 2),
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[1:])))
@@ -105,14 +125,35 @@ def test_decode_matches_reference(case):
     run_case(np.random.default_rng(), *case)
 
 
+@pytest.mark.parametrize("case", CASES_UNALIGNED, ids=lambda c: "-".join(map(str, c[1:])))
+def test_unaligned_cache_copies_elements(case):
+    """A cache view whose rows are not 16-byte aligned: the API picks the element-copy kernel
+    (VEC = False), which must give the same results as the 16-byte copies of the other tests."""
+    run_case(np.random.default_rng(), *case, unaligned=True)
+
+
+def test_copies_are_16_bytes_checks_pointer_and_strides():
+    cache = to_device(np.zeros((3, 4, 2, 24), DTYPES["bfloat16"]))
+    assert launch.mla_copies_16_bytes(cache)
+    assert launch.mla_copies_16_bytes(cache[..., 8:])  # pointer + 16 bytes, rows of 32
+    assert not launch.mla_copies_16_bytes(cache[..., 1:17])  # pointer + 2 bytes
+    assert launch.mla_copies_16_bytes(cache[:, ::3, 1:])  # strides 288 and 96 bytes
+    assert not launch.mla_copies_16_bytes(cache[:, ::3, :, :20])  # rows of 40 bytes
+    wider = to_device(np.zeros((3, 4, 2, 28), DTYPES["bfloat16"]))
+    assert not launch.mla_copies_16_bytes(wider[..., :24])  # head stride 56 bytes
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="a GPU runs these layouts in every case")
-def test_gpu_thread_count_under_the_simulator(monkeypatch):
-    """The GPU's 256 threads (8 warps, 32-wide d-lanes) rather than the simulator's 64."""
+@pytest.mark.parametrize("h_q, seqlens, splits",
+                         [(2, [45, 0, 250], True), (8, [45, 0, 100], None)])
+def test_gpu_thread_count_under_the_simulator(h_q, seqlens, splits, monkeypatch):
+    """The GPU's 256 threads (8 warps; wide: 32-wide d-lanes) rather than the simulator's 64, in
+    both variants."""
     monkeypatch.setattr(launch, "MLA_THREADS", 256)
     launch.simt_mla_decode_kernel.cache_clear()
     try:
-        run_case(np.random.default_rng(), [45, 0, 250], 1, 2, 1, 72, 64, 16, False, "float16", 8,
-                 True)
+        run_case(np.random.default_rng(), seqlens, 1, h_q, 1, 72, 64, 16, False, "float16", 8,
+                 splits)
     finally:
         launch.simt_mla_decode_kernel.cache_clear()
 
@@ -131,11 +172,12 @@ def test_metadata_is_the_plan_in_the_callers_library():
 
 # ----------------------------------------------------------------------------- PTX (no simulator)
 
-# (q_rows, fmt, causal, cc): each tile tier of launch._MLA_BLOCK_N (BLOCK_M 1..8, 16, 32) in the
-# DeepSeek decode shapes (h_q 1, 16, 128) in bfloat16 on sm_90, and at its most registers
-# (float32, sm_80's ptxas) on sm_80.
-PTX_SPECS = [(1, "bfloat16", False, (9, 0)), (16, "bfloat16", True, (9, 0)),
-             (128, "bfloat16", True, (9, 0)), (8, "float32", True, (8, 0)),
+# (q_rows, fmt, causal, cc): both variants and each tile tier of launch._MLA_BLOCK_N (narrow
+# BLOCK_M 1, 2; wide 8, 16) in the DeepSeek decode shapes (h_q 1, 16, 128) in bfloat16 on
+# sm_90, and at their most registers (float32, sm_80's ptxas) on sm_80.
+PTX_SPECS = [(1, "bfloat16", False, (9, 0)), (2, "bfloat16", True, (9, 0)),
+             (16, "bfloat16", True, (9, 0)), (128, "bfloat16", True, (9, 0)),
+             (1, "float32", False, (8, 0)), (8, "float32", True, (8, 0)),
              (128, "float32", False, (8, 0))]
 A100_SHARED, H100_SHARED = 163 * 1024, 227 * 1024
 
