@@ -7,7 +7,8 @@
 #   bench/gpu_session.sh tests fwd bwd mla io        # stages, in the order given
 #   LIMIT_BWD=300 bench/gpu_session.sh bwd           # a longer limit for one stage
 #
-# Stages: tests (GPU test suite, PTX checks excluded: they need no GPU; TESTS=paths narrows it), fwd / bwd (the
+# Stages: tests (GPU test suite, PTX checks excluded: they need no GPU; TESTS=paths narrows it),
+# fwd (FWD_ARGS: extra bench_attention.py flags, e.g. --providers), fwd / bwd (the
 # attention grid of DESIGN.md), mla (decode grid), io (HBM bytes under ncu), sweep (tc tiles),
 # profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
@@ -29,7 +30,7 @@ for stage in "$@"; do
     tests) run tests "${LIMIT_TESTS:-300}" python3 -m pytest -q -p no:cacheprovider -rfE \
              -k "not compiles" ${TESTS:-tests} ;;
     fwd) run fwd "${LIMIT_FWD:-240}" python3 bench/bench_attention.py --mode fwd \
-           --out-dir "$OUT/fwd" ;;
+           --out-dir "$OUT/fwd" ${FWD_ARGS:-} ;;
     bwd) run bwd "${LIMIT_BWD:-300}" python3 bench/bench_attention.py --mode bwd \
            --dtypes float16 --providers nf-simt,sdpa-flash,sdpa-cudnn,triton --out-dir "$OUT/bwd" ;;
     mla) run mla "${LIMIT_MLA:-150}" python3 bench/bench_mla.py --heads-q 1,16,128 \
