@@ -8,7 +8,8 @@
 #   LIMIT_BWD=300 bench/gpu_session.sh bwd           # a longer limit for one stage
 #
 # Stages: tests (GPU test suite, PTX checks excluded: they need no GPU; TESTS=paths narrows it),
-# fwd / bwd (the attention grid of DESIGN.md; FWD_ARGS adds bench_attention.py flags to fwd), mla (decode grid), io (HBM bytes under ncu), sweep (tc tiles),
+# fwd / bwd (the attention grid of DESIGN.md; FWD_ARGS adds bench_attention.py flags to fwd),
+# mla (decode grid), io (HBM bytes under ncu), sweep (tc tiles),
 # profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
