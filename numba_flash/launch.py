@@ -52,14 +52,14 @@ def attention_signature(fmt):
                       types.int32, types.int32, types.int32, types.int32, types.float32)
 
 
-def forward_spec(backend, head_dim, causal, fmt, tiles=None):
+def forward_spec(backend, head_dim, causal, fmt, tiles=None, cc=None):
     """``(pyfunc, signature, compile options)`` of the ``simt`` or ``tc`` forward kernel, the form
-    ``ptxcheck.compile_report_isolated`` takes (``tiles``: a tc tile candidate, see
-    ``tc_forward_tiles``)."""
+    ``ptxcheck.compile_report_isolated`` takes (``tiles``: a tc tile candidate, ``cc``: the
+    compute capability the tc tiles are chosen for; see ``tc_forward_tiles``)."""
     if backend == "tc":
         from .kernels.tc import forward
 
-        t = tc_forward_tiles(head_dim, causal, tiles)
+        t = tc_forward_tiles(head_dim, causal, tiles, cc)
         pyfunc = forward.make_forward_kernel(head_dim, t.BLOCK_M, t.BLOCK_N, causal, fmt,
                                              t.threads // 32)
     else:
@@ -137,22 +137,26 @@ def simt_backward_kernel(kernel, head_dim, causal, fmt):
 # bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/tune_tc_forward*.csv).
 # With 16 rows per warp, capping registers at 128 lets two 8-warp blocks share an SM (16 warps to
 # hide the latency of mma, ldmatrix and ex2); that beat the uncapped compile by up to 30%.
-# The causal kernel has the mask code in its loop and, as 8-warp blocks, spills a few bytes on
-# sm_80 under the cap, so it runs 4-warp blocks of 64 rows (four per SM, the same 16 warps):
-# ~11% slower than the 8-warp blocks on the H200 (tune_tc_forward.py), but no spills anywhere.
-# Entries: (largest head dim, non-causal tiles, causal tiles).
-_TC_FWD_TILES = ((64, (128, 64, 8, 128), (64, 64, 4, 128)),
-                 (128, (128, 32, 8, 128), (64, 32, 4, 128)),
-                 (256, (64, 32, 4, 0), (64, 32, 4, 0)))
+_TC_FWD_TILES = ((64, (128, 64, 8, 128)), (128, (128, 32, 8, 128)), (256, (64, 32, 4, 0)))
+# The causal kernel carries the mask code in its loop. As 8-warp blocks under the cap it spills
+# a few bytes on sm_8x (nvJitLink's ptxas), so there it runs 4-warp blocks of 64 rows (four
+# per SM: the same 16 warps), 11% slower on the H200 than the 8-warp blocks (244 vs 218
+# TFLOP/s at D = 64, 247 vs 220 at D = 128; tc_variants_session6.log).
+_TC_FWD_CAUSAL_SM8X = ((64, (64, 64, 4, 128)), (128, (64, 32, 4, 128)))
 
 
-def tc_forward_tiles(head_dim, causal=False, tiles=None):
-    """Tiles of the tc forward for ``head_dim`` (or for ``tiles`` = (BLOCK_M, BLOCK_N, warps,
-    register cap), as the tile sweep passes them)."""
+def tc_forward_tiles(head_dim, causal=False, tiles=None, cc=None):
+    """Tiles of the tc forward for ``head_dim`` on compute capability ``cc`` (default: the
+    current device's), or ``tiles`` = (BLOCK_M, BLOCK_N, warps, register cap) as the tile sweep
+    passes them."""
     from .kernels.tc import forward
 
-    bm, bn, warps, regs = tiles or next(t[2 if causal else 1] for t in _TC_FWD_TILES
-                                        if head_dim <= t[0])
+    if tiles is None:
+        table = _TC_FWD_TILES
+        if causal and tuple(cc or device_cc())[0] < 9:
+            table = _TC_FWD_CAUSAL_SM8X + _TC_FWD_TILES
+        tiles = next(t for limit, t in table if head_dim <= limit)
+    bm, bn, warps, regs = tiles
     return Tiles(bm, bn, 32 * warps, 2 * forward.shared_elements(bm, bn, head_dim), regs)
 
 
@@ -203,6 +207,15 @@ _MLA_BLOCK_N = ((8, 32), (16, 16))
 MLA_THREADS = 64 if SIMULATOR else 256
 SIMULATED_SMS = 8  # get_mla_metadata's num_sms default under the simulator (no device to ask)
 SIMULATED_SHARED_LIMIT = 227 * 1024
+SIMULATED_CC = (9, 0)
+
+
+@lru_cache(maxsize=None)
+def device_cc():
+    """Compute capability of the current device (under the simulator: SIMULATED_CC)."""
+    if SIMULATOR:
+        return SIMULATED_CC
+    return cuda.get_current_device().compute_capability
 
 
 @lru_cache(maxsize=None)
