@@ -86,6 +86,7 @@ Wide variant: BLOCK_M > 2 query rows (h_q >= 4 or s_q h_q >= 4)
 
 Shared memory (dynamic; one buffer seen as storage elements, 32-bit words and float32)
     narrow  ring   NSTAGES x BLOCK_N x HEAD_DIM storage elements
+            at the start of a piece the last slot passes the float32 query rows to registers;
             after the last tile of a piece, the ring holds the WARPS partial (m_i, l_i, O_i)
     wide    Q      BLOCK_M x HEAD_DIM storage elements
             ring   NSTAGES x BLOCK_N x KV_STRIDE (HEAD_DIM padded so that the key groups of a
