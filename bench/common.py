@@ -12,6 +12,10 @@ import pathlib
 import subprocess
 import sys
 
+# Probe calls and small problems launch few blocks; Numba's low-occupancy warning for each of
+# them buried the benchmark logs. Set before Numba is imported (the scripts import it later).
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
+
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
