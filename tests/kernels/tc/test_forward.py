@@ -37,7 +37,7 @@ def test_large_logits_stay_finite():
                   scale=8.0, softmax_scale=1.0)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [True] if SIMULATOR else [False, True])
 def test_row_maxima_that_keep_growing_rescale_correctly(causal):
     """Scores that rise from key tile to key tile by far more than the lazy-rescale threshold
     (2^8 in P): m_i must move, and O_i and l_i be rescaled, on every tile; and a last tile that
@@ -46,7 +46,7 @@ def test_row_maxima_that_keep_growing_rescale_correctly(causal):
     from numba_flash import reference as ref
 
     rng = np.random.default_rng()
-    Sq, Sk, D = (5, 200, 16) if SIMULATOR else (300, 1000, 64)
+    Sq, Sk, D = (5, 140, 16) if SIMULATOR else (300, 1000, 64)
     fmt = "float16"
     q = np.abs(randn(rng, (1, Sq, 1, D), fmt)) + DTYPES[fmt](1)
     ramp = np.linspace(0.0, 12.0, Sk)  # the score of key j grows ~ j: 12 * sum(q) at the end
