@@ -245,6 +245,14 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
     # ---- shared by both variants -----------------------------------------------------------
 
     @cuda.jit(device=True, inline="always")
+    def cta_work(metadata):
+        """(part, KV head, first packed query row, first and last request) of this CTA; a part
+        whose first request is past the batch is idle."""
+        part = cuda.blockIdx.x
+        return (part, cuda.blockIdx.y, cuda.blockIdx.z * BLOCK_M, metadata[part, BEGIN_REQ],
+                metadata[part, END_REQ])
+
+    @cuda.jit(device=True, inline="always")
     def piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req):
         """The piece of ``req`` this part handles (scheduler.part_pieces, on the device):
         keys [n_lo, n_hi), the request's length, whether it is split and its slot."""
@@ -339,14 +347,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
             tid = cuda.threadIdx.x
             warp = tid >> 5
             lane = tid & 31
-            part = cuda.blockIdx.x
-            hk = cuda.blockIdx.y
-            m0 = cuda.blockIdx.z * BLOCK_M
-            batch = cache_seqlens.shape[0]
-            begin_req = metadata[part, BEGIN_REQ]
-            if begin_req >= batch:
+            part, hk, m0, begin_req, end_req = cta_work(metadata)
+            if begin_req >= cache_seqlens.shape[0]:
                 return  # idle part
-            end_req = metadata[part, END_REQ]
             q_rows = s_q * group
             row = tid // TPR  # copy: this thread's row of every tile,
             rl = tid % TPR  # its lane in the row
@@ -532,14 +535,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
-        part = cuda.blockIdx.x
-        hk = cuda.blockIdx.y
-        m0 = cuda.blockIdx.z * BLOCK_M
-        batch = cache_seqlens.shape[0]
-        begin_req = metadata[part, BEGIN_REQ]
-        if begin_req >= batch:
+        part, hk, m0, begin_req, end_req = cta_work(metadata)
+        if begin_req >= cache_seqlens.shape[0]:
             return  # idle part
-        end_req = metadata[part, END_REQ]
         q_rows = s_q * group
         row = tid // TPR  # copy: this thread's row of every tile,
         rl = tid % TPR  # its lane in the row

@@ -117,6 +117,17 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                     copy16(smem, offset + r * STRIDE + c, src,
                            (b, row0 + r if valid else 0, head, c if valid else 0), valid)
 
+    @cuda.jit(device=True, inline="always")
+    def mma_pair(a, b0, b1, b2, b3, C, mt, t, scratch, tid):
+        """C[mt, t] += a (b0, b1) and C[mt, t + 1] += a (b2, b3): the two 8-column tiles that
+        one ldmatrix.x4 of the B operand feeds."""
+        c0 = mma(a, (b0, b1), (C[mt, t, 0], C[mt, t, 1], C[mt, t, 2], C[mt, t, 3]), scratch, tid)
+        c1 = mma(a, (b2, b3), (C[mt, t + 1, 0], C[mt, t + 1, 1], C[mt, t + 1, 2],
+                               C[mt, t + 1, 3]), scratch, tid)
+        for e in range(4):
+            C[mt, t, e] = c0[e]
+            C[mt, t + 1, e] = c1[e]
+
     def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -206,15 +217,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                     k0, k1, k2, k3 = ldsm_x4(smem, k_tile + 16 * np2 * STRIDE + 16 * ks,
                                              scratch, tid)
                     for mt in range(MT):
-                        qa = (q_frag[qb, mt, 0], q_frag[qb, mt, 1], q_frag[qb, mt, 2], q_frag[qb, mt, 3])
-                        n_a, n_b = 2 * np2, 2 * np2 + 1
-                        c0 = mma(qa, (k0, k1), (S[mt, n_a, 0], S[mt, n_a, 1], S[mt, n_a, 2],
-                                                S[mt, n_a, 3]), scratch, tid)
-                        c1 = mma(qa, (k2, k3), (S[mt, n_b, 0], S[mt, n_b, 1], S[mt, n_b, 2],
-                                                S[mt, n_b, 3]), scratch, tid)
-                        for e in range(4):
-                            S[mt, n_a, e] = c0[e]
-                            S[mt, n_b, e] = c1[e]
+                        qa = (q_frag[qb, mt, 0], q_frag[qb, mt, 1], q_frag[qb, mt, 2],
+                              q_frag[qb, mt, 3])
+                        mma_pair(qa, k0, k1, k2, k3, S, mt, 2 * np2, scratch, tid)
 
             # Mask only the tiles that cross the ragged end or the causal diagonal.
             needs_mask = n0 + BLOCK_N > seqlen_k
@@ -279,14 +284,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                         n_a, n_b = 2 * kk, 2 * kk + 1
                         pa = (pack(S[mt, n_a, 0], S[mt, n_a, 1]), pack(S[mt, n_a, 2], S[mt, n_a, 3]),
                               pack(S[mt, n_b, 0], S[mt, n_b, 1]), pack(S[mt, n_b, 2], S[mt, n_b, 3]))
-                        d_a, d_b = 2 * dp, 2 * dp + 1
-                        c0 = mma(pa, (v0, v1), (O_i[mt, d_a, 0], O_i[mt, d_a, 1], O_i[mt, d_a, 2],
-                                                O_i[mt, d_a, 3]), scratch, tid)
-                        c1 = mma(pa, (v2, v3), (O_i[mt, d_b, 0], O_i[mt, d_b, 1], O_i[mt, d_b, 2],
-                                                O_i[mt, d_b, 3]), scratch, tid)
-                        for e in range(4):
-                            O_i[mt, d_a, e] = c0[e]
-                            O_i[mt, d_b, e] = c1[e]
+                        mma_pair(pa, v0, v1, v2, v3, O_i, mt, 2 * dp, scratch, tid)
 
         # Epilogue: full row sums over the quad, O_i / l_i and lse_i (natural log).
         for mt in range(MT):
