@@ -9,8 +9,8 @@
 #
 # Stages: tests (GPU test suite, PTX checks excluded: they need no GPU; TESTS=paths narrows it),
 # fwd / bwd (the attention grid of DESIGN.md; FWD_ARGS adds bench_attention.py flags to fwd),
-# mla (decode grid), io (HBM bytes under ncu), sweep (tc tiles),
-# profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
+# mla (decode grid), host (a decode call's host vs GPU time), io (HBM bytes under ncu),
+# sweep (tc tiles), profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-bench/results/$(date +%F)-gpu}
@@ -35,6 +35,8 @@ for stage in "$@"; do
            --dtypes float16 --providers nf-simt,sdpa-flash,sdpa-cudnn,triton --out-dir "$OUT/bwd" ;;
     mla) run mla "${LIMIT_MLA:-150}" python3 bench/bench_mla.py --heads-q 1,16,128 \
            --out-dir "$OUT/mla" ;;
+    host) run host "${LIMIT_HOST:-120}" python3 bench/host_overhead.py --profile \
+            --out-dir "$OUT/host" ;;
     io) run io "${LIMIT_IO:-120}" python3 bench/io_bytes.py --ncu "$NCU" --out-dir "$OUT/io" ;;
     sweep) run sweep "${LIMIT_SWEEP:-120}" python3 bench/tune_tc_forward.py --out-dir "$OUT/sweep" ;;
     profile-tc)

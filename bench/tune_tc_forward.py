@@ -59,7 +59,7 @@ def main(argv=None):
 
             def run():
                 launch.launch(kernel, (launch.cdiv(n, t.BLOCK_M), b * h), t.threads, stream,
-                              t.shared_bytes, tq.view, tk.view, tv.view, o.view, lse.view, n, n, h,
+                              t.shared_bytes, tq, tk, tv, o, lse, n, n, h,
                               1, float(d ** -0.5 * math.log2(math.e)))
             run()
             err = (o.obj.float() - ref.float()).abs().max().item()

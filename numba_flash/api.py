@@ -131,7 +131,7 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     kernel, tiles = launch.forward_kernel(backend, d, bool(causal), q.fmt)
     grid = (launch.cdiv(sq, tiles.BLOCK_M), b * hq)
     launch.launch(kernel, grid, tiles.threads, stream, tiles.shared_bytes,
-                  q.view, k.view, v.view, o.view, lse.view,
+                  q, k, v, o, lse,
                   np.int32(sq), np.int32(k.shape[1]), np.int32(hq), np.int32(hq // k.shape[2]),
                   np.float32(scale * math.log2(math.e)))
     return o.obj, lse.obj
@@ -173,15 +173,15 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
 
     kernel, tiles = launch.simt_backward_kernel("preprocess", d, False, q.fmt)
     launch.launch(kernel, (launch.cdiv(sq, tiles.BLOCK_M), b * hq), tiles.threads, stream,
-                  tiles.shared_bytes, out.view, dout.view, delta.view, np.int32(sq), np.int32(hq))
+                  tiles.shared_bytes, out, dout, delta, np.int32(sq), np.int32(hq))
     kernel, tiles = launch.simt_backward_kernel("dkdv", d, bool(causal), q.fmt)
     launch.launch(kernel, (launch.cdiv(sk, tiles.BLOCK_N), b * hk), tiles.threads, stream,
-                  tiles.shared_bytes, q.view, k.view, v.view, dout.view, lse.view, delta.view,
-                  dk.view, dv.view, *sizes, np.int32(hk), group, *scales)
+                  tiles.shared_bytes, q, k, v, dout, lse, delta, dk, dv, *sizes, np.int32(hk),
+                  group, *scales)
     kernel, tiles = launch.simt_backward_kernel("dq", d, bool(causal), q.fmt)
     launch.launch(kernel, (launch.cdiv(sq, tiles.BLOCK_M), b * hq), tiles.threads, stream,
-                  tiles.shared_bytes, q.view, k.view, v.view, dout.view, lse.view, delta.view,
-                  dq.view, *sizes, np.int32(hq), group, *scales)
+                  tiles.shared_bytes, q, k, v, dout, lse, delta, dq, *sizes, np.int32(hq), group,
+                  *scales)
     return dq.obj, dk.obj, dv.obj
 
 
@@ -267,13 +267,12 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     lse_acc = arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc")
     stream = arrays.stream_of(q, stream)
     kernel, tiles = launch.simt_mla_decode_kernel(s_q * group, d, dv, bool(causal) and s_q > 1,
-                                                  q.fmt, launch.mla_copies_16_bytes(k_cache.view))
+                                                  q.fmt, launch.mla_copies_16_bytes(k_cache))
     launch.launch(kernel, (parts, h_kv, launch.cdiv(s_q * group, tiles.BLOCK_M)), tiles.threads,
-                  stream, tiles.shared_bytes, q.view, k_cache.view, block_table.view,
-                  cache_seqlens.view, metadata.view, num_splits.view, o.view, lse.view,
-                  o_acc.view, lse_acc.view, np.int32(s_q), np.int32(group), np.int32(page_size),
-                  np.float32(scale * math.log2(math.e)))
+                  stream, tiles.shared_bytes, q, k_cache, block_table, cache_seqlens, metadata,
+                  num_splits, o, lse, o_acc, lse_acc, np.int32(s_q), np.int32(group),
+                  np.int32(page_size), np.float32(scale * math.log2(math.e)))
     kernel, tiles = launch.simt_mla_combine_kernel(dv, q.fmt)
     launch.launch(kernel, (b, launch.cdiv(s_q * h_q, tiles.BLOCK_M)), tiles.threads, stream, 0,
-                  o_acc.view, lse_acc.view, num_splits.view, o.view, lse.view)
+                  o_acc, lse_acc, num_splits, o, lse)
     return o.obj, lse.obj

@@ -11,16 +11,18 @@ out of a packed ``qkv`` tensor) keep their strides. Only the last dimension must
 Outputs are allocated in the library of a given input and launched on that library's current
 stream, so CuPy code gets CuPy arrays back and torch code gets torch tensors on its own stream.
 
-The views of CuPy and torch arrays are built from (pointer, shape, strides, element type)
-straight away and kept in a small cache: going through each library's
-``__cuda_array_interface__`` and Numba's ``as_cuda_array`` costs ~25 us per array, which for
-the ten arrays of one MLA decode call took longer than the decode kernel itself (0.46 ms of host
-time against 0.15 ms on the H200). A view is only a descriptor, it owns no memory and keeps
-nothing alive, so handing the same view to every array with the same pointer and layout is exact.
+On a GPU, kernels are launched from the record's device pointer, shape and strides
+(``launch.launch`` writes them into the kernel's parameter block), so the Numba device view is
+built only when something asks for it (``Tensor.view``: host copies, the simulator, tests). Going
+through each library's ``__cuda_array_interface__`` and Numba's ``as_cuda_array`` costs ~25 us
+per array, which for the ten arrays of one MLA decode call took longer than the decode kernel
+itself (0.46 ms of host time against 0.15 ms on the H200). Views that are built are cached by
+descriptor: a view owns no memory and keeps nothing alive, so sharing it is exact.
 """
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numba import config, cuda
@@ -40,11 +42,32 @@ class Tensor:
     fmt: str         # "float16" | "bfloat16" | "float32" | "int32" | other dtype name
     shape: tuple
     strides: tuple   # in elements
-    view: object     # what kernels receive
+    itemsize: int
+    ptr: int         # address of element 0 (device memory; host memory under the simulator)
+    device: int      # CUDA device ordinal (None for host memory)
+    storage: object  # a ready view (simulator, NumPy, Numba arrays), else None: built from ptr
 
     @property
     def ndim(self):
         return len(self.shape)
+
+    @cached_property
+    def view(self):
+        """What kernels receive: a Numba device array over the memory, 16-bit floats as uint16
+        bits (a NumPy-backed array under the simulator); None for formats no kernel takes."""
+        if self.storage is not None or not _kernel_format(self.fmt):
+            return self.storage
+        return _device_view(self.ptr, self.device, self.shape,
+                            tuple(s * self.itemsize for s in self.strides),
+                            _storage_dtype(self.fmt, self.itemsize).str)
+
+
+def _kernel_format(fmt):
+    return fmt in FLOAT_FORMATS or fmt == "int32"
+
+
+def _storage_dtype(fmt, itemsize):
+    return np.dtype(np.uint16) if itemsize == 2 else np.dtype(fmt)
 
 
 def _library(x):
@@ -92,20 +115,25 @@ def _sim_device_view(x):
 
 
 def _adapt_numpy_like(x, name, lib, obj, view_of):
+    """CuPy arrays (``view_of`` None: device memory by pointer), Numba device arrays and NumPy
+    arrays (``view_of``: the array kernels index)."""
     dtype = np.dtype(x.dtype)
     fmt = _format(dtype.name)
     itemsize = dtype.itemsize
     shape = tuple(int(s) for s in x.shape)
     strides = tuple(int(s) // itemsize for s in x.strides)
-    view = None
-    if fmt in FLOAT_FORMATS or fmt == "int32":
-        storage = np.uint16 if itemsize == 2 else dtype
-        if lib == "cupy":
-            view = _device_view(x.data.ptr, x.device.id, shape, tuple(int(s) for s in x.strides),
-                                np.dtype(storage).str)
-        else:
-            view = view_of.view(storage) if itemsize == 2 else view_of
-    return Tensor(name, obj, lib, fmt, shape, strides, _sim_wrap(view))
+    device = storage = None
+    if lib == "cupy":
+        ptr, device = x.data.ptr, x.device.id
+    elif lib == "numba" and not SIMULATOR:
+        ptr = int(x.device_ctypes_pointer)
+        device = x.gpu_data.context.device.id if x.gpu_data is not None else None
+    else:
+        ptr = x.ctypes.data
+    if view_of is not None and _kernel_format(fmt):
+        storage = _sim_wrap(view_of.view(_storage_dtype(fmt, itemsize)) if itemsize == 2
+                            else view_of)
+    return Tensor(name, obj, lib, fmt, shape, strides, itemsize, ptr, device, storage)
 
 
 def _sim_wrap(view):
@@ -119,26 +147,25 @@ def _sim_wrap(view):
 
 
 def _adapt_torch(x, name):
-    import torch
-
     fmt = _format(_torch_dtype_name(x))
-    shape = tuple(int(s) for s in x.shape)
-    strides = tuple(int(s) for s in x.stride())
-    if not x.is_cuda and not SIMULATOR:
+    shape = tuple(x.shape)
+    strides = x.stride()
+    itemsize = x.element_size()
+    if x.is_cuda:
+        return Tensor(name, x, "torch", fmt, shape, strides, itemsize, x.data_ptr(),
+                      x.device.index, None)
+    if not SIMULATOR:
         raise TypeError(f"{name}: got a torch tensor on {x.device}; move it to the GPU (.cuda())")
-    view = None
-    if fmt in FLOAT_FORMATS or fmt == "int32":
+    storage = None
+    if _kernel_format(fmt):
         # Kernels read the memory, not the autograd graph (a tensor that requires grad is
         # viewed all the same).
-        itemsize = x.element_size()
-        storage = np.dtype(np.uint16 if itemsize == 2 else fmt)
-        if x.is_cuda:
-            view = _device_view(x.data_ptr(), x.device.index, shape,
-                                tuple(s * itemsize for s in strides), storage.str)
-        else:
-            bits = x.detach()
-            view = (bits.view(torch.int16) if itemsize == 2 else bits).numpy().view(storage)
-    return Tensor(name, x, "torch", fmt, shape, strides, _sim_wrap(view))
+        import torch
+
+        bits = x.detach()
+        storage = _sim_wrap((bits.view(torch.int16) if itemsize == 2 else bits).numpy()
+                            .view(_storage_dtype(fmt, itemsize)))
+    return Tensor(name, x, "torch", fmt, shape, strides, itemsize, x.data_ptr(), None, storage)
 
 
 _views = OrderedDict()  # (pointer, device, shape, byte strides, typestr) -> Numba device array

@@ -269,11 +269,11 @@ def attention(q, k, v, causal=False, softmax_scale=None):
                                      for name in launch.NAIVE_KERNELS)
     sq32, sk32, hq32, group32 = np.int32(sq), np.int32(sk), np.int32(hq), np.int32(group)
     launch.launch(scores_k, (launch.cdiv(sk, TILE), launch.cdiv(sq, TILE), b * hq),
-                  GEMM_THREADS, stream, 0, q.view, k.view, scores.view,
+                  GEMM_THREADS, stream, 0, q, k, scores,
                   sq32, sk32, hq32, group32, np.float32(scale))
     launch.launch(softmax_k, (sq, b * hq), SOFTMAX_THREADS, stream, 0,
-                  scores.view, lse.view, sq32, sk32)
+                  scores, lse, sq32, sk32)
     launch.launch(output_k, (launch.cdiv(d, TILE), launch.cdiv(sq, TILE), b * hq),
-                  GEMM_THREADS, stream, 0, scores.view, v.view, out.view,
+                  GEMM_THREADS, stream, 0, scores, v, out,
                   sq32, sk32, hq32, group32)
     return out.obj, lse.obj

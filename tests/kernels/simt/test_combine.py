@@ -53,10 +53,10 @@ def test_combine_merges_pieces(case):
     lse = nan_like(np.zeros((b, h_q, s_q), np.float32))
 
     kernel, tiles = launch.simt_mla_combine_kernel(dv, fmt)
-    views = [arrays.adapt(to_device(x), "x").view for x in (o_acc, lse_acc, num_splits)]
-    views += [arrays.adapt(x, "out").view for x in (out, lse)]
+    args = [arrays.adapt(to_device(x), "x") for x in (o_acc, lse_acc, num_splits)]
+    args += [arrays.adapt(x, "out") for x in (out, lse)]
     launch.launch(kernel, (b, launch.cdiv(s_q * h_q, tiles.BLOCK_M)), tiles.threads,
-                  arrays.stream_of(arrays.adapt(out, "out")), 0, *views)
+                  arrays.stream_of(args[-1]), 0, *args)
 
     ro, rl = combine_ref(o_acc, lse_acc, num_splits, s_q, h_q)
     got_o, got_l = to_host(out).astype(np.float64), to_host(lse)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import numba_flash as nf
-from numba_flash import launch, ptxcheck, scheduler
+from numba_flash import arrays, launch, ptxcheck, scheduler
 from numba_flash import reference as ref
 from helpers import (DTYPES, SIMULATOR, assert_close_rule, assert_lse, nan_like, randn, to_device,
                      to_host)
@@ -63,7 +63,7 @@ def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, sp
         wide = np.zeros(k_cache.shape[:3] + (d + 1,), k_cache.dtype)
         wide[..., 1:] = k_cache
         dk_cache = to_device(wide)[..., 1:]
-        assert not launch.mla_copies_16_bytes(dk_cache)
+        assert not launch.mla_copies_16_bytes(arrays.adapt(dk_cache, "k_cache"))
     q = randn(rng, (len(seqlens), s_q, h_q, d), fmt)
     metadata, num_splits = nf.get_mla_metadata(to_device(seqlens), s_q * h_q // h_kv, h_kv,
                                                num_sms=num_sms)
@@ -134,13 +134,17 @@ def test_unaligned_cache_copies_elements(case):
 
 def test_copies_are_16_bytes_checks_pointer_and_strides():
     cache = to_device(np.zeros((3, 4, 2, 24), DTYPES["bfloat16"]))
-    assert launch.mla_copies_16_bytes(cache)
-    assert launch.mla_copies_16_bytes(cache[..., 8:])  # pointer + 16 bytes, rows of 32
-    assert not launch.mla_copies_16_bytes(cache[..., 1:17])  # pointer + 2 bytes
-    assert launch.mla_copies_16_bytes(cache[:, ::3, 1:])  # strides 288 and 96 bytes
-    assert not launch.mla_copies_16_bytes(cache[:, ::3, :, :20])  # rows of 40 bytes
     wider = to_device(np.zeros((3, 4, 2, 28), DTYPES["bfloat16"]))
-    assert not launch.mla_copies_16_bytes(wider[..., :24])  # head stride 56 bytes
+
+    def copies_16(x):
+        return launch.mla_copies_16_bytes(arrays.adapt(x, "k_cache"))
+
+    assert copies_16(cache)
+    assert copies_16(cache[..., 8:])  # pointer + 16 bytes, rows of 32
+    assert not copies_16(cache[..., 1:17])  # pointer + 2 bytes
+    assert copies_16(cache[:, ::3, 1:])  # strides 288 and 96 bytes
+    assert not copies_16(cache[:, ::3, :, :20])  # rows of 40 bytes
+    assert not copies_16(wider[..., :24])  # head stride 56 bytes
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="a GPU runs these layouts in every case")
