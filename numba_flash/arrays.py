@@ -32,9 +32,10 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 FLOAT_FORMATS = ("float16", "bfloat16", "float32")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Tensor:
-    """One adapted array argument."""
+    """One adapted array argument (treated as immutable; not frozen, whose ``__init__`` costs
+    ~2x: ten records are built per decode call)."""
 
     name: str        # argument name, for error messages
     obj: object      # the caller's array
@@ -79,13 +80,14 @@ def _library(x):
     return None
 
 
-def _format(dtype_name):
-    return {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "int32": "int32"}.get(
-        dtype_name, dtype_name)
+_torch_formats = {}  # torch dtype -> its name without "torch."
 
 
-def _torch_dtype_name(t):
-    return str(t.dtype).replace("torch.", "")
+def _torch_format(t):
+    fmt = _torch_formats.get(t.dtype)
+    if fmt is None:
+        fmt = _torch_formats[t.dtype] = str(t.dtype).replace("torch.", "")
+    return fmt
 
 
 def adapt(x, name):
@@ -118,7 +120,7 @@ def _adapt_numpy_like(x, name, lib, obj, view_of):
     """CuPy arrays (``view_of`` None: device memory by pointer), Numba device arrays and NumPy
     arrays (``view_of``: the array kernels index)."""
     dtype = np.dtype(x.dtype)
-    fmt = _format(dtype.name)
+    fmt = dtype.name
     itemsize = dtype.itemsize
     shape = tuple(int(s) for s in x.shape)
     strides = tuple(int(s) // itemsize for s in x.strides)
@@ -126,7 +128,7 @@ def _adapt_numpy_like(x, name, lib, obj, view_of):
     if lib == "cupy":
         ptr, device = x.data.ptr, x.device.id
     elif lib == "numba" and not SIMULATOR:
-        ptr = int(x.device_ctypes_pointer)
+        ptr = x.__cuda_array_interface__["data"][0]
         device = x.gpu_data.context.device.id if x.gpu_data is not None else None
     else:
         ptr = x.ctypes.data
@@ -147,7 +149,7 @@ def _sim_wrap(view):
 
 
 def _adapt_torch(x, name):
-    fmt = _format(_torch_dtype_name(x))
+    fmt = _torch_format(x)
     shape = tuple(x.shape)
     strides = x.stride()
     itemsize = x.element_size()

@@ -404,11 +404,13 @@ class _ParameterBlock:
         base = ctypes.addressof(self.buffer)
         self.pointers = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
         self.lock = threading.Lock()  # one buffer: packing and launching are one step
+        self.functions = {}  # device ordinal -> the kernel's CUfunction handle there
 
     def values(self, args):
+        """The parameter values of ``args`` and the device ordinal of their arrays."""
         if len(args) != len(self.types):
             raise TypeError(f"launch: {len(args)} arguments for {len(self.types)} parameters")
-        values = []
+        values, device = [], None
         for ty, a in zip(self.types, args):
             if isinstance(ty, types.Array):
                 if not isinstance(a, Tensor) or a.device is None or a.ndim != ty.ndim \
@@ -416,9 +418,10 @@ class _ParameterBlock:
                     raise TypeError(f"launch: expected a device array for {ty}, got {a!r}")
                 values += (0, 0, math.prod(a.shape), a.itemsize, a.ptr, *a.shape,
                            *(s * a.itemsize for s in a.strides))
+                device = a.device if device is None else device
             else:
                 values.append(a)
-        return values
+        return values, device
 
 
 _parameter_blocks = {}  # compiled kernel -> _ParameterBlock
@@ -432,13 +435,16 @@ def launch(kernel, grid, threads, stream, shared_bytes, *args):
         kernel[grid, threads, 0, shared_bytes](*(a.view if isinstance(a, Tensor) else a
                                                   for a in args))
         return
-    (overload,) = kernel.overloads.values()
     block = _parameter_blocks.get(kernel)
     if block is None:
+        (overload,) = kernel.overloads.values()
         block = _parameter_blocks[kernel] = _ParameterBlock(overload.argument_types)
+    values, device = block.values(args)
+    function = block.functions.get(device)
+    if function is None:  # first launch on this device: Numba loads the module (its context)
+        (overload,) = kernel.overloads.values()
+        function = block.functions[device] = overload._codelibrary.get_cufunc().handle
     gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
-    values = block.values(args)
-    function = overload._codelibrary.get_cufunc().handle  # loaded into the current context
     with block.lock:
         block.format.pack_into(block.buffer, 0, *values)
         _driver.cuLaunchKernel(function, gx, gy, gz, threads, 1, 1, shared_bytes, stream.handle,

@@ -34,7 +34,9 @@ def test_parameter_block_follows_numbas_array_abi_and_alignment():
 
     q = device_tensor((2, 3, 5, 8), (240, 80, 16, 1), 2, 0x7F0000001230)
     o = device_tensor((7,), (3,), 4, 0x7F0000004000, "float32")
-    block.format.pack_into(block.buffer, 0, *block.values((q, 9, 0.5, o, -4, 1.25)))
+    values, device = block.values((q, 9, 0.5, o, -4, 1.25))
+    assert device == 0
+    block.format.pack_into(block.buffer, 0, *values)
     assert [read(block, i, ctypes.c_int64) for i in range(13)] == \
         [0, 0, 240, 2, 0x7F0000001230, 2, 3, 5, 8, 480, 160, 32, 2]
     assert read(block, 13, ctypes.c_int32) == 9 and read(block, 14, ctypes.c_float) == 0.5
