@@ -150,6 +150,11 @@ _TC_FWD_TILES = ((64, (128, 64, 8, 128)), (128, (128, 32, 8, 128)), (256, (64, 3
 # per SM: the same 16 warps), 11% slower on the H200 than the 8-warp blocks (244 vs 218
 # TFLOP/s at D = 64, 247 vs 220 at D = 128; tc_variants_session6.log).
 _TC_FWD_CAUSAL_SM8X = ((64, (64, 64, 4, 128)), (128, (64, 32, 4, 128)))
+# Non-causal on sm_90, 64 < D <= 128: 4 warps of 32 rows each (MT = 2, uncapped, 255
+# registers), so every K and V fragment from ldmatrix feeds two mma: 273 vs 263 TFLOP/s at
+# D = 128 (tc_variants_session7.log; 275 vs 266 in session 6). It spills on sm_8x; causal gains
+# nothing there (245 vs 244).
+_TC_FWD_NONCAUSAL_SM90 = ((64, (128, 64, 8, 128)), (128, (128, 32, 4, 0)))
 
 
 def tc_forward_tiles(head_dim, causal=False, tiles=None, cc=None):
@@ -159,9 +164,12 @@ def tc_forward_tiles(head_dim, causal=False, tiles=None, cc=None):
     from .kernels.tc import forward
 
     if tiles is None:
+        sm90 = tuple(cc or device_cc())[0] >= 9
         table = _TC_FWD_TILES
-        if causal and tuple(cc or device_cc())[0] < 9:
+        if causal and not sm90:
             table = _TC_FWD_CAUSAL_SM8X + _TC_FWD_TILES
+        elif not causal and sm90:
+            table = _TC_FWD_NONCAUSAL_SM90 + _TC_FWD_TILES
         tiles = next(t for limit, t in table if head_dim <= limit)
     bm, bn, warps, regs = tiles
     return Tiles(bm, bn, 32 * warps, 2 * forward.shared_elements(bm, bn, head_dim), regs)
