@@ -18,24 +18,34 @@ def test_row_pad_puts_the_row_groups_of_a_warp_on_distinct_banks(rows, width):
     assert all(rows * (width + p) % 32 != 8 for p in range(pad)), "not the smallest pad"
 
 
+_KERNEL = """
+def kernel(out, {params}):
+    smem = cuda.shared.array(WORDS, float32)
+    tid = cuda.threadIdx.x
+    for i in range(tid, WORDS, THREADS):
+        smem[i] = NAN
+    cuda.syncthreads()
+    device_fn(smem, {params}, tid)
+    cuda.syncthreads()
+    for i in range(tid, WORDS, THREADS):
+        out[i] = smem[i]
+"""
+
+
+def _kernel(device_fn, words, nargs):
+    """One block of tiles.THREADS threads that calls ``device_fn(smem, *args, tid)`` on a
+    NaN-poisoned shared array and copies the shared array out. Numba kernels take no ``*args``,
+    so the kernel is written out for ``nargs`` arguments."""
+    params = ", ".join(f"a{i}" for i in range(nargs))
+    scope = dict(cuda=cuda, float32=float32, device_fn=device_fn, WORDS=words,
+                 THREADS=tiles.THREADS, NAN=float32(np.nan))
+    exec(_KERNEL.format(params=params), scope)
+    return scope["kernel"]
+
+
 def _run(device_fn, words, *args):
-    """Launch one block of tiles.THREADS threads that calls ``device_fn(smem, *args, tid)`` on a
-    NaN-poisoned shared array and returns the shared array."""
-    NAN = float32(np.nan)
-
-    def kernel(out, *args):
-        smem = cuda.shared.array(words, float32)
-        tid = cuda.threadIdx.x
-        for i in range(tid, words, tiles.THREADS):
-            smem[i] = NAN
-        cuda.syncthreads()
-        device_fn(smem, *args, tid)
-        cuda.syncthreads()
-        for i in range(tid, words, tiles.THREADS):
-            out[i] = smem[i]
-
     out = to_device(np.zeros(words, np.float32))
-    cuda.jit(kernel)[1, tiles.THREADS](out, *args)
+    cuda.jit(_kernel(device_fn, words, len(args)))[1, tiles.THREADS](out, *args)
     return to_host(out)
 
 
@@ -66,6 +76,7 @@ def test_kv_end_is_one_past_the_last_key_the_tile_sees(causal, seqlen_q, seqlen_
     block_m = 16
     kv_end = tiles.make_kv_end(block_m, causal)
 
+    @cuda.jit(device=True, inline="always")
     def store_kv_end(smem, m0, diag, seqlen_k, tid):
         if tid == 0:
             smem[0] = kv_end(m0, diag, seqlen_k)
