@@ -140,21 +140,26 @@ def simt_backward_kernel(kernel, head_dim, causal, fmt):
 
 # ----------------------------------------------------------------------------- tensor-core forward
 
-# (BLOCK_M, BLOCK_N, warps, register cap) by head dim, from the tile sweep
-# bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/tune_tc_forward*.csv).
-# With 16 rows per warp, capping registers at 128 lets two 8-warp blocks share an SM (16 warps to
-# hide the latency of mma, ldmatrix and ex2); that beat the uncapped compile by up to 30%.
-_TC_FWD_TILES = ((64, (128, 64, 8, 128)), (128, (128, 32, 8, 128)), (256, (64, 32, 4, 0)))
-# The causal kernel carries the mask code in its loop. As 8-warp blocks under the cap it spills
-# a few bytes on sm_8x (nvJitLink's ptxas), so there it runs 4-warp blocks of 64 rows (four
-# per SM: the same 16 warps), 11% slower on the H200 than the 8-warp blocks (244 vs 218
-# TFLOP/s at D = 64, 247 vs 220 at D = 128; tc_variants_session6.log).
-_TC_FWD_CAUSAL_SM8X = ((64, (64, 64, 4, 128)), (128, (64, 32, 4, 128)))
-# Non-causal on sm_90, 64 < D <= 128: 4 warps of 32 rows each (MT = 2, uncapped, 255
-# registers), so every K and V fragment from ldmatrix feeds two mma: 273 vs 263 TFLOP/s at
-# D = 128 (tc_variants_session7.log; 275 vs 266 in session 6). It spills on sm_8x; causal gains
-# nothing there (245 vs 244).
-_TC_FWD_NONCAUSAL_SM90 = ((64, (128, 64, 8, 128)), (128, (128, 32, 4, 0)))
+# (BLOCK_M, BLOCK_N, warps, register cap) by head dim, per (sm_90 or newer, causal), from the
+# tile sweep bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/
+# tune_tc_forward*.csv, tc_variants_session*.log); every entry compiles without spills on its
+# architecture (the PTX test checks sm_80 and sm_90).
+# - 16 rows per warp under a 128-register cap lets two 8-warp blocks share an SM (16 warps to
+#   hide the latency of mma, ldmatrix and ex2); that beat the uncapped compile by up to 30%.
+# - Non-causal, 64 < D <= 128, sm_90: 4 warps of 32 rows each (MT = 2, uncapped), so every K and
+#   V fragment from ldmatrix feeds two mma: 273 vs 263 TFLOP/s at D = 128 (275 vs 266 in an
+#   earlier sweep).
+# - sm_8x (not measured here: the H200 is sm_90): where the 8-warp blocks spill a few bytes under
+#   the cap (nvJitLink's ptxas), causal runs 4-warp blocks of 64 rows (four per SM: the same 16
+#   warps; 11% slower on the H200: 244 vs 218 TFLOP/s at D = 64, 247 vs 220 at D = 128) and
+#   non-causal 64 < D <= 128 the uncapped 4-warp blocks (230 vs 263 on the H200 at D = 128),
+#   since the capped ones spill there too.
+_TC_FWD_TILES = {
+    (True, False): ((64, (128, 64, 8, 128)), (128, (128, 32, 4, 0)), (256, (64, 32, 4, 0))),
+    (True, True): ((64, (128, 64, 8, 128)), (128, (128, 32, 8, 128)), (256, (64, 32, 4, 0))),
+    (False, False): ((64, (128, 64, 8, 128)), (256, (64, 32, 4, 0))),
+    (False, True): ((64, (64, 64, 4, 128)), (128, (64, 32, 4, 128)), (256, (64, 32, 4, 0))),
+}
 
 
 def tc_forward_tiles(head_dim, causal=False, tiles=None, cc=None):
@@ -165,12 +170,7 @@ def tc_forward_tiles(head_dim, causal=False, tiles=None, cc=None):
 
     if tiles is None:
         sm90 = tuple(cc or device_cc())[0] >= 9
-        table = _TC_FWD_TILES
-        if causal and not sm90:
-            table = _TC_FWD_CAUSAL_SM8X + _TC_FWD_TILES
-        elif not causal and sm90:
-            table = _TC_FWD_NONCAUSAL_SM90 + _TC_FWD_TILES
-        tiles = next(t for limit, t in table if head_dim <= limit)
+        tiles = next(t for limit, t in _TC_FWD_TILES[sm90, bool(causal)] if head_dim <= limit)
     bm, bn, warps, regs = tiles
     return Tiles(bm, bn, 32 * warps, 2 * forward.shared_elements(bm, bn, head_dim), regs)
 

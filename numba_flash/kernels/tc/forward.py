@@ -10,11 +10,13 @@ What it computes
     which skips the O_i rescale on almost every tile.
 
 Grid / block mapping
-    grid = (ceil(Sq / BLOCK_M), B * Hq); block = NWARPS warps, BLOCK_M = 16 * NWARPS. Warp ``w``
-    owns query rows ``16 w .. 16 w + 15`` of the tile, and never talks to the other warps except
-    through the shared K/V tiles. Inside a warp the ownership is the mma C-fragment layout: lane
-    ``l`` holds rows ``l >> 2`` and ``(l >> 2) + 8``, columns ``2 (l & 3)`` and ``+1`` of every
-    8-column tile. So each thread keeps, in registers:
+    grid = (ceil(Sq / BLOCK_M), B * Hq), causal query tiles numbered from the last (the longest
+    first, so the grid ends on short ones); block = NWARPS warps, BLOCK_M = 16 MT NWARPS. Warp
+    ``w`` owns the MT m16 tiles of query rows ``16 MT w ..`` of the tile, and never talks to the
+    other warps except through the shared K/V tiles. Inside a warp the ownership is the mma
+    C-fragment layout: lane ``l`` holds rows ``l >> 2`` and ``(l >> 2) + 8`` of each m16 tile,
+    columns ``2 (l & 3)`` and ``+1`` of every 8-column tile. So each thread keeps, in registers
+    (times MT):
 
         Q fragments   2 x 4 words        (one k-step's A operand, and the next one's)
         S / P         NT x 4 floats      (BLOCK_N / 8 column tiles of S_ij)
@@ -35,7 +37,7 @@ Memory pipeline
 Shared memory (16-bit elements, dynamic; rows padded by 8 elements so the 8 row addresses of an
 ldmatrix fall in 8 different 16-byte bank groups)
     Q   BLOCK_M x (DPAD + 8)         staged once; ldmatrix re-reads it every k-step (the
-                                     registers go to S and O_i)
+                                     registers go to S and O_i); at the end it stages O
     K   2 x BLOCK_N x (DPAD + 8)     double buffer
     V   2 x BLOCK_N x (DPAD + 8)     double buffer
     DPAD is HEAD_DIM rounded up to 16 (the k-step of mma); the padding columns are zero-filled.
@@ -144,7 +146,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         # Each lane's ldmatrix row address, up to a compile-time offset: one add per load.
         k_lane = K_OFF + b_row * STRIDE + b_col
         v_lane = V_OFF + a_row * STRIDE + a_col
-        m0 = cuda.blockIdx.x * BLOCK_M
+        # Causal: the longest query tiles first (the grid's last CTAs are then the short ones).
+        m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
         b = cuda.blockIdx.y // n_heads_q
         h = cuda.blockIdx.y - b * n_heads_q
         hk = h // group
@@ -286,22 +289,33 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                               pack(S[mt, n_b, 0], S[mt, n_b, 1]), pack(S[mt, n_b, 2], S[mt, n_b, 3]))
                         mma_pair(pa, v0, v1, v2, v3, O_i, mt, 2 * dp, scratch, tid)
 
-        # Epilogue: full row sums over the quad, O_i / l_i and lse_i (natural log).
+        # Epilogue: full row sums over the quad, O_i / l_i and lse_i (natural log). The output
+        # goes through the Q tile's shared memory (each warp its own 16 MT rows) so that the
+        # global stores are whole rows: straight from the C-fragment layout one store
+        # instruction touches 8 rows with 8 bytes each (+2-8% at D = 128 on the H200).
+        cuda.syncthreads()  # every ldmatrix of Q is behind us
+        w_row = Q_OFF + 16 * MT * warp * STRIDE
         for mt in range(MT):
             for half in range(2):
                 l = l_i[mt, half]
                 l += shfl_xor(l, 1, shfl_scratch, tid)
                 l += shfl_xor(l, 2, shfl_scratch, tid)
+                inv = ONE / l if l > ZERO else ZERO
+                o_row = w_row + (16 * mt + 8 * half + g) * STRIDE + t2
+                for dt in range(DT):
+                    smem[o_row + 8 * dt] = store(O_i[mt, dt, 2 * half] * inv)
+                    smem[o_row + 8 * dt + 1] = store(O_i[mt, dt, 2 * half + 1] * inv)
                 row = row_g + 16 * mt + 8 * half
-                if row < seqlen_q:
-                    inv = ONE / l if l > ZERO else ZERO
-                    for dt in range(DT):
-                        col = 8 * dt + t2
-                        if col < HEAD_DIM:
-                            out[b, row, h, col] = store(O_i[mt, dt, 2 * half] * inv)
-                            out[b, row, h, col + 1] = store(O_i[mt, dt, 2 * half + 1] * inv)
-                    if t2 == 0:
-                        lse[b, h, row] = (m_i[mt, half] * scale_log2 + math.log2(l)) * LN2 \
-                            if l > ZERO else POS_INF
+                if t2 == 0 and row < seqlen_q:
+                    lse[b, h, row] = (m_i[mt, half] * scale_log2 + math.log2(l)) * LN2 \
+                        if l > ZERO else POS_INF
+        cuda.syncthreads()  # a warp reads only its own rows; the simulator has no syncwarp
+        for r in range(16 * MT):
+            row = m0 + 16 * MT * warp + r
+            if row < seqlen_q:
+                for c0 in range(0, HEAD_DIM, 32):
+                    c = c0 + lane
+                    if c < HEAD_DIM:
+                        out[b, row, h, c] = smem[w_row + r * STRIDE + c]
 
     return flash_fwd_tc

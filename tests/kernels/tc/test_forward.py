@@ -61,6 +61,20 @@ def test_row_maxima_that_keep_growing_rescale_correctly(causal):
     assert_lse(lse, rl)
 
 
+def test_causal_query_tiles_of_a_head_in_any_order(monkeypatch):
+    """The causal grid runs a head's query tiles from the last one (the longest first). With
+    tiles of 32 rows (2 warps of 16) the simulator sees three of them per head."""
+    from numba_flash import launch
+
+    small = {key: ((256, (32, 16, 2, 0)),) for key in launch._TC_FWD_TILES}
+    monkeypatch.setattr(launch, "_TC_FWD_TILES", small)
+    launch.forward_kernel.cache_clear()
+    try:
+        check_forward(np.random.default_rng(), 1, 70, 75, 2, 1, 16, True, "float16", backend="tc")
+    finally:
+        launch.forward_kernel.cache_clear()
+
+
 def test_every_specialization_compiles_to_mma_without_spills():
     # Each architecture with its own tiles (launch.tc_forward_tiles: causal differs on sm_8x).
     configs = [("tc", d, causal, fmt, None) for d in (64, 128, 256) for causal in (False, True)
