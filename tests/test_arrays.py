@@ -19,6 +19,15 @@ def test_adapt_keeps_format_shape_and_strides(fmt):
     assert np.dtype(t.view.dtype) == (np.float32 if fmt == "float32" else np.uint16)
 
 
+def test_records_carry_the_address_of_element_zero():
+    """launch.launch passes ``ptr`` and the element strides to kernels, so a strided view must
+    keep its own start address."""
+    x = to_device(np.zeros((4, 6), np.float32))[1:, 2:]
+    t = arrays.adapt(x, "x")
+    iface = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__
+    assert t.ptr == iface["data"][0] and t.strides == (6, 1) and t.itemsize == 4
+
+
 def test_bfloat16_bits_are_shared_not_copied():
     x = to_device(randn(np.random.default_rng(), (1, 2, 1, 8), "bfloat16"))
     t = arrays.adapt(x, "x")
