@@ -123,16 +123,19 @@ def _torch():
     return prepare
 
 
+# name -> () -> prepare; see providers_available
+PROVIDERS = {"nf-simt": lambda: _numba_flash("simt"), "nf-tc": lambda: _numba_flash("tc"),
+             "triton": _triton, "torch": _torch}
+
+
 def providers_available():
     """name -> prepare(q, k_cache, block_table, cache_seqlens, dv, causal) -> run, where
     ``run()`` returns (out, lse) and setup work (metadata, split counts) is done in prepare.
     Providers whose import or tiny probe fails are left out, with the reason on stderr."""
     import torch
 
-    makers = {"nf-simt": lambda: _numba_flash("simt"), "nf-tc": lambda: _numba_flash("tc"),
-              "triton": _triton, "torch": _torch}
     prov = {}
-    for name, make in makers.items():
+    for name, make in PROVIDERS.items():
         try:
             prepare = make()
             q, k_cache, table, lens = make_inputs(2, 2, 16, 1, 576, 64, [100, 3], torch.bfloat16, 0)

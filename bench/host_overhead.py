@@ -57,7 +57,6 @@ def main():
     p.add_argument("--out-dir", default=None)
     args = p.parse_args()
 
-    makers = {"nf-simt": lambda: bench_mla._numba_flash("simt"), "triton": bench_mla._triton}
     out = common.results_dir(args.out_dir)
     rows = []
     for n in (int(x) for x in args.seqlens.split(",")):
@@ -65,7 +64,7 @@ def main():
                                        torch.bfloat16, 0)
         nbytes = common.mla_decode_bytes(args.batch, 1, args.heads_q, 1, 576, 512, n, 2)
         for name in args.providers.split(","):
-            fn = makers[name]()(*inputs, 512, False)
+            fn = bench_mla.PROVIDERS[name]()(*inputs, 512, False)
             host, gpu, bench = measure(fn, torch)
             rows.append(dict(provider=name, seqlen=n, host_ms=host, gpu_ms=gpu, bench_ms=bench,
                              gpu_tbps=nbytes / gpu * 1e-9, bench_tbps=nbytes / bench * 1e-9))
