@@ -10,6 +10,7 @@ arrays (``launch``: a few microseconds, where Numba's per-call argument handling
 
 import ctypes
 import math
+import re
 import struct
 import threading
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ def forward_spec(backend, head_dim, causal, fmt, tiles=None, cc=None):
 
         t = simt_forward_tiles(head_dim)
         pyfunc = forward.make_forward_kernel(head_dim, t.BLOCK_M, t.BLOCK_N, causal, fmt)
-    return pyfunc, attention_signature(fmt), compile_options(t)
+    return pyfunc, attention_signature(fmt), compile_options(t, unroll_loops=backend == "tc")
 
 
 def forward_tiles(backend, head_dim, causal):
@@ -84,9 +85,9 @@ def forward_tiles(backend, head_dim, causal):
 @lru_cache(maxsize=None)
 def forward_kernel(backend, head_dim, causal, fmt):
     """Compiled forward kernel of ``backend`` and its tiles."""
-    pyfunc, signature, _ = forward_spec(backend, head_dim, causal, fmt)
+    pyfunc, signature, options = forward_spec(backend, head_dim, causal, fmt)
     tiles = forward_tiles(backend, head_dim, causal)
-    return compile_kernel(pyfunc, signature, tiles.shared_bytes, tiles.max_registers), tiles
+    return compile_kernel(pyfunc, signature, tiles.shared_bytes, options), tiles
 
 
 # ----------------------------------------------------------------------------- SIMT backward
@@ -328,40 +329,108 @@ def simt_mla_combine_kernel(head_dim_v, fmt):
 # Options of every kernel compile; the PTX checks compile with the same ones. Fast math without
 # its "no infinities / no NaNs" assumptions: ``exp2`` still becomes one ``ex2.approx`` ("afn")
 # and multiply-adds fuse ("contract"), while the kernels' tests for -inf (rows that see no key
-# yet) cannot be folded away.
+# yet) cannot be folded away. Two options are the project's own, not Numba's: ``max_registers``
+# (a cap for the assembler) and ``unroll_loops`` (see ``mark_loops_for_unrolling``).
 COMPILE_OPTIONS = {"fastmath": {"contract", "afn", "arcp", "nsz"}}
 
 
-def compile_options(tiles):
-    """COMPILE_OPTIONS plus the register cap of ``tiles`` (ptxcheck passes it to the assembler)."""
+def compile_options(tiles, unroll_loops=False):
+    """COMPILE_OPTIONS plus the register cap of ``tiles`` and, for kernels whose register arrays
+    outgrow the optimizer's unrolling budget, ``unroll_loops``."""
+    options = dict(COMPILE_OPTIONS)
     if tiles.max_registers:
-        return dict(COMPILE_OPTIONS, max_registers=tiles.max_registers)
-    return COMPILE_OPTIONS
+        options["max_registers"] = tiles.max_registers
+    if unroll_loops:
+        options["unroll_loops"] = True
+    return options
 
 
-def compile_kernel(pyfunc, signature, shared_bytes, max_registers=0):
-    """Compile ``pyfunc`` for ``signature`` (fast math: ``exp2`` becomes ``ex2.approx``) and let
-    it use ``shared_bytes`` of dynamic shared memory. Under the simulator: a simulated kernel."""
+def mark_loops_for_unrolling(llvm_ir):
+    """``llvm_ir`` with every loop marked ``llvm.loop.unroll.full``: CUDA C++'s ``#pragma
+    unroll``, which Numba has no spelling for.
+
+    A register array (``cuda.local.array``) stays in registers only when every index into it is
+    a compile-time constant, i.e. when every loop that indexes it is unrolled completely. NVVM
+    decides that by a size budget: a loop nest of ~32 ``mma`` is unrolled, one of 64 is not,
+    and its arrays go to local memory (the 4-warp tc forward tiles with 64-key blocks did). The
+    mark makes the unrolling unconditional for every loop with a constant trip count; a loop
+    whose count is known only at run time (the kernel's loop over key tiles) is left as it is.
+    A loop's back edge is a branch to a block that appears earlier in its function; Numba lays
+    the blocks out in source order."""
+    lines, seen, loops = [], set(), 0
+    first = 1 + max((int(n) for n in re.findall(r"!(\d+)", llvm_ir)), default=0)
+    for line in llvm_ir.splitlines():
+        if line.startswith("define "):
+            seen = set()
+        label = re.match(r'^"?([\w.$-]+)"?:', line)
+        if label:
+            seen.add(label.group(1))
+        elif line.lstrip().startswith("br ") and "!llvm.loop" not in line and any(
+                target in seen for target in re.findall(r'label %"?([\w.$-]+)"?', line)):
+            line += f", !llvm.loop !{first + 1 + loops}"
+            loops += 1
+        lines.append(line)
+    lines.append(f'!{first} = !{{!"llvm.loop.unroll.full"}}')
+    lines += [f"!{n} = distinct !{{!{n}, !{first}}}" for n in range(first + 1, first + 1 + loops)]
+    return "\n".join(lines)
+
+
+def kernel_library(pyfunc, signature, cc, options=COMPILE_OPTIONS):
+    """Numba's front end for a kernel: ``pyfunc`` for ``signature`` as a code library (LLVM IR
+    that ``get_asm_str`` turns into PTX with NVVM and ``get_cufunc`` loads). The same steps
+    as ``cuda.jit`` takes, plus the project's two options."""
+    from numba.cuda.compiler import compile_cuda, kernel_fixup
+
+    options = dict(options)
+    unroll = options.pop("unroll_loops", False)
+    fastmath = options.pop("fastmath", False)
+    cres = compile_cuda(pyfunc, types.void, signature.args, fastmath=fastmath,
+                        nvvm_options={"fastmath": fastmath, "opt": 3}, cc=cc,
+                        max_registers=options.pop("max_registers", None) or None, **options)
+    library = cres.library
+    library._entry_name = cres.fndesc.llvm_func_name
+    kernel_fixup(library.get_function(library._entry_name), False)
+    if unroll:  # before anything asks for the IR text: the library caches it
+        library._llvm_strs = [mark_loops_for_unrolling(ir) for ir in library.llvm_strs]
+    return library
+
+
+class Kernel:
+    """A compiled kernel: its code library, argument types and parameter block, and the
+    dynamic shared memory it is allowed (raised past the default 48 KiB per device)."""
+
+    def __init__(self, library, argument_types, shared_bytes):
+        self.library = library
+        self.argument_types = argument_types
+        self.shared_bytes = shared_bytes
+        self.parameters = _ParameterBlock(argument_types)
+        self.functions = {}  # device ordinal -> CUfunction handle
+
+    def function(self, device):
+        """The kernel's CUfunction on ``device`` (the current one): Numba loads the module into
+        the current context on first use; the shared-memory opt-in is per loaded function."""
+        handle = self.functions.get(device)
+        if handle is None:
+            cufunc = self.library.get_cufunc()
+            if self.shared_bytes > DEFAULT_SHARED_LIMIT:
+                from numba.cuda.cudadrv.driver import binding
+
+                attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                _driver.cuKernelSetAttribute(attr, self.shared_bytes, cufunc.handle,
+                                             cufunc.device.id)
+            handle = self.functions[device] = cufunc.handle
+        return handle
+
+
+def compile_kernel(pyfunc, signature, shared_bytes, options=COMPILE_OPTIONS):
+    """Compile ``pyfunc`` for ``signature`` with ``options`` (COMPILE_OPTIONS, maybe a register
+    cap and loop unrolling) and let it use ``shared_bytes`` of dynamic shared memory (Hopper
+    allows up to 227 KiB per block; past 48 KiB a kernel must opt in). Under the simulator: a
+    simulated kernel."""
     if SIMULATOR:
         return cuda.jit(pyfunc)
-    options = dict(COMPILE_OPTIONS, **({"max_registers": max_registers} if max_registers else {}))
-    kernel = cuda.jit(signature, **options)(pyfunc)
-    if shared_bytes > DEFAULT_SHARED_LIMIT:
-        _opt_in_shared(kernel, shared_bytes)
-    return kernel
-
-
-def _opt_in_shared(kernel, nbytes):
-    """Raise the dynamic shared-memory limit of every compiled overload of ``kernel``.
-
-    numba-cuda has no public API for this attribute; it is set on the driver's kernel handle.
-    """
-    from numba.cuda.cudadrv.driver import binding
-
-    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    for overload in kernel.overloads.values():
-        cufunc = overload._codelibrary.get_cufunc()
-        _driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
+    library = kernel_library(pyfunc, signature, compute_capability(), options)
+    return Kernel(library, signature.args, shared_bytes)
 
 
 @lru_cache(maxsize=None)
@@ -412,7 +481,6 @@ class _ParameterBlock:
         base = ctypes.addressof(self.buffer)
         self.pointers = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
         self.lock = threading.Lock()  # one buffer: packing and launching are one step
-        self.functions = {}  # device ordinal -> the kernel's CUfunction handle there
 
     def values(self, args):
         """The parameter values of ``args`` and the device ordinal of their arrays."""
@@ -432,9 +500,6 @@ class _ParameterBlock:
         return values, device
 
 
-_parameter_blocks = {}  # compiled kernel -> _ParameterBlock
-
-
 def launch(kernel, grid, threads, stream, shared_bytes, *args):
     """Launch ``kernel`` (compiled by ``compile_kernel``) on ``stream``. Array arguments are
     ``arrays.Tensor`` records, the others plain numbers in the signature's order. The simulator
@@ -443,15 +508,9 @@ def launch(kernel, grid, threads, stream, shared_bytes, *args):
         kernel[grid, threads, 0, shared_bytes](*(a.view if isinstance(a, Tensor) else a
                                                   for a in args))
         return
-    block = _parameter_blocks.get(kernel)
-    if block is None:
-        (overload,) = kernel.overloads.values()
-        block = _parameter_blocks[kernel] = _ParameterBlock(overload.argument_types)
+    block = kernel.parameters
     values, device = block.values(args)
-    function = block.functions.get(device)
-    if function is None:  # first launch on this device: Numba loads the module (its context)
-        (overload,) = kernel.overloads.values()
-        function = block.functions[device] = overload._codelibrary.get_cufunc().handle
+    function = kernel.function(device)
     gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
     with block.lock:
         block.format.pack_into(block.buffer, 0, *values)

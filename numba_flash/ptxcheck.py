@@ -1,7 +1,7 @@
 """Compile kernels to PTX and SASS without a GPU, and read back what the assembler reports.
 
 A kernel that will only ever run on a GPU can still be checked on a machine without one:
-``numba.cuda.compile_ptx`` runs Numba's front end and NVVM (no driver needed), and nvJitLink
+Numba's front end and NVVM run without a driver (``compile_ptx``), and nvJitLink
 assembles the PTX for a given architecture with ``ptxas``, whose ``-verbose`` log gives the
 registers per thread, the stack frame and the bytes spilled to local memory. Spills are the
 usual sign that a register array is indexed by a run-time value or that a tile does not fit in
@@ -34,17 +34,18 @@ _FINAL = re.compile(r"(\d+) stack, (\d+) bytes smem, .* (\d+) bytes lmem")
 
 
 def compile_ptx(pyfunc, signature, cc=(9, 0), **options):
-    """PTX text of a kernel (``device=False``) for compute capability ``cc``. ``pyfunc`` is the
-    Python function or a ``@cuda.jit`` dispatcher (its ``py_func`` is used); ``options`` go to
-    ``numba.cuda.compile_ptx`` (``fastmath``, ``lineinfo``, ...)."""
-    from numba import config, cuda
+    """PTX text of a kernel for compute capability ``cc``, compiled the way ``launch`` compiles
+    it (``launch.kernel_library``). ``pyfunc`` is the Python function or a ``@cuda.jit``
+    dispatcher (its ``py_func`` is used); ``options``: ``launch.COMPILE_OPTIONS`` and the like."""
+    from numba import config
 
     if config.ENABLE_CUDASIM:
         raise RuntimeError("compile_ptx needs the real CUDA target: NUMBA_ENABLE_CUDASIM is set "
                            "(use compile_report_isolated)")
+    from . import launch
+
     pyfunc = getattr(pyfunc, "py_func", pyfunc)
-    ptx, _ = cuda.compile_ptx(pyfunc, signature, cc=cc, **options)
-    return ptx
+    return launch.kernel_library(pyfunc, signature, cc, options).get_asm_str(cc=cc)
 
 
 def assemble_report(ptx, cc=(9, 0), max_registers=0):

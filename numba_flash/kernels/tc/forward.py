@@ -110,14 +110,18 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     @cuda.jit(device=True, inline="always")
     def load_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c):
         """Issue the cp.async copies of rows row0 .. row0 + NROWS - 1 of src[b, :, head, :] into
-        shared memory; rows past seqlen and the padding columns are zero-filled."""
-        if c < DPAD:  # the thread's chunk slot lies in the row
+        shared memory; rows past seqlen and the padding columns are zero-filled. Every test
+        that the tile shape decides folds away at compile time, and an invalid chunk reads from
+        row 0 of its own column, so only the row index changes from copy to copy (its address
+        is one multiply-add on a loop-invariant base)."""
+        if CHUNKS == CHUNK_SLOTS or c < DPAD:  # the thread's chunk slot lies in the row
+            col = c if c < HEAD_DIM else 0
             for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
                 r = r0 + i * ROWS_PER_PASS
-                if r < NROWS:
-                    valid = c < HEAD_DIM and row0 + r < seqlen
+                if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
+                    valid = row0 + r < seqlen
                     copy16(smem, offset + r * STRIDE + c, src,
-                           (b, row0 + r if valid else 0, head, c if valid else 0), valid)
+                           (b, row0 + r if valid else 0, head, col), valid and c < HEAD_DIM)
 
     @cuda.jit(device=True, inline="always")
     def mma_pair(a, b0, b1, b2, b3, C, mt, t, scratch, tid):
@@ -139,8 +143,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         lane = tid & 31
         g = lane >> 2
         t2 = (lane & 3) * 2
-        copy_r0 = tid // CHUNK_SLOTS
-        copy_c = (tid % CHUNK_SLOTS) * 8
+        # Masked, tid's range is known to the compiler: tests on the copy slot fold away.
+        copy_r0 = (tid & (THREADS - 1)) // CHUNK_SLOTS
+        copy_c = (tid & (CHUNK_SLOTS - 1)) * 8
         a_row, a_col = ptx.ldmatrix_a_rowcol(lane)
         b_row, b_col = ptx.ldmatrix_b_rowcol(lane)
         # Each lane's ldmatrix row address, up to a compile-time offset: one add per load.
@@ -172,6 +177,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         # Online-softmax state of this thread's rows: m-tile mt, half 0 (row g) or 1 (row g + 8).
         m_i = cuda.local.array((MT, 2), float32)
         l_i = cuda.local.array((MT, 2), float32)
+        m_tile = cuda.local.array((MT, 2), float32)  # row maxima of the current S tile
         O_i = cuda.local.array((MT, DT, 4), float32)
         S = cuda.local.array((MT, NT, 4), float32)
         q_frag = cuda.local.array((2, MT, 4), uint32)  # A fragments of one k-step
@@ -244,7 +250,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                                 if 8 * nt + (e & 1) >= limit:
                                     S[mt, nt, e] = NEG_INF
 
-            # Online softmax row by row; the quad (4 lanes) shares each row. m_i is kept in raw
+            # Online softmax; the quad (4 lanes) shares each row. m_i is kept in raw
             # score units (the scale is positive, so maxima commute with it) and the scale rides
             # in each exponent: exp(scale (s - m)) = exp2(s * scale_log2 - m * scale_log2), one
             # FFMA and one ex2 per element.
@@ -252,21 +258,36 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
             # RESCALE_LOG2 (base 2). Any m_i works as long as O_i and l_i share it; a stale one
             # just lets P reach 2^RESCALE_LOG2, harmless in fp32 and in 16-bit P. The rescale of
             # O_i (HEAD_DIM / 4 multiplies per row per tile) then runs for a few early tiles only.
+            # The row maxima first, all rows together: their quad shuffles are independent, so
+            # their latencies overlap, and one warp-wide branch covers every row's rescale.
             for mt in range(MT):
                 for half in range(2):
                     mx = max(S[mt, 0, 2 * half], S[mt, 0, 2 * half + 1])
                     for nt in range(1, NT):
                         mx = max(mx, max(S[mt, nt, 2 * half], S[mt, nt, 2 * half + 1]))
-                    mx = max(mx, shfl_xor(mx, 1, shfl_scratch, tid))
-                    mx = max(mx, shfl_xor(mx, 2, shfl_scratch, tid))
-                    m_old = m_i[mt, half]
-                    if (mx - m_old) * scale_log2 > RESCALE:  # false while both are -inf
-                        alpha = exp2((m_old - mx) * scale_log2)
-                        m_i[mt, half] = mx
-                        l_i[mt, half] *= alpha
-                        for dt in range(DT):
-                            O_i[mt, dt, 2 * half] *= alpha
-                            O_i[mt, dt, 2 * half + 1] *= alpha
+                    m_tile[mt, half] = mx
+            for mask in (1, 2):
+                for mt in range(MT):
+                    for half in range(2):
+                        mx = m_tile[mt, half]
+                        m_tile[mt, half] = max(mx, shfl_xor(mx, mask, shfl_scratch, tid))
+            grow = False
+            for mt in range(MT):
+                for half in range(2):  # false while both are -inf
+                    grow |= (m_tile[mt, half] - m_i[mt, half]) * scale_log2 > RESCALE
+            if grow:
+                for mt in range(MT):
+                    for half in range(2):
+                        m_old, mx = m_i[mt, half], m_tile[mt, half]
+                        if (mx - m_old) * scale_log2 > RESCALE:
+                            alpha = exp2((m_old - mx) * scale_log2)
+                            m_i[mt, half] = mx
+                            l_i[mt, half] *= alpha
+                            for dt in range(DT):
+                                O_i[mt, dt, 2 * half] *= alpha
+                                O_i[mt, dt, 2 * half + 1] *= alpha
+            for mt in range(MT):
+                for half in range(2):
                     m = m_i[mt, half]
                     base = m * scale_log2 if m != NEG_INF else ZERO  # nothing visible yet
                     row_sum = ZERO
