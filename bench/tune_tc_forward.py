@@ -52,7 +52,7 @@ def main(argv=None):
         flops = common.attention_flops(b, h, n, n, d, causal)
         for cand in (args.candidates or CANDIDATES[d]).split(","):
             tiles = tuple(int(x) for x in cand.split("x"))
-            t = launch.tc_forward_tiles(d, causal, tiles)
+            t = launch.tc_forward_tiles(d, tiles)
             pyfunc, signature, options = launch.forward_spec("tc", d, causal, tq.fmt, tiles)
             kernel = launch.compile_kernel(pyfunc, signature, t.shared_bytes, options)
             attrs = kernel.library.get_cufunc().attrs

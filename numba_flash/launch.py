@@ -60,14 +60,14 @@ def attention_signature(fmt):
                       types.int32, types.int32, types.int32, types.int32, types.float32)
 
 
-def forward_spec(backend, head_dim, causal, fmt, tiles=None, cc=None):
+def forward_spec(backend, head_dim, causal, fmt, tiles=None):
     """``(pyfunc, signature, compile options)`` of the ``simt`` or ``tc`` forward kernel, the form
-    ``ptxcheck.compile_report_isolated`` takes (``tiles``: a tc tile candidate, ``cc``: the
-    compute capability the tc tiles are chosen for; see ``tc_forward_tiles``)."""
+    ``ptxcheck.compile_report_isolated`` takes (``tiles``: a tc tile candidate, see
+    ``tc_forward_tiles``)."""
     if backend == "tc":
         from .kernels.tc import forward
 
-        t = tc_forward_tiles(head_dim, causal, tiles, cc)
+        t = tc_forward_tiles(head_dim, tiles)
         pyfunc = forward.make_forward_kernel(head_dim, t.BLOCK_M, t.BLOCK_N, causal, fmt,
                                              t.threads // 32)
     else:
@@ -79,7 +79,7 @@ def forward_spec(backend, head_dim, causal, fmt, tiles=None, cc=None):
 
 
 def forward_tiles(backend, head_dim, causal):
-    return tc_forward_tiles(head_dim, causal) if backend == "tc" else simt_forward_tiles(head_dim)
+    return tc_forward_tiles(head_dim) if backend == "tc" else simt_forward_tiles(head_dim)
 
 
 @lru_cache(maxsize=None)
@@ -141,37 +141,26 @@ def simt_backward_kernel(kernel, head_dim, causal, fmt):
 
 # ----------------------------------------------------------------------------- tensor-core forward
 
-# (BLOCK_M, BLOCK_N, warps, register cap) by head dim, per (sm_90 or newer, causal), from the
-# tile sweep bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/
-# tune_tc_forward*.csv, tc_variants_session*.log); every entry compiles without spills on its
-# architecture (the PTX test checks sm_80 and sm_90).
-# - 16 rows per warp under a 128-register cap lets two 8-warp blocks share an SM (16 warps to
-#   hide the latency of mma, ldmatrix and ex2); that beat the uncapped compile by up to 30%.
-# - Non-causal, 64 < D <= 128, sm_90: 4 warps of 32 rows each (MT = 2, uncapped), so every K and
-#   V fragment from ldmatrix feeds two mma: 273 vs 263 TFLOP/s at D = 128 (275 vs 266 in an
-#   earlier sweep).
-# - sm_8x (not measured here: the H200 is sm_90): where the 8-warp blocks spill a few bytes under
-#   the cap (nvJitLink's ptxas), causal runs 4-warp blocks of 64 rows (four per SM: the same 16
-#   warps; 11% slower on the H200: 244 vs 218 TFLOP/s at D = 64, 247 vs 220 at D = 128) and
-#   non-causal 64 < D <= 128 the uncapped 4-warp blocks (230 vs 263 on the H200 at D = 128),
-#   since the capped ones spill there too.
-_TC_FWD_TILES = {
-    (True, False): ((64, (128, 64, 8, 128)), (128, (128, 32, 4, 0)), (256, (64, 32, 4, 0))),
-    (True, True): ((64, (128, 64, 8, 128)), (128, (128, 32, 8, 128)), (256, (64, 32, 4, 0))),
-    (False, False): ((64, (128, 64, 8, 128)), (256, (64, 32, 4, 0))),
-    (False, True): ((64, (64, 64, 4, 128)), (128, (64, 32, 4, 128)), (256, (64, 32, 4, 0))),
-}
+# (BLOCK_M, BLOCK_N, warps, register cap) by head dim, from the tile sweep
+# bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/tune_tc_forward*.csv);
+# every entry compiles without spills for sm_80 and sm_90 (the PTX test checks both).
+# 4 warps of 32 query rows each (MT = 2), up to 255 registers: every K and V fragment from
+# ldmatrix feeds two mma, and the per-tile costs (barrier, copies, row reductions) are shared by
+# twice the work. Before the loops were marked for full unrolling (launch.kernel_library) these
+# tiles put their register arrays in local memory at 64 keys, and 8-warp blocks of 16 rows under
+# a 128-register cap were best; in the sweep at 6ecd558 the 4-warp tiles beat them by 8-18%
+# (D = 64: 294 vs 272 TFLOP/s, D = 128: 323 vs 273, non-causal, N = 4096), the same tiles win
+# causal, and 48 or 64 keys at D = 128 gain nothing over 32 (318 / 319 vs 323).
+_TC_FWD_TILES = ((64, (128, 64, 4, 0)), (128, (128, 32, 4, 0)), (256, (64, 32, 4, 0)))
 
 
-def tc_forward_tiles(head_dim, causal=False, tiles=None, cc=None):
-    """Tiles of the tc forward for ``head_dim`` on compute capability ``cc`` (default: the
-    current device's), or ``tiles`` = (BLOCK_M, BLOCK_N, warps, register cap) as the tile sweep
-    passes them."""
+def tc_forward_tiles(head_dim, tiles=None):
+    """Tiles of the tc forward for ``head_dim``, or ``tiles`` = (BLOCK_M, BLOCK_N, warps,
+    register cap) as the tile sweep passes them."""
     from .kernels.tc import forward
 
     if tiles is None:
-        sm90 = tuple(cc or device_cc())[0] >= 9
-        tiles = next(t for limit, t in _TC_FWD_TILES[sm90, bool(causal)] if head_dim <= limit)
+        tiles = next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
     bm, bn, warps, regs = tiles
     return Tiles(bm, bn, 32 * warps, 2 * forward.shared_elements(bm, bn, head_dim), regs)
 
@@ -429,14 +418,8 @@ def compile_kernel(pyfunc, signature, shared_bytes, options=COMPILE_OPTIONS):
     simulated kernel."""
     if SIMULATOR:
         return cuda.jit(pyfunc)
-    library = kernel_library(pyfunc, signature, compute_capability(), options)
+    library = kernel_library(pyfunc, signature, tuple(device_cc()), options)
     return Kernel(library, signature.args, shared_bytes)
-
-
-@lru_cache(maxsize=None)
-def compute_capability():
-    """(major, minor) of the current device."""
-    return tuple(cuda.get_current_device().compute_capability)
 
 
 def cdiv(a, b):

@@ -96,15 +96,13 @@ def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, so
 CCS = ((8, 0), (9, 0))
 
 
-def assert_compiles_clean(spec, configs, must_contain=(), cc_arg=False):
+def assert_compiles_clean(spec, configs, must_contain=()):
     """Compile ``spec(*config)`` for sm_80 and sm_90 in a child process without the simulator
     (numba_flash.ptxcheck) and require zero spills, no local-memory traffic and the given PTX
-    instructions. ``cc_arg``: the target compute capability goes to ``spec`` as one more
-    argument (for specs whose tiles depend on it)."""
+    instructions."""
     from numba_flash import ptxcheck
 
-    jobs = [(spec, cc, tuple(config) + ((list(cc),) if cc_arg else ()))
-            for config in configs for cc in CCS]
+    jobs = [(spec, cc, tuple(config)) for config in configs for cc in CCS]
     for (ptx, report), (_, cc, config) in zip(ptxcheck.compile_reports_isolated(jobs), jobs):
         where = f"{spec}{tuple(config)} sm_{cc[0]}{cc[1]}"
         assert report["spill_stores"] == 0 and report["spill_loads"] == 0, f"{where}: spills"
