@@ -18,14 +18,17 @@ Grid / block mapping
     columns ``2 (l & 3)`` and ``+1`` of every 8-column tile. So each thread keeps, in registers
     (times MT):
 
-        Q fragments   2 x 4 words        (one k-step's A operand, and the next one's)
+        Q fragments   4 words            (one k-step's A operand)
         S / P         NT x 4 floats      (BLOCK_N / 8 column tiles of S_ij)
         O_i           DT x 4 floats      (HEAD_DIM / 8 column tiles of the output)
-        m_i, l_i      2 + 2 floats       (its two rows)
+        m_i, l_i      2 + 2 floats       (its two rows; and their maxima in this S tile)
 
     Row maxima and sums need only the 4 lanes of a quad (``shfl_xor`` 1 and 2). P never leaves
     the registers: the C fragments of two adjacent 8-column tiles of S, rounded to 16 bits and
     packed in pairs, *are* the A fragment of the next product O += P V (ptx.py explains why).
+    These arrays stay in registers only because every loop that indexes them is unrolled
+    completely: the kernel is compiled with ``unroll_loops`` (``launch.mark_loops_for_unrolling``,
+    CUDA C++'s ``#pragma unroll``); NVVM's own budget stops at about 32 mma per loop nest.
 
 Memory pipeline
     K and V tiles go global -> shared with ``cp.async`` (16 bytes per instruction, no register
@@ -41,7 +44,8 @@ ldmatrix fall in 8 different 16-byte bank groups)
     K   2 x BLOCK_N x (DPAD + 8)     double buffer
     V   2 x BLOCK_N x (DPAD + 8)     double buffer
     DPAD is HEAD_DIM rounded up to 16 (the k-step of mma); the padding columns are zero-filled.
-    e.g. HEAD_DIM 128, BLOCK_M 128, BLOCK_N 64: 34 KiB + 2 x 2 x 17 KiB = 102 KiB.
+    e.g. HEAD_DIM 128, BLOCK_M 128, BLOCK_N 32: 34 KiB + 2 x 2 x 8.5 KiB = 68 KiB (two blocks
+    per SM: the 242 registers of 128 threads allow two as well).
 
 Limits
     float16 / bfloat16 only (the tensor cores' inputs); HEAD_DIM a multiple of 8 up to 256; any
@@ -180,7 +184,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         m_tile = cuda.local.array((MT, 2), float32)  # row maxima of the current S tile
         O_i = cuda.local.array((MT, DT, 4), float32)
         S = cuda.local.array((MT, NT, 4), float32)
-        q_frag = cuda.local.array((2, MT, 4), uint32)  # A fragments of one k-step
+        q_frag = cuda.local.array((MT, 4), uint32)  # A fragments of one k-step
         for mt in range(MT):
             for half in range(2):
                 m_i[mt, half] = NEG_INF
@@ -210,24 +214,21 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                 for nt in range(NT):
                     for e in range(4):
                         S[mt, nt, e] = ZERO
-            # q_frag alternates between two slots: indexed by ks, the loop is one LLVM must
-            # unroll to keep q_frag in registers, and unrolled, ptxas can issue the next k-step's
-            # ldmatrix under this one's mma (the rolled loop was 8% slower on the H200).
+            # Unrolled (like every loop here), ptxas issues the next k-step's ldmatrix under
+            # this one's mma.
             for ks in range(KSTEPS):
-                qb = ks & 1
                 for mt in range(MT):
                     r0, r1, r2, r3 = ldsm_x4(smem, q_lane + 16 * mt * STRIDE + 16 * ks,
                                              scratch, tid)
-                    q_frag[qb, mt, 0] = r0
-                    q_frag[qb, mt, 1] = r1
-                    q_frag[qb, mt, 2] = r2
-                    q_frag[qb, mt, 3] = r3
+                    q_frag[mt, 0] = r0
+                    q_frag[mt, 1] = r1
+                    q_frag[mt, 2] = r2
+                    q_frag[mt, 3] = r3
                 for np2 in range(NT // 2):
                     k0, k1, k2, k3 = ldsm_x4(smem, k_tile + 16 * np2 * STRIDE + 16 * ks,
                                              scratch, tid)
                     for mt in range(MT):
-                        qa = (q_frag[qb, mt, 0], q_frag[qb, mt, 1], q_frag[qb, mt, 2],
-                              q_frag[qb, mt, 3])
+                        qa = (q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3])
                         mma_pair(qa, k0, k1, k2, k3, S, mt, 2 * np2, scratch, tid)
 
             # Mask only the tiles that cross the ragged end or the causal diagonal.
