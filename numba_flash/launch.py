@@ -2,10 +2,12 @@
 
 Kernel modules export *factories*: plain Python functions closed over compile-time constants
 (tile sizes, head dim, causal, storage format). This module turns a factory's output into a
-compiled kernel once per configuration, with an explicit signature, raises the kernel's dynamic
-shared-memory limit when it needs more than the 48 KiB every kernel gets by default (Hopper allows
-up to 227 KiB per block), and launches it by writing its parameters straight from the adapted
-arrays (``launch``: a few microseconds, where Numba's per-call argument handling takes ~75).
+compiled kernel once per configuration, with an explicit signature (Numba's front end, then,
+where asked, every loop marked for full unrolling, then NVVM: ``kernel_library``), raises the
+kernel's dynamic shared-memory limit when it needs more than the 48 KiB every kernel gets by
+default (Hopper allows up to 227 KiB per block), and launches it by writing its parameters
+straight from the adapted arrays (``launch``: a few microseconds, where Numba's per-call
+argument handling takes ~75).
 """
 
 import ctypes
@@ -78,7 +80,7 @@ def forward_spec(backend, head_dim, causal, fmt, tiles=None):
     return pyfunc, attention_signature(fmt), compile_options(t, unroll_loops=backend == "tc")
 
 
-def forward_tiles(backend, head_dim, causal):
+def forward_tiles(backend, head_dim):
     return tc_forward_tiles(head_dim) if backend == "tc" else simt_forward_tiles(head_dim)
 
 
@@ -86,7 +88,7 @@ def forward_tiles(backend, head_dim, causal):
 def forward_kernel(backend, head_dim, causal, fmt):
     """Compiled forward kernel of ``backend`` and its tiles."""
     pyfunc, signature, options = forward_spec(backend, head_dim, causal, fmt)
-    tiles = forward_tiles(backend, head_dim, causal)
+    tiles = forward_tiles(backend, head_dim)
     return compile_kernel(pyfunc, signature, tiles.shared_bytes, options), tiles
 
 
@@ -385,12 +387,11 @@ def kernel_library(pyfunc, signature, cc, options=COMPILE_OPTIONS):
 
 
 class Kernel:
-    """A compiled kernel: its code library, argument types and parameter block, and the
-    dynamic shared memory it is allowed (raised past the default 48 KiB per device)."""
+    """A compiled kernel: its code library, its parameter block (from the argument types), and
+    the dynamic shared memory it is allowed (raised past the default 48 KiB per device)."""
 
     def __init__(self, library, argument_types, shared_bytes):
         self.library = library
-        self.argument_types = argument_types
         self.shared_bytes = shared_bytes
         self.parameters = _ParameterBlock(argument_types)
         self.functions = {}  # device ordinal -> CUfunction handle
