@@ -366,16 +366,22 @@ def mark_loops_for_unrolling(llvm_ir):
     return "\n".join(lines)
 
 
+def argument_types(signature):
+    """The argument types of a ``void(...)`` signature or of a tuple of types."""
+    return tuple(getattr(signature, "args", signature))
+
+
 def kernel_library(pyfunc, signature, cc, options=COMPILE_OPTIONS):
-    """Numba's front end for a kernel: ``pyfunc`` for ``signature`` as a code library (LLVM IR
-    that ``get_asm_str`` turns into PTX with NVVM and ``get_cufunc`` loads). The same steps
-    as ``cuda.jit`` takes, plus the project's two options."""
+    """Numba's front end for a kernel: ``pyfunc`` for ``signature`` (a ``void(...)`` signature
+    or a tuple of argument types) as a code library (LLVM IR that ``get_asm_str`` turns into PTX
+    with NVVM and ``get_cufunc`` loads). The same steps as ``cuda.jit`` takes, plus the
+    project's two options."""
     from numba.cuda.compiler import compile_cuda, kernel_fixup
 
     options = dict(options)
     unroll = options.pop("unroll_loops", False)
     fastmath = options.pop("fastmath", False)
-    cres = compile_cuda(pyfunc, types.void, signature.args, fastmath=fastmath,
+    cres = compile_cuda(pyfunc, types.void, argument_types(signature), fastmath=fastmath,
                         nvvm_options={"fastmath": fastmath, "opt": 3}, cc=cc,
                         max_registers=options.pop("max_registers", None) or None, **options)
     library = cres.library
@@ -420,7 +426,7 @@ def compile_kernel(pyfunc, signature, shared_bytes, options=COMPILE_OPTIONS):
     if SIMULATOR:
         return cuda.jit(pyfunc)
     library = kernel_library(pyfunc, signature, tuple(device_cc()), options)
-    return Kernel(library, signature.args, shared_bytes)
+    return Kernel(library, argument_types(signature), shared_bytes)
 
 
 def cdiv(a, b):

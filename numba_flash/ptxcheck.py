@@ -10,8 +10,8 @@ the register file; the tests of the GPU-only kernels assert there are none.
 Numba decides between the simulator and the real CUDA target when ``numba.cuda`` is first
 imported, so under the simulator (the test suite's mode on machines without a GPU) the checks
 run in a child process: ``compile_report_isolated`` names a function by module (or file) and
-runs it there with ``NUMBA_ENABLE_CUDASIM=0`` (``compile_reports_isolated`` does several
-kernels in one child, paying for Numba's import once).
+runs it there with ``NUMBA_ENABLE_CUDASIM=0`` (``compile_reports_isolated`` spreads several
+kernels over one child per CPU core, each paying for Numba's import once).
 
     ptx, report = compile_report(kernel_py_func, signature, cc=(9, 0))
     ptx, report = compile_report_isolated("pkg.module:make_target", cc=(9, 0), args=(...))
@@ -26,6 +26,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 _PROPERTIES = re.compile(r"Function properties for '?([^\s':]+)'?:?\s*$")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -163,14 +164,14 @@ def _child(jobs_json):
 
 
 def compile_reports_isolated(jobs, timeout=600):
-    """``compile_report`` for several kernels in one fresh Python process with the simulator
-    off (Numba is imported once).
+    """``compile_report`` for several kernels in fresh Python processes with the simulator off,
+    one per CPU core (up to one per job; each imports Numba once and takes every n-th job).
 
     ``jobs`` is a list of ``(spec, cc, args)``. ``spec`` names a function,
     ``"package.module:function"`` or ``"/path/file.py:function"``, which is called with ``*args``
     (JSON-serialisable) in the child and returns ``(pyfunc, signature)`` or ``(pyfunc,
     signature, compile_options)``; it builds its signature there (Numba types do not cross
-    processes). Returns a list of ``(ptx_text, report)``, one per job.
+    processes). Returns a list of ``(ptx_text, report)``, one per job, in the jobs' order.
     """
     jobs = [(str(spec), list(cc), list(args)) for spec, cc, args in jobs]
     env = dict(os.environ)
@@ -178,17 +179,25 @@ def compile_reports_isolated(jobs, timeout=600):
     root = str(pathlib.Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     code = "import sys; from numba_flash import ptxcheck; ptxcheck._child(sys.argv[1])"
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(jobs)],
-                          env=env, capture_output=True, text=True, timeout=timeout)
-    results = []
-    for line in proc.stdout.splitlines():
-        if line.startswith("PTXCHECK-RESULT "):
-            result = json.loads(line[len("PTXCHECK-RESULT "):])
-            results.append((result["ptx"], result["report"]))
-    if proc.returncode != 0 or len(results) != len(jobs):
-        failed = jobs[len(results)] if len(results) < len(jobs) else None
-        raise RuntimeError("PTX compile failed at job {} (exit {}):\n{}".format(
-            failed, proc.returncode, proc.stderr[-8000:]))
+    n = max(1, min(os.cpu_count() or 1, len(jobs)))
+    shares = [jobs[i::n] for i in range(n)]
+
+    def run(share):  # a thread per child: each drains its own pipes (the PTX is megabytes)
+        return subprocess.run([sys.executable, "-c", code, json.dumps(share)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    with ThreadPoolExecutor(n) as pool:
+        procs = list(pool.map(run, shares))
+    results = [None] * len(jobs)
+    for i, (proc, share) in enumerate(zip(procs, shares)):
+        done = [json.loads(line[len("PTXCHECK-RESULT "):]) for line in proc.stdout.splitlines()
+                if line.startswith("PTXCHECK-RESULT ")]
+        if proc.returncode != 0 or len(done) != len(share):
+            failed = share[len(done)] if len(done) < len(share) else None
+            raise RuntimeError("PTX compile failed at job {} (exit {}):\n{}".format(
+                failed, proc.returncode, proc.stderr[-8000:]))
+        for k, result in enumerate(done):
+            results[i + k * n] = (result["ptx"], result["report"])
     return results
 
 
