@@ -21,7 +21,8 @@ Grid / block mapping
         Q fragments   4 words            (one k-step's A operand)
         S / P         NT x 4 floats      (BLOCK_N / 8 column tiles of S_ij)
         O_i           DT x 4 floats      (HEAD_DIM / 8 column tiles of the output)
-        m_i, l_i      2 + 2 floats       (its two rows; and their maxima in this S tile)
+        m_i, l_i      2 + 2 floats       (its two rows)
+        m_tile        2 floats           (their maxima in the current S tile)
 
     Row maxima and sums need only the 4 lanes of a quad (``shfl_xor`` 1 and 2). P never leaves
     the registers: the C fragments of two adjacent 8-column tiles of S, rounded to 16 bits and
@@ -260,7 +261,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
             # just lets P reach 2^RESCALE_LOG2, harmless in fp32 and in 16-bit P. The rescale of
             # O_i (HEAD_DIM / 4 multiplies per row per tile) then runs for a few early tiles only.
             # The row maxima first, all rows together: their quad shuffles are independent, so
-            # their latencies overlap, and one warp-wide branch covers every row's rescale.
+            # their latencies overlap, and one branch covers the rescale of all the thread's rows.
             for mt in range(MT):
                 for half in range(2):
                     mx = max(S[mt, 0, 2 * half], S[mt, 0, 2 * half + 1])
