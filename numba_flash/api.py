@@ -81,10 +81,10 @@ def resolve_backend(backend, fmt):
     cannot run is refused, never silently replaced."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    tc_ok = fmt in ("float16", "bfloat16") and (SIMULATOR or tuple(launch.device_cc()) >= (8, 0))
+    tc_ok = fmt in ("float16", "bfloat16") and (SIMULATOR or launch.device_cc() >= (8, 0))
     if backend == "tc" and not tc_ok:
         raise ValueError(f"backend: 'tc' needs float16 or bfloat16 inputs on compute capability "
-                         f">= 8.0, got {fmt} on {tuple(launch.device_cc())}")
+                         f">= 8.0, got {fmt} on {launch.device_cc()}")
     if backend == "auto":
         return "tc" if tc_ok else "simt"
     return backend

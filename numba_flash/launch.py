@@ -425,7 +425,7 @@ def compile_kernel(pyfunc, signature, shared_bytes, options=COMPILE_OPTIONS):
     simulated kernel."""
     if SIMULATOR:
         return cuda.jit(pyfunc)
-    library = kernel_library(pyfunc, signature, tuple(device_cc()), options)
+    library = kernel_library(pyfunc, signature, device_cc(), options)
     return Kernel(library, argument_types(signature), shared_bytes)
 
 
