@@ -56,7 +56,7 @@ Limits
 import math
 from functools import lru_cache
 
-from numba import cuda, float32, uint16, uint32
+from numba import cuda, float32, uint16, uint32, uint64
 
 from .. import primitives as prim
 from . import ptx
@@ -99,7 +99,6 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     mma, pack = ptx.mma(FMT), ptx.pack(FMT)
     ldsm_x4, ldsm_x4_t = ptx.ldmatrix_x4, ptx.ldmatrix_x4_trans
     copy16 = ptx.cp_async_16_zfill
-    store = prim.storer(FMT)
     shfl_xor = prim.shfl_xor
     exp2 = ptx.exp2_approx  # ex2.approx.ftz: no special-case selects around it
     NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
@@ -111,6 +110,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     # ROWS_PER_PASS``, so all index arithmetic but the row offset is done once, outside the loop.
     CHUNK_SLOTS = 1 << (CHUNKS - 1).bit_length()     # CHUNKS rounded up to a power of two
     ROWS_PER_PASS = THREADS // CHUNK_SLOTS
+    ROW_CHUNKS = HEAD_DIM // 8                        # 16-byte chunks of an output row
+    OUT_CHUNKS = 16 * MT * ROW_CHUNKS                 # ... of a warp's output rows
+    ALIGN_MASK = uint64(15)
 
     @cuda.jit(device=True, inline="always")
     def load_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c):
@@ -141,6 +143,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
 
     def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
+        smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
         shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
         tid = cuda.threadIdx.x
@@ -313,9 +316,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                         mma_pair(pa, v0, v1, v2, v3, O_i, mt, 2 * dp, scratch, tid)
 
         # Epilogue: full row sums over the quad, O_i / l_i and lse_i (natural log). The output
-        # goes through the Q tile's shared memory (each warp its own 16 MT rows) so that the
-        # global stores are whole rows: straight from the C-fragment layout one store
-        # instruction touches 8 rows with 8 bytes each (+2-8% at D = 128 on the H200).
+        # goes through the Q tile's shared memory (each warp its own 16 MT rows): a thread's two
+        # C-fragment columns are one packed 32-bit store there, and the global stores are then
+        # whole 16-byte chunks of rows (one instruction writes 512 contiguous-by-row bytes,
+        # where straight from the fragments it would write 8 bytes to each of 8 rows).
         cuda.syncthreads()  # every ldmatrix of Q is behind us
         w_row = Q_OFF + 16 * MT * warp * STRIDE
         for mt in range(MT):
@@ -324,21 +328,27 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                 l += shfl_xor(l, 1, shfl_scratch, tid)
                 l += shfl_xor(l, 2, shfl_scratch, tid)
                 inv = ONE / l if l > ZERO else ZERO
-                o_row = w_row + (16 * mt + 8 * half + g) * STRIDE + t2
+                o_word = (w_row + (16 * mt + 8 * half + g) * STRIDE + t2) >> 1  # all even
                 for dt in range(DT):
-                    smem[o_row + 8 * dt] = store(O_i[mt, dt, 2 * half] * inv)
-                    smem[o_row + 8 * dt + 1] = store(O_i[mt, dt, 2 * half + 1] * inv)
+                    smem_words[o_word + 4 * dt] = pack(O_i[mt, dt, 2 * half] * inv,
+                                                       O_i[mt, dt, 2 * half + 1] * inv)
                 row = row_g + 16 * mt + 8 * half
                 if t2 == 0 and row < seqlen_q:
                     lse[b, h, row] = (m_i[mt, half] * scale_log2 + math.log2(l)) * LN2 \
                         if l > ZERO else POS_INF
         cuda.syncthreads()  # a warp reads only its own rows; the simulator has no syncwarp
-        for r in range(16 * MT):
-            row = m0 + 16 * MT * warp + r
-            if row < seqlen_q:
-                for c0 in range(0, HEAD_DIM, 32):
-                    c = c0 + lane
-                    if c < HEAD_DIM:
-                        out[b, row, h, c] = smem[w_row + r * STRIDE + c]
+        for step in range((OUT_CHUNKS + 31) // 32):
+            i = lane + 32 * step  # chunk i of the warp's rows: row i // ROW_CHUNKS
+            if OUT_CHUNKS % 32 == 0 or i < OUT_CHUNKS:
+                r = i // ROW_CHUNKS
+                c = (i - r * ROW_CHUNKS) * 8
+                row = m0 + 16 * MT * warp + r
+                if row < seqlen_q:
+                    src = w_row + r * STRIDE + c
+                    if ptx.global_address(out, (b, row, h, c)) & ALIGN_MASK == 0:
+                        ptx.st_global_16(out, (b, row, h, c), smem, src)
+                    else:  # an out= view whose rows are not 16-byte aligned
+                        for e in range(8):
+                            out[b, row, h, c + e] = smem[src + e]
 
     return flash_fwd_tc

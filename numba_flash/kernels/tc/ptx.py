@@ -89,6 +89,8 @@ Summary of the API (``fmt`` is ``"float16"`` or ``"bfloat16"``; 16-bit data are 
     cp_async_16(smem, offset, gmem, index)                       16-byte global -> shared copy
     cp_async_16_zfill(smem, offset, gmem, index, valid)          same, zeros when not ``valid``
     cp_async_commit(), cp_async_wait(n), cp_async_wait_all()
+    st_global_16(gmem, index, smem, offset)                      16-byte shared -> global store
+    global_address(gmem, index)                                  -> uint64 address (alignment)
     pack_f16x2(lo, hi) / pack_bf16x2(lo, hi) / pack(fmt)         two float32 -> uint32
     unpack_f16x2(r) / unpack_bf16x2(r) / unpack(fmt)             uint32 -> (lo, hi) float32
     exp2_approx(x)                                               ex2.approx.ftz.f32
@@ -310,6 +312,20 @@ if SIMULATOR:
         return None
 
     @cuda.jit(device=True)
+    def st_global_16(gmem, index, smem, offset):
+        """Store the 16 bytes ``smem.flat[offset...]`` to ``gmem[index...]``."""
+        flat = smem.reshape(-1)
+        head, last = tuple(index[:-1]), int(index[-1])
+        for j in range(CP_ASYNC_BYTES // flat.itemsize):
+            gmem[head + (last + j,)] = flat[int(offset) + j]
+
+    @cuda.jit(device=True)
+    def global_address(gmem, index):
+        """The element's real host address: its alignment is what the GPU's would be."""
+        base = gmem.__array_interface__["data"][0]
+        return np.uint64(base + sum(int(i) * s for i, s in zip(index, gmem.strides)))
+
+    @cuda.jit(device=True)
     def pack_f16x2(lo, hi):
         """Round two float32 to float16 (nearest even) and pack them: ``lo`` in bits 0-15."""
         return np.uint32(int(_f32_to_f16(lo)) | (int(_f32_to_f16(hi)) << 16))
@@ -521,6 +537,38 @@ else:
         asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}",
                            side_effect=True)
         builder.call(asm, [])
+
+    @intrinsic
+    def st_global_16(typingctx, gmem, index, smem, offset):
+        """Store 16 bytes from ``smem.flat[offset...]`` to ``gmem[index...]`` through one
+        register quad (``ld.shared.v4.b32`` then ``st.global.v4.b32``): a warp writes 512
+        bytes per instruction. Both addresses must be 16-byte aligned."""
+        if not (_cp_async_types_ok(smem, offset, gmem, index) and gmem.ndim > 1):
+            return None
+
+        def codegen(context, builder, sig, args):
+            src = _shared_addr(context, builder, sig.args[2], args[2], sig.args[3], args[3])
+            dst = _global_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), [_I64, _I32]),
+                "{ .reg .b32 w<4>; ld.shared.v4.b32 {w0, w1, w2, w3}, [$1]; "
+                "st.global.v4.b32 [$0], {w0, w1, w2, w3}; }",
+                "l,r,~{memory}", side_effect=True)
+            builder.call(asm, [dst, src])
+            return context.get_dummy_value()
+
+        return types.void(gmem, index, smem, offset), codegen
+
+    @intrinsic
+    def global_address(typingctx, gmem, index):
+        """64-bit global address of ``gmem[index]`` (to test its alignment)."""
+        if not (isinstance(gmem, types.Array) and _valid_index(gmem, index)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return _global_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+
+        return types.uint64(gmem, index), codegen
 
     @intrinsic
     def cp_async_commit(typingctx):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from helpers import (DTYPES, SIMULATOR, assert_close_rule, assert_compiles_clean, assert_lse,
-                     check_forward, nan_like, randn, to_device)
+                     check_forward, nan_like, randn, to_device, to_host)
 
 CASES_SIM = [
     (1, 5, 7, 2, 1, 16, False, "float16"),
@@ -72,6 +72,28 @@ def test_causal_query_tiles_of_a_head_in_any_order(monkeypatch):
         check_forward(np.random.default_rng(), 1, 70, 75, 2, 1, 16, True, "float16", backend="tc")
     finally:
         launch.forward_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("offset", [0, 4])
+def test_output_view_with_rows_off_16_byte_alignment(offset):
+    """The epilogue stores 16-byte chunks of output rows where a row is 16-byte aligned, and
+    element by element where it is not (an ``out=`` view starting 8 bytes into each row of a
+    wider buffer); the columns outside the view stay untouched."""
+    import numba_flash as nf
+    from numba_flash import reference as ref
+
+    rng = np.random.default_rng()
+    B, S, H, D = (1, 9, 2, 16) if SIMULATOR else (2, 300, 4, 64)
+    fmt = "float16"
+    q, k, v = (randn(rng, (B, S, H, D), fmt) for _ in range(3))
+    wide = nan_like(np.empty((B, S, H, D + 8), DTYPES[fmt]))
+    o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), backend="tc",
+                               out=wide[..., offset:offset + D])
+    ro, rl = ref.attention_fwd_ref(q, k, v, False, None)
+    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, False, None), fmt)
+    assert_lse(lse, rl)
+    host = to_host(wide).astype(np.float32)
+    assert np.isnan(host[..., :offset]).all() and np.isnan(host[..., offset + D:]).all()
 
 
 def test_every_specialization_compiles_to_mma_without_spills():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from numba import cuda, float32, uint16
 
-from helpers import SIMULATOR
+from helpers import SIMULATOR, to_device, to_host
 from numba_flash import ptxcheck
 from numba_flash.kernels.tc import ptx
 from numba_flash.kernels.tc.ptx import SHARED_ALIGN
@@ -258,6 +258,38 @@ def test_cp_async_copies():
     np.testing.assert_array_equal(out32, g32)
     assert addr[0] % 16 == 0  # SHARED_ALIGN
     assert (addr[1], addr[2]) == (16, 16)  # byte offsets
+
+
+@cuda.jit
+def _store_kernel(src, dst, addr):
+    """Rows of ``src`` staged in shared memory, then written to ``dst`` (3-D, the chunks along
+    its last dimension) with 16-byte stores where the destination is 16-byte aligned (a
+    misaligned 16-byte store faults); ``addr`` gets each chunk's address modulo 16."""
+    tid = cuda.threadIdx.x
+    s16 = cuda.shared.array(128, uint16, alignment=SHARED_ALIGN)
+    for j in range(8):
+        s16[tid * 8 + j] = src[tid * 8 + j]
+    cuda.syncthreads()
+    index = (tid >> 3, (tid >> 2) & 1, (tid & 3) * 8)
+    addr[tid] = ptx.global_address(dst, index) & 15
+    if addr[tid] == 0:
+        ptx.st_global_16(dst, index, s16, tid * 8)
+
+
+@pytest.mark.parametrize("offset", [0, 8, 4])
+def test_16_byte_stores_and_global_addresses(offset):
+    """Rows of 80 bytes: a view starting 0 or 8 elements in is 16-byte aligned, 4 is not."""
+    rng = np.random.default_rng(6)
+    src = rng.integers(1, 1 << 16, size=128, dtype=np.uint16)
+    device = cuda.to_device if SIMULATOR else to_device  # the simulator launches views of these
+    dst = device(np.zeros((2, 2, 40), np.uint16))
+    addr = device(np.full(16, -1, np.int64))
+    _store_kernel[1, 16](src, dst[..., offset:offset + 32], addr)
+    got, addr = to_host(dst), to_host(addr)
+    aligned = offset % 8 == 0
+    np.testing.assert_array_equal(addr, 0 if aligned else 8)
+    np.testing.assert_array_equal(got[..., offset:offset + 32].reshape(-1), src if aligned else 0)
+    assert not got[..., :offset].any() and not got[..., offset + 32:].any()
 
 
 # ---- no GPU needed: the PTX and what ptxas makes of it -------------------------------------
