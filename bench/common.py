@@ -41,8 +41,9 @@ def mla_decode_bytes(b, s_q, h_q, h_kv, d, dv, mean_seqlen, elem=2):
 
 # ----------------------------------------------------------------------------- timing
 
-def time_ms(fn, warmup_ms=25, rep_ms=200):
-    """Median milliseconds of ``fn()`` measured with CUDA events (triton.testing.do_bench)."""
+def time_ms(fn, warmup_ms=100, rep_ms=200):
+    """Median milliseconds of ``fn()`` measured with CUDA events (triton.testing.do_bench),
+    after ``warmup_ms`` of untimed runs (long enough for the clock to come up from idle)."""
     from triton.testing import do_bench
 
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")

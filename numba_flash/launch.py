@@ -39,6 +39,11 @@ class Tiles:
     shared_bytes: int
     max_registers: int = 0  # a per-thread register cap (0: the compiler's choice)
 
+    @property
+    def spec(self):
+        """(BLOCK_M, BLOCK_N, warps, register cap): the form the tc tile table holds."""
+        return self.BLOCK_M, self.BLOCK_N, self.threads // 32, self.max_registers
+
 
 # ----------------------------------------------------------------------------- SIMT forward
 
@@ -80,15 +85,16 @@ def forward_spec(backend, head_dim, causal, fmt, tiles=None):
     return pyfunc, attention_signature(fmt), compile_options(t, unroll_loops=backend == "tc")
 
 
-def forward_tiles(backend, head_dim):
-    return tc_forward_tiles(head_dim) if backend == "tc" else simt_forward_tiles(head_dim)
-
-
 @lru_cache(maxsize=None)
 def forward_kernel(backend, head_dim, causal, fmt):
-    """Compiled forward kernel of ``backend`` and its tiles."""
-    pyfunc, signature, options = forward_spec(backend, head_dim, causal, fmt)
-    tiles = forward_tiles(backend, head_dim)
+    """Compiled forward kernel of ``backend`` and its tiles (for the current device)."""
+    if backend == "tc":
+        tiles = tc_forward_tiles(head_dim, shared_per_sm=device_limits()[2])
+        spec = forward_spec(backend, head_dim, causal, fmt, tiles.spec)
+    else:
+        tiles = simt_forward_tiles(head_dim)
+        spec = forward_spec(backend, head_dim, causal, fmt)
+    pyfunc, signature, options = spec
     return compile_kernel(pyfunc, signature, tiles.shared_bytes, options), tiles
 
 
@@ -151,20 +157,34 @@ def simt_backward_kernel(kernel, head_dim, causal, fmt):
 # twice the work. Before the loops were marked for full unrolling (launch.kernel_library) these
 # tiles put their register arrays in local memory at 64 keys, and 8-warp blocks of 16 rows under
 # a 128-register cap were best; in the sweep at 6ecd558 the 4-warp tiles beat them by 8-18%
-# (D = 64: 294 vs 272 TFLOP/s, D = 128: 323 vs 273, non-causal, N = 4096), the same tiles win
-# causal, and 48 or 64 keys at D = 128 gain nothing over 32 (318 / 319 vs 323).
-_TC_FWD_TILES = ((64, (128, 64, 4, 0)), (128, (128, 32, 4, 0)), (256, (64, 32, 4, 0)))
+# (D = 64: 294 vs 272 TFLOP/s, D = 128: 323 vs 273, non-causal, N = 4096).
+# A head dim lists its tiles best first; the first of which two blocks fit in one SM's shared
+# memory is taken (two blocks per SM is what the registers allow; one block of 4 warps cannot
+# keep the tensor cores busy). At D = 128, 64 keys (102 KiB) need a Hopper's 228 KiB per SM; an
+# A100 (164 KiB) or an sm_86/89 part takes 32 keys (68 KiB). 64 keys gained nothing over 32
+# until the epilogue stopped holding registers of its own (session 9: 308-334 vs 238-330
+# TFLOP/s, the most in causal, where 32-key blocks run twice as many tiles).
+_TC_FWD_TILES = ((64, ((128, 64, 4, 0),)), (128, ((128, 64, 4, 0), (128, 32, 4, 0))),
+                 (256, ((64, 32, 4, 0),)))
+SHARED_RESERVED_PER_BLOCK = 1024  # bytes the hardware keeps in every block's shared memory
 
 
-def tc_forward_tiles(head_dim, tiles=None):
-    """Tiles of the tc forward for ``head_dim``, or ``tiles`` = (BLOCK_M, BLOCK_N, warps,
-    register cap) as the tile sweep passes them."""
+def tc_forward_tiles(head_dim, tiles=None, shared_per_sm=None):
+    """Tiles of the tc forward for ``head_dim``: ``tiles`` = (BLOCK_M, BLOCK_N, warps, register
+    cap) as the tile sweep passes them, else the table's first entry of which two blocks fit in
+    ``shared_per_sm`` bytes (None: the table's first)."""
     from .kernels.tc import forward
 
+    def block_bytes(t):
+        return 2 * forward.shared_elements(t[0], t[1], head_dim)
+
     if tiles is None:
-        tiles = next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
+        options = next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
+        fits = [t for t in options if shared_per_sm is None
+                or 2 * (block_bytes(t) + SHARED_RESERVED_PER_BLOCK) <= shared_per_sm]
+        tiles = (fits or options[-1:])[0]
     bm, bn, warps, regs = tiles
-    return Tiles(bm, bn, 32 * warps, 2 * forward.shared_elements(bm, bn, head_dim), regs)
+    return Tiles(bm, bn, 32 * warps, block_bytes(tiles), regs)
 
 
 # ----------------------------------------------------------------------------- naive baseline
@@ -227,11 +247,13 @@ def device_cc():
 
 @lru_cache(maxsize=None)
 def device_limits():
-    """(SM count, opt-in dynamic shared memory per block in bytes) of the current device."""
+    """(SM count, opt-in dynamic shared memory per block, shared memory per SM; bytes) of the
+    current device (under the simulator: per SM None, no limit)."""
     if SIMULATOR:
-        return SIMULATED_SMS, SIMULATED_SHARED_LIMIT
+        return SIMULATED_SMS, SIMULATED_SHARED_LIMIT, None
     dev = cuda.get_current_device()
-    return dev.MULTIPROCESSOR_COUNT, dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    return (dev.MULTIPROCESSOR_COUNT, dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
 
 
 def simt_mla_decode_tiles(q_rows, head_dim, head_dim_v, fmt, shared_limit):

@@ -124,3 +124,18 @@ def test_every_back_edge_and_nothing_else_is_marked_for_full_unrolling():
     assert marked.endswith('!1 = !{!"llvm.loop.unroll.full"}\n'
                            "!2 = distinct !{!2, !1}\n!3 = distinct !{!3, !1}")
     llvm.parse_assembly(marked).verify()
+
+
+def test_tc_forward_takes_the_first_tiles_of_which_two_blocks_fit_an_sm():
+    """D = 128: 64-key blocks (102 KiB) where two fit (a Hopper's 228 KiB per SM), 32-key
+    blocks (68 KiB) on an A100 (164 KiB) or an sm_86 part (100 KiB); the first entry when the
+    device is not known."""
+    kib = 1024
+    pick = lambda per_sm: launch.tc_forward_tiles(128, shared_per_sm=per_sm)  # noqa: E731
+    hopper, a100, sm86 = pick(228 * kib), pick(164 * kib), pick(100 * kib)
+    assert (hopper.BLOCK_M, hopper.BLOCK_N, hopper.threads) == (128, 64, 128)
+    assert hopper.shared_bytes == 2 * (128 + 4 * 64) * (128 + 8)
+    assert (a100.BLOCK_N, sm86.BLOCK_N) == (32, 32)
+    assert 2 * (a100.shared_bytes + launch.SHARED_RESERVED_PER_BLOCK) <= 164 * kib
+    assert pick(None).spec == hopper.spec == (128, 64, 4, 0)
+    assert launch.tc_forward_tiles(64, shared_per_sm=100 * kib).spec == (128, 64, 4, 0)  # no other

@@ -45,8 +45,9 @@ ldmatrix fall in 8 different 16-byte bank groups)
     K   2 x BLOCK_N x (DPAD + 8)     double buffer
     V   2 x BLOCK_N x (DPAD + 8)     double buffer
     DPAD is HEAD_DIM rounded up to 16 (the k-step of mma); the padding columns are zero-filled.
-    e.g. HEAD_DIM 128, BLOCK_M 128, BLOCK_N 32: 34 KiB + 2 x 2 x 8.5 KiB = 68 KiB (two blocks
-    per SM: the 242 registers of 128 threads allow two as well).
+    e.g. HEAD_DIM 128, BLOCK_M 128, BLOCK_N 64: 34 KiB + 2 x 2 x 17 KiB = 102 KiB, two blocks
+    per SM on a Hopper (228 KiB; the ~254 registers of 128 threads allow two as well). Where
+    two do not fit, launch.py takes 32 keys (68 KiB).
 
 Limits
     float16 / bfloat16 only (the tensor cores' inputs); HEAD_DIM a multiple of 8 up to 256; any

@@ -66,7 +66,7 @@ def test_causal_query_tiles_of_a_head_in_any_order(monkeypatch):
     tiles of 32 rows (2 warps of 16) the simulator sees three of them per head."""
     from numba_flash import launch
 
-    monkeypatch.setattr(launch, "_TC_FWD_TILES", ((256, (32, 16, 2, 0)),))
+    monkeypatch.setattr(launch, "_TC_FWD_TILES", ((256, ((32, 16, 2, 0),)),))
     launch.forward_kernel.cache_clear()
     try:
         check_forward(np.random.default_rng(), 1, 70, 75, 2, 1, 16, True, "float16", backend="tc")
@@ -97,7 +97,10 @@ def test_output_view_with_rows_off_16_byte_alignment(offset):
 
 
 def test_every_specialization_compiles_to_mma_without_spills():
-    configs = [("tc", d, causal, fmt, None) for d in (64, 128, 256) for causal in (False, True)
+    from numba_flash import launch
+
+    configs = [("tc", d, causal, fmt, tiles) for d, options in launch._TC_FWD_TILES
+               for tiles in options for causal in (False, True)
                for fmt in ("float16", "bfloat16")] + [("tc", 8, True, "float16", None)]
     assert_compiles_clean("numba_flash.launch:forward_spec", configs,
                           must_contain=("mma.sync.aligned.m16n8k16", "ldmatrix", "cp.async"))
