@@ -162,8 +162,9 @@ def simt_backward_kernel(kernel, head_dim, causal, fmt):
 # memory is taken (two blocks per SM is what the registers allow; one block of 4 warps cannot
 # keep the tensor cores busy). At D = 128, 64 keys (102 KiB) need a Hopper's 228 KiB per SM; an
 # A100 (164 KiB) or an sm_86/89 part takes 32 keys (68 KiB). 64 keys gained nothing over 32
-# until the epilogue stopped holding registers of its own (session 9: 308-334 vs 238-330
-# TFLOP/s, the most in causal, where 32-key blocks run twice as many tiles).
+# until the epilogue stopped holding registers of its own; in session 9 (N = 1k / 4k / 16k,
+# tc_variants_session9.log run c) they ran non-causal 310 / 332 / 333 TFLOP/s against 308 /
+# 325 / 330, causal 254 / 309 / 333 against 238 / 275 / 312.
 _TC_FWD_TILES = ((64, ((128, 64, 4, 0),)), (128, ((128, 64, 4, 0), (128, 32, 4, 0))),
                  (256, ((64, 32, 4, 0),)))
 SHARED_RESERVED_PER_BLOCK = 1024  # bytes the hardware keeps in every block's shared memory
