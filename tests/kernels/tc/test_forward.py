@@ -74,16 +74,16 @@ def test_causal_query_tiles_of_a_head_in_any_order(monkeypatch):
         launch.forward_kernel.cache_clear()
 
 
-@pytest.mark.parametrize("offset", [0, 4])
-def test_output_view_with_rows_off_16_byte_alignment(offset):
-    """The epilogue stores 16-byte chunks of output rows where a row is 16-byte aligned, and
-    element by element where it is not (an ``out=`` view starting 8 bytes into each row of a
-    wider buffer); the columns outside the view stay untouched."""
+def test_output_view_with_rows_off_16_byte_alignment():
+    """The epilogue stores 16-byte chunks of output rows where a row is 16-byte aligned (every
+    other test) and element by element where it is not: here an ``out=`` view starting 8 bytes
+    into each row of a wider buffer. The columns outside the view stay untouched."""
     import numba_flash as nf
     from numba_flash import reference as ref
 
     rng = np.random.default_rng()
-    B, S, H, D = (1, 9, 2, 16) if SIMULATOR else (2, 300, 4, 64)
+    offset = 4
+    B, S, H, D = (1, 6, 1, 16) if SIMULATOR else (2, 300, 4, 64)
     fmt = "float16"
     q, k, v = (randn(rng, (B, S, H, D), fmt) for _ in range(3))
     wide = nan_like(np.empty((B, S, H, D + 8), DTYPES[fmt]))
