@@ -89,8 +89,9 @@ Summary of the API (``fmt`` is ``"float16"`` or ``"bfloat16"``; 16-bit data are 
     cp_async_16(smem, offset, gmem, index)                       16-byte global -> shared copy
     cp_async_16_zfill(smem, offset, gmem, index, valid)          same, zeros when not ``valid``
     cp_async_commit(), cp_async_wait(n), cp_async_wait_all()
-    st_global_16(gmem, index, smem, offset)                      16-byte shared -> global store
-    global_address(gmem, index)                                  -> uint64 address (alignment)
+    global_address(gmem, index)                                  -> uint64 address of an element
+    st_global_16(address, smem, offset)                          16 bytes shared -> global
+    st_global_16_unaligned(address, smem, offset)                same, any 2-byte-aligned address
     pack_f16x2(lo, hi) / pack_bf16x2(lo, hi) / pack(fmt)         two float32 -> uint32
     unpack_f16x2(r) / unpack_bf16x2(r) / unpack(fmt)             uint32 -> (lo, hi) float32
     exp2_approx(x)                                               ex2.approx.ftz.f32
@@ -224,6 +225,7 @@ def emulate_ldmatrix(flat, offsets, num, trans):
 
 
 if SIMULATOR:
+    import ctypes
     import math
 
     from numba_flash.kernels.primitives import bf16_to_f32 as _bf16_to_f32
@@ -311,13 +313,23 @@ if SIMULATOR:
         """Wait for every copy issued so far (nothing to do under the simulator)."""
         return None
 
-    @cuda.jit(device=True)
-    def st_global_16(gmem, index, smem, offset):
-        """Store the 16 bytes ``smem.flat[offset...]`` to ``gmem[index...]``."""
+    def _store16(address, smem, offset):
+        """Simulated global memory is host memory, and ``global_address`` gives its real
+        addresses: the store is a plain copy of 16 bytes to that address."""
         flat = smem.reshape(-1)
-        head, last = tuple(index[:-1]), int(index[-1])
-        for j in range(CP_ASYNC_BYTES // flat.itemsize):
-            gmem[head + (last + j,)] = flat[int(offset) + j]
+        n = CP_ASYNC_BYTES // flat.itemsize
+        chunk = np.ascontiguousarray(flat[int(offset):int(offset) + n])
+        ctypes.memmove(int(address), chunk.ctypes.data, CP_ASYNC_BYTES)
+
+    @cuda.jit(device=True)
+    def st_global_16(address, smem, offset):
+        """Store the 16 bytes ``smem.flat[offset...]`` at global ``address``."""
+        _store16(address, smem, offset)
+
+    @cuda.jit(device=True)
+    def st_global_16_unaligned(address, smem, offset):
+        """Like ``st_global_16`` (alignment only matters on a GPU)."""
+        _store16(address, smem, offset)
 
     @cuda.jit(device=True)
     def global_address(gmem, index):
@@ -538,26 +550,38 @@ else:
                            side_effect=True)
         builder.call(asm, [])
 
-    @intrinsic
-    def st_global_16(typingctx, gmem, index, smem, offset):
-        """Store 16 bytes from ``smem.flat[offset...]`` to ``gmem[index...]`` through one
-        register quad (``ld.shared.v4.b32`` then ``st.global.v4.b32``): a warp writes 512
-        bytes per instruction. Both addresses must be 16-byte aligned."""
-        if not (_cp_async_types_ok(smem, offset, gmem, index) and gmem.ndim > 1):
+    def _store16(address, smem, offset, stores):
+        """Typing and code of a 16-byte shared -> global store: ``ld.shared.v4.b32`` into four
+        registers, then ``stores`` (PTX over them) to the 64-bit global ``address``."""
+        if not (isinstance(address, types.Integer) and isinstance(smem, types.Array)
+                and _is_int(offset)):
             return None
 
         def codegen(context, builder, sig, args):
-            src = _shared_addr(context, builder, sig.args[2], args[2], sig.args[3], args[3])
-            dst = _global_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.VoidType(), [_I64, _I32]),
-                "{ .reg .b32 w<4>; ld.shared.v4.b32 {w0, w1, w2, w3}, [$1]; "
-                "st.global.v4.b32 [$0], {w0, w1, w2, w3}; }",
-                "l,r,~{memory}", side_effect=True)
+            src = _shared_addr(context, builder, sig.args[1], args[1], sig.args[2], args[2])
+            dst = context.cast(builder, args[0], sig.args[0], types.uint64)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64, _I32]),
+                               "{ .reg .b32 w<4>; .reg .b16 h<8>; "
+                               "ld.shared.v4.b32 {w0, w1, w2, w3}, [$1]; " + stores + " }",
+                               "l,r,~{memory}", side_effect=True)
             builder.call(asm, [dst, src])
             return context.get_dummy_value()
 
-        return types.void(gmem, index, smem, offset), codegen
+        return types.void(address, smem, offset), codegen
+
+    @intrinsic
+    def st_global_16(typingctx, address, smem, offset):
+        """Store 16 bytes ``smem.flat[offset...]`` at ``address`` (16-byte aligned, e.g. from
+        ``global_address``) in one ``st.global.v4.b32``: a warp writes 512 bytes at once."""
+        return _store16(address, smem, offset, "st.global.v4.b32 [$0], {w0, w1, w2, w3};")
+
+    @intrinsic
+    def st_global_16_unaligned(typingctx, address, smem, offset):
+        """``st_global_16`` as eight ``st.global.b16``: any 2-byte-aligned ``address`` (a
+        misaligned 16-byte store faults)."""
+        return _store16(address, smem, offset, " ".join(
+            ["mov.b32 {{h{}, h{}}}, w{};".format(2 * i, 2 * i + 1, i) for i in range(4)]
+            + ["st.global.b16 [$0+{}], h{};".format(2 * i, i) for i in range(8)]))
 
     @intrinsic
     def global_address(typingctx, gmem, index):

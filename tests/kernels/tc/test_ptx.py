@@ -263,17 +263,20 @@ def test_cp_async_copies():
 @cuda.jit
 def _store_kernel(src, dst, addr):
     """Rows of ``src`` staged in shared memory, then written to ``dst`` (3-D, the chunks along
-    its last dimension) with 16-byte stores where the destination is 16-byte aligned (a
-    misaligned 16-byte store faults); ``addr`` gets each chunk's address modulo 16."""
+    its last dimension) at the addresses ``global_address`` gives: one 16-byte store where the
+    chunk is 16-byte aligned (a misaligned one faults), eight 16-bit stores where it is not.
+    ``addr`` gets each chunk's address modulo 16."""
     tid = cuda.threadIdx.x
     s16 = cuda.shared.array(128, uint16, alignment=SHARED_ALIGN)
     for j in range(8):
         s16[tid * 8 + j] = src[tid * 8 + j]
     cuda.syncthreads()
-    index = (tid >> 3, (tid >> 2) & 1, (tid & 3) * 8)
-    addr[tid] = ptx.global_address(dst, index) & 15
-    if addr[tid] == 0:
-        ptx.st_global_16(dst, index, s16, tid * 8)
+    a = ptx.global_address(dst, (tid >> 3, (tid >> 2) & 1, (tid & 3) * 8))
+    addr[tid] = a & 15
+    if a & 15 == 0:
+        ptx.st_global_16(a, s16, tid * 8)
+    else:
+        ptx.st_global_16_unaligned(a, s16, tid * 8)
 
 
 @pytest.mark.parametrize("offset", [0, 8, 4])
@@ -286,9 +289,8 @@ def test_16_byte_stores_and_global_addresses(offset):
     addr = device(np.full(16, -1, np.int64))
     _store_kernel[1, 16](src, dst[..., offset:offset + 32], addr)
     got, addr = to_host(dst), to_host(addr)
-    aligned = offset % 8 == 0
-    np.testing.assert_array_equal(addr, 0 if aligned else 8)
-    np.testing.assert_array_equal(got[..., offset:offset + 32].reshape(-1), src if aligned else 0)
+    np.testing.assert_array_equal(addr, 0 if offset % 8 == 0 else 8)
+    np.testing.assert_array_equal(got[..., offset:offset + 32].reshape(-1), src)
     assert not got[..., :offset].any() and not got[..., offset + 32:].any()
 
 
