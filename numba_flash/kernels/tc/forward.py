@@ -325,38 +325,56 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         # Numba's negative-index fix-up, and global ones are byte addresses (ptx.global_address),
         # which keeps this epilogue a few hundred instructions (it was ~4 us of a 52 us block).
         cuda.syncthreads()  # every ldmatrix of Q is behind us
+        # All rows' sums first: their quad shuffles are independent, so their latencies overlap.
+        for mask in (1, 2):
+            for mt in range(MT):
+                for half in range(2):
+                    l_i[mt, half] += shfl_xor(l_i[mt, half], mask, shfl_scratch, tid)
         w_row = Q_OFF + 16 * MT * warp * STRIDE
         o_word0 = uint32((w_row + g * STRIDE + t2) >> 1)  # all even
         for mt in range(MT):
             for half in range(2):
                 l = l_i[mt, half]
-                l += shfl_xor(l, 1, shfl_scratch, tid)
-                l += shfl_xor(l, 2, shfl_scratch, tid)
                 inv = ONE / l if l > ZERO else ZERO
                 o_word = o_word0 + ((16 * mt + 8 * half) * STRIDE >> 1)
                 for dt in range(DT):
                     smem_words[o_word + 4 * dt] = pack(O_i[mt, dt, 2 * half] * inv,
                                                        O_i[mt, dt, 2 * half + 1] * inv)
-                row = row_g + 16 * mt + 8 * half
-                if t2 == 0 and row < seqlen_q:
-                    lse[b, h, row] = (m_i[mt, half] * scale_log2 + math.log2(l)) * LN2 \
-                        if l > ZERO else POS_INF
+        if t2 == 0:
+            for mt in range(MT):
+                for half in range(2):
+                    l = l_i[mt, half]
+                    row = row_g + 16 * mt + 8 * half
+                    if row < seqlen_q:
+                        lse[b, h, row] = (m_i[mt, half] * scale_log2 + math.log2(l)) * LN2 \
+                            if l > ZERO else POS_INF
         cuda.syncthreads()  # a warp reads only its own rows; the simulator has no syncwarp
         w_row0 = m0 + 16 * MT * warp  # global row of the warp's first output row
         out_w = ptx.global_address(out, (b, w_row0, h, 0))
         row_bytes = uint64(out.strides[1])
         aligned = (out_w | row_bytes) & ALIGN_MASK == 0  # else an out= view of odd alignment
-        for step in range((OUT_CHUNKS + 31) // 32):
-            i = lane + 32 * step  # chunk i of the warp's rows: row i // ROW_CHUNKS
-            if OUT_CHUNKS % 32 == 0 or i < OUT_CHUNKS:
-                r = i // ROW_CHUNKS
-                c = i - r * ROW_CHUNKS
-                if w_row0 + r < seqlen_q:
-                    dst = out_w + uint64(r) * row_bytes + uint64(16 * c)
-                    src = w_row + r * STRIDE + 8 * c
-                    if aligned:
-                        ptx.st_global_16(dst, smem, src)
-                    else:
-                        ptx.st_global_16_unaligned(dst, smem, src)
+        if aligned and w_row0 + 16 * MT <= seqlen_q:
+            # The common case, without a test per chunk: straight-line code in which ptxas
+            # issues the shared loads ahead of the global stores that wait on them.
+            for step in range((OUT_CHUNKS + 31) // 32):
+                i = lane + 32 * step  # chunk i of the warp's rows: row i // ROW_CHUNKS
+                if OUT_CHUNKS % 32 == 0 or i < OUT_CHUNKS:
+                    r = i // ROW_CHUNKS
+                    c = i - r * ROW_CHUNKS
+                    ptx.st_global_16(out_w + uint64(r) * row_bytes + uint64(16 * c), smem,
+                                     w_row + r * STRIDE + 8 * c)
+        else:  # a ragged last query tile, or an out= view of odd alignment
+            for step in range((OUT_CHUNKS + 31) // 32):
+                i = lane + 32 * step
+                if OUT_CHUNKS % 32 == 0 or i < OUT_CHUNKS:
+                    r = i // ROW_CHUNKS
+                    c = i - r * ROW_CHUNKS
+                    if w_row0 + r < seqlen_q:
+                        dst = out_w + uint64(r) * row_bytes + uint64(16 * c)
+                        src = w_row + r * STRIDE + 8 * c
+                        if aligned:
+                            ptx.st_global_16(dst, smem, src)
+                        else:
+                            ptx.st_global_16_unaligned(dst, smem, src)
 
     return flash_fwd_tc
