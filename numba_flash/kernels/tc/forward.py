@@ -323,7 +323,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         # where straight from the fragments it would write 8 bytes to each of 8 rows).
         # Addresses are formed once and advanced by constants: unsigned shared indices skip
         # Numba's negative-index fix-up, and global ones are byte addresses (ptx.global_address),
-        # which keeps this epilogue a few hundred instructions (it was ~4 us of a 52 us block).
+        # which took this epilogue from ~4.4 to ~1.8 us of a ~51 us block (D = 128, N = 1024).
         cuda.syncthreads()  # every ldmatrix of Q is behind us
         # All rows' sums first: their quad shuffles are independent, so their latencies overlap.
         for mask in (1, 2):
