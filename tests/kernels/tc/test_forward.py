@@ -103,4 +103,5 @@ def test_every_specialization_compiles_to_mma_without_spills():
                for tiles in options for causal in (False, True)
                for fmt in ("float16", "bfloat16")] + [("tc", 8, True, "float16", None)]
     assert_compiles_clean("numba_flash.launch:forward_spec", configs,
-                          must_contain=("mma.sync.aligned.m16n8k16", "ldmatrix", "cp.async"))
+                          must_contain=("mma.sync.aligned.m16n8k16", "ldmatrix", "cp.async",
+                                        "st.global.v4.b32"))
