@@ -4,10 +4,12 @@
     python bench/bench_attention.py --quick         # a small grid
     python bench/bench_attention.py --mode both     # forward and backward
     python bench/bench_attention.py --mode bwd --providers nf-simt,sdpa-flash,triton
+    python bench/bench_attention.py --repeats 5     # providers in turn, 5 rounds, medians
 
 Grid (DESIGN.md): B * N = 32k tokens, Hq * D = 2048, D in {64, 128}, N in {1k, 4k, 16k}, causal
 off/on, float16 and bfloat16. Every provider is first checked against a float64 reference on a
-small problem of the same configuration, then timed (CUDA events, median). The table's last
+small problem of the same configuration, then timed (CUDA events, median; with --repeats R,
+R rounds per point with the providers in turn and the median of the rounds). The table's last
 column is the ratio to SDPA's flash backend (FlashAttention-2) in the same run.
 
 Providers (a missing or failing one is left out, with a note):
@@ -26,6 +28,8 @@ panel per mode / head dim / causal, one line per provider) in bench/results/<dat
 """
 
 import argparse
+import functools
+import statistics
 import sys
 
 import common
@@ -198,6 +202,23 @@ def time_one(mode, fwd, bwd, q, k, v, dout, causal):
     return common.time_ms(run)
 
 
+def time_point(timers, repeats, progress=None):
+    """Milliseconds per provider of one point: ``timers`` maps a provider to a function that
+    times it once (``time_one``). With ``repeats`` > 1 the providers are timed in turn, round
+    after round, each round starting one provider further on, and each provider reports the
+    median of its rounds: a drift of the GPU's clock during the point then reaches every
+    provider alike instead of whichever happened to be timed last."""
+    names = list(timers)
+    samples = {name: [] for name in names}
+    for rnd in range(repeats):
+        shift = rnd % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            if progress:
+                progress(name, rnd)
+            samples[name].append(timers[name]())
+    return {name: statistics.median(ms) for name, ms in samples.items()}
+
+
 def naive_scratch_note(b, h, n):
     """Why the naive provider must skip this point (its S/P scratch would not fit), or ''."""
     import torch
@@ -221,8 +242,13 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=2048, help="Hq * D")
     p.add_argument("--quick", action="store_true", help="fp16, D=64, N in {1k, 4k}")
     p.add_argument("--no-plot", action="store_true", help="write the CSV only")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds per point, providers in turn (rotated each round), median "
+                        "reported; default 1")
     p.add_argument("--out-dir", default=None)
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     if args.quick:
         args.dtypes, args.head_dims, args.seqlens = "float16", "64", "1024,4096"
     args.modes = MODES if args.mode == "both" else (args.mode,)
@@ -292,14 +318,15 @@ def main(argv=None):
         fwd, bwd = available[name]
         checked[mode, name, dt, d, c] = (_checked(reference_check, fwd, dt, d, c) if mode == "fwd"
                                          else _checked(reference_check_bwd, bwd, dt, d, c))
-    progress = common.Progress(sum(len(by_mode[p[0]]) for p in points))
+    progress = common.Progress(args.repeats * sum(len(by_mode[p[0]]) for p in points))
     rows = []
     for mode, dt, d, n, c in points:
         b, h = max(args.tokens // n, 1), args.hidden // d
         q, k, v, dout = _inputs(b, n, h, d, dt)
         flops = common.attention_flops(b, h, n, n, d, c, mode)
+        label = f"{mode} {str(dt)[6:]} D={d} N={n} causal={int(c)}"
+        timers, point_rows = {}, []
         for name in by_mode[mode]:
-            progress.step(f"{mode} {str(dt)[6:]} D={d} N={n} causal={int(c)} {name}")
             fwd, bwd = available[name]
             passed, err, note = checked[mode, name, dt, d, c]
             row = dict(mode=mode, dtype=str(dt)[6:], head_dim=d, seqlen=n, batch=b, heads=h,
@@ -308,9 +335,17 @@ def main(argv=None):
             if name == "naive":
                 row["note"] = row["note"] or naive_scratch_note(b, h, n)
             if passed and not row["note"]:
-                ms = time_one(mode, fwd, bwd, q, k, v, dout, c)
+                timers[name] = functools.partial(time_one, mode, fwd, bwd, q, k, v, dout, c)
+            else:
+                progress.total -= args.repeats  # nothing to time: no steps to wait for
+            point_rows.append(row)
+        times = time_point(timers, args.repeats,
+                           lambda name, rnd: progress.step(f"{label} {name} ({rnd + 1})"))
+        for row in point_rows:
+            if row["provider"] in times:
+                ms = times[row["provider"]]
                 row.update(ms=ms, tflops=flops / ms * 1e-9)
-            rows.append(row)
+        rows += point_rows
         del q, k, v, dout
         if DEVICE == "cuda":
             torch.cuda.empty_cache()

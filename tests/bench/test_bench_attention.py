@@ -15,12 +15,36 @@ def test_parse_args(bench_module):
     assert a.modes == ("fwd",) and a.dtype_names == ["float16", "bfloat16"]
     assert a.head_dim_list == [64, 128] and a.seqlen_list == [1024, 4096, 16384]
     assert a.causal_list == [False, True] and a.provider_list is None and not a.no_plot
+    assert a.repeats == 1
     q = ba.parse_args(["--quick", "--mode", "both", "--causal", "1", "--providers", "triton,naive"])
     assert q.modes == ("fwd", "bwd") and q.dtype_names == ["float16"]
     assert q.head_dim_list == [64] and q.seqlen_list == [1024, 4096]
     assert q.causal_list == [True] and q.provider_list == ["triton", "naive"]
     with pytest.raises(SystemExit):
         ba.parse_args(["--mode", "sideways"])
+    with pytest.raises(SystemExit):
+        ba.parse_args(["--repeats", "0"])
+
+
+def test_rounds_rotate_the_providers_and_report_medians(bench_module):
+    """Each round starts one provider further on, so none is always timed first or last; each
+    provider's time is the median of its rounds."""
+    ba = bench_module("bench_attention")
+    calls = []
+    samples = {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 9.0, 4.0]), "c": iter([7.0, 7.0, 8.0])}
+
+    def timer(name):
+        def run():
+            calls.append(name)
+            return next(samples[name])
+        return run
+
+    steps = []
+    times = ba.time_point({n: timer(n) for n in "abc"}, 3, lambda n, r: steps.append((n, r)))
+    assert calls == list("abc" "bca" "cab")
+    assert steps == [(n, r) for r, order in enumerate(("abc", "bca", "cab")) for n in order]
+    assert times == {"a": 2.0, "b": 5.0, "c": 7.0}
+    assert ba.time_point({}, 2) == {}
 
 
 def test_ratios_to_the_anchor_match_points(bench_module):
@@ -67,7 +91,7 @@ def test_whole_script_on_cpu(bench_module, triton_kernels, tmp_path, monkeypatch
     monkeypatch.setattr(ba, "naive_scratch_note", lambda b, h, n: "")
     argv = ["--mode", "both", "--dtypes", "float16", "--head-dims", "16", "--seqlens", "16,32",
             "--causal", "1", "--tokens", "32", "--hidden", "16", "--out-dir", str(tmp_path),
-            "--providers", "sdpa-flash,nf-simt,triton,naive"]
+            "--providers", "sdpa-flash,nf-simt,triton,naive", "--repeats", "2"]
     assert ba.main(argv) == 0
     rows = common.read_csv(tmp_path / "attention_both.csv")
     fwd = {(r["provider"], r["seqlen"], r["causal"]) for r in rows if r["mode"] == "fwd"}
