@@ -75,9 +75,10 @@ def test_causal_query_tiles_of_a_head_in_any_order(monkeypatch):
 
 
 def test_output_view_with_rows_off_16_byte_alignment():
-    """The epilogue stores 16-byte chunks of output rows where a row is 16-byte aligned (every
-    other test) and element by element where it is not: here an ``out=`` view starting 8 bytes
-    into each row of a wider buffer. The columns outside the view stay untouched."""
+    """The epilogue stores 16-byte chunks of output rows where the rows are 16-byte aligned
+    (every other test) and each chunk as eight 16-bit stores where they are not: here an
+    ``out=`` view starting 8 bytes into each row of a wider buffer. The columns outside the view
+    stay untouched."""
     import numba_flash as nf
     from numba_flash import reference as ref
 
