@@ -1,9 +1,10 @@
 """Tile sweep for the tensor-core forward: times tile candidates (BLOCK_M x BLOCK_N x warps x
-register cap) on one problem per head dim and prints TFLOP/s, so launch.py's table is set by
-measurement. Each candidate's output is compared with the default configuration's first.
+register cap) of one kernel family (``mma`` or ``wgmma``, default: the device's) on one problem
+per head dim and prints TFLOP/s, so launch.py's tables are set by measurement. Each candidate's
+output is compared with torch SDPA's first (err_vs_sdpa).
 
     python bench/tune_tc_forward.py --head-dims 64,128 --seqlen 4096
-    python bench/tune_tc_forward.py --head-dims 128 --candidates 128x32x8x128,128x32x4x0
+    python bench/tune_tc_forward.py --head-dims 128 --family mma --candidates 128x32x4x0
 """
 
 import argparse
@@ -16,10 +17,18 @@ import common
 # Per head dim: 16 rows per warp in 8-warp blocks (capped at 128 registers: 16 warps per SM, or
 # uncapped with wider key tiles), and 32 rows per warp in 4-warp blocks (each K/V fragment feeds
 # two mma) with up to 255 registers. All spill-free on sm_80 and sm_90.
+# wgmma: 64 query rows per warpgroup (warps = BLOCK_M / 16), one or more warpgroups per block.
 CANDIDATES = {
-    64: "128x64x8x128,128x128x8x0,128x64x4x0,128x96x4x0",
-    128: "128x32x8x128,128x64x8x0,128x128x8x0,128x32x4x0,128x48x4x0,128x64x4x0",
-    256: "64x32x4x0,64x16x4x0",
+    "mma": {
+        64: "128x64x8x128,128x128x8x0,128x64x4x0,128x96x4x0",
+        128: "128x32x8x128,128x64x8x0,128x128x8x0,128x32x4x0,128x48x4x0,128x64x4x0",
+        256: "64x32x4x0,64x16x4x0",
+    },
+    "wgmma": {
+        64: "128x128x8x0,192x128x12x0,64x128x4x0,128x64x8x0,64x64x4x0",
+        128: "128x128x8x0,128x64x8x0,192x64x12x0,64x128x4x0,64x64x4x0",
+        256: "64x64x4x0,64x32x4x0",
+    },
 }
 
 
@@ -29,22 +38,28 @@ def main(argv=None):
     p.add_argument("--seqlen", type=int, default=4096)
     p.add_argument("--candidates", default=None, help="BMxBNxWARPSxREGS,... (default: per head dim)")
     p.add_argument("--dtype", default="float16")
+    p.add_argument("--family", choices=("mma", "wgmma"), default=None,
+                   help="tc kernel family (default: the device's, launch.tc_family)")
     p.add_argument("--out-dir", default=None)
     args = p.parse_args(argv)
 
     import torch
 
-    import numba_flash as nf
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from numba_flash import arrays, launch
 
     out = common.results_dir(args.out_dir)
+    family = args.family or launch.tc_family(launch.device_cc())
     rows = []
     for d, causal in itertools.product([int(x) for x in args.head_dims.split(",")], (False, True)):
         n = args.seqlen
         b, h = max(32768 // n, 1), 2048 // d
         q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=getattr(torch, args.dtype))
                    for _ in range(3))
-        ref, _ = nf.flash_attn_fwd(q, k, v, causal=causal, backend="tc")
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal
+        ).transpose(1, 2)
         tq, tk, tv = (arrays.adapt(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
         o = arrays.empty(tq, tq.shape, tq.fmt, "out")
         lse = arrays.empty(tq, (b, h, n), "float32", "lse")
@@ -53,10 +68,11 @@ def main(argv=None):
         # Every candidate is compiled and checked before any is timed: a JIT compile is seconds
         # of CPU time on an idle GPU, whose clock would still be low for the next timing.
         checked = []
-        for cand in (args.candidates or CANDIDATES[d]).split(","):
+        for cand in (args.candidates or CANDIDATES[family][d]).split(","):
             tiles = tuple(int(x) for x in cand.split("x"))
-            t = launch.tc_forward_tiles(d, tiles)
-            pyfunc, signature, options = launch.forward_spec("tc", d, causal, tq.fmt, tiles)
+            t = launch.tc_forward_tiles(d, tiles, family=family)
+            pyfunc, signature, options = launch.forward_spec("tc", d, causal, tq.fmt, tiles,
+                                                             family)
             kernel = launch.compile_kernel(pyfunc, signature, t.shared_bytes, options)
 
             def run(kernel=kernel, t=t):
@@ -68,12 +84,23 @@ def main(argv=None):
             checked.append((cand, t, kernel.library.get_cufunc().attrs, run, err))
         for cand, t, attrs, run, err in checked:
             ms = common.time_ms(run)
-            rows.append(dict(head_dim=d, causal=int(causal), tiles=cand, regs=attrs.regs,
+            rows.append(dict(family=family, head_dim=d, causal=int(causal), tiles=cand,
+                             regs=attrs.regs,
                              local_bytes=attrs.local,
-                             smem_kb=t.shared_bytes / 1024, err_vs_default=err, ms=ms,
+                             smem_kb=t.shared_bytes / 1024, err_vs_sdpa=err, ms=ms,
                              tflops=flops / ms * 1e-9))
             print(common.format_table(rows[-1:], list(rows[-1])), flush=True)
             common.write_csv(out / "tune_tc_forward.csv", rows)  # kept if the run is cut short
+
+        def sdpa():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+        ms = common.time_ms(sdpa)
+        rows.append(dict(family="sdpa-flash", head_dim=d, causal=int(causal), tiles="", regs=0,
+                         local_bytes=0, smem_kb=0, err_vs_sdpa=0.0, ms=ms,
+                         tflops=flops / ms * 1e-9))
+        print(common.format_table(rows[-1:], list(rows[-1])), flush=True)
     print(common.format_table(rows, list(rows[0])))
 
 

@@ -67,16 +67,25 @@ def attention_signature(fmt):
                       types.int32, types.int32, types.int32, types.int32, types.float32)
 
 
-def forward_spec(backend, head_dim, causal, fmt, tiles=None):
+def tc_family(cc):
+    """Which tc forward kernel runs on compute capability ``cc``: ``"wgmma"`` (Hopper's warpgroup
+    instructions, kernels/tc/forward_wgmma.py) on 9.0, else ``"mma"`` (mma.sync, forward.py)."""
+    return "wgmma" if tuple(cc[:2]) == (9, 0) else "mma"
+
+
+def forward_spec(backend, head_dim, causal, fmt, tiles=None, family="mma"):
     """``(pyfunc, signature, compile options)`` of the ``simt`` or ``tc`` forward kernel, the form
     ``ptxcheck.compile_report_isolated`` takes (``tiles``: a tc tile candidate, see
-    ``tc_forward_tiles``)."""
+    ``tc_forward_tiles``; ``family``: the tc kernel, see ``tc_family``)."""
     if backend == "tc":
-        from .kernels.tc import forward
+        from .kernels.tc import forward, forward_wgmma
 
-        t = tc_forward_tiles(head_dim, tiles)
-        pyfunc = forward.make_forward_kernel(head_dim, t.BLOCK_M, t.BLOCK_N, causal, fmt,
-                                             t.threads // 32)
+        t = tc_forward_tiles(head_dim, tiles, family=family)
+        if family == "wgmma":
+            pyfunc = forward_wgmma.make_forward_kernel(head_dim, t.BLOCK_M, t.BLOCK_N, causal, fmt)
+        else:
+            pyfunc = forward.make_forward_kernel(head_dim, t.BLOCK_M, t.BLOCK_N, causal, fmt,
+                                                 t.threads // 32)
     else:
         from .kernels.simt import forward
 
@@ -89,8 +98,9 @@ def forward_spec(backend, head_dim, causal, fmt, tiles=None):
 def forward_kernel(backend, head_dim, causal, fmt):
     """Compiled forward kernel of ``backend`` and its tiles (for the current device)."""
     if backend == "tc":
-        tiles = tc_forward_tiles(head_dim, shared_per_sm=device_limits()[2])
-        spec = forward_spec(backend, head_dim, causal, fmt, tiles.spec)
+        family = tc_family(device_cc())
+        tiles = tc_forward_tiles(head_dim, shared_per_sm=device_limits()[2], family=family)
+        spec = forward_spec(backend, head_dim, causal, fmt, tiles.spec, family)
     else:
         tiles = simt_forward_tiles(head_dim)
         spec = forward_spec(backend, head_dim, causal, fmt)
@@ -169,19 +179,27 @@ _TC_FWD_TILES = ((64, ((128, 64, 4, 0),)), (128, ((128, 64, 4, 0), (128, 32, 4, 
                  (256, ((64, 32, 4, 0),)))
 SHARED_RESERVED_PER_BLOCK = 1024  # bytes the hardware keeps in every block's shared memory
 
+# The wgmma kernel's (BLOCK_M, BLOCK_N, warps, register cap) by head dim: BLOCK_M = 64 per
+# warpgroup, warps = BLOCK_M / 16. Provisional, until the sweep on an H200.
+_TC_WGMMA_FWD_TILES = ((64, ((128, 128, 8, 0),)), (128, ((128, 128, 8, 0),)),
+                       (256, ((64, 64, 4, 0),)))
 
-def tc_forward_tiles(head_dim, tiles=None, shared_per_sm=None):
+
+def tc_forward_tiles(head_dim, tiles=None, shared_per_sm=None, family="mma"):
     """Tiles of the tc forward for ``head_dim``: ``tiles`` = (BLOCK_M, BLOCK_N, warps, register
-    cap) as the tile sweep passes them, else the table's first entry of which two blocks fit in
-    ``shared_per_sm`` bytes (None: the table's first)."""
-    from .kernels.tc import forward
+    cap) as the tile sweep passes them, else the table's first entry. For the ``mma`` family,
+    the first of which two blocks fit in ``shared_per_sm`` bytes (None: the table's first)."""
+    from .kernels.tc import forward, forward_wgmma
+
+    kernel = forward_wgmma if family == "wgmma" else forward
 
     def block_bytes(t):
-        return 2 * forward.shared_elements(t[0], t[1], head_dim)
+        return 2 * kernel.shared_elements(t[0], t[1], head_dim)
 
     if tiles is None:
-        options = next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
-        fits = [t for t in options if shared_per_sm is None
+        table = _TC_WGMMA_FWD_TILES if family == "wgmma" else _TC_FWD_TILES
+        options = next(t for limit, t in table if head_dim <= limit)
+        fits = [t for t in options if shared_per_sm is None or family == "wgmma"
                 or 2 * (block_bytes(t) + SHARED_RESERVED_PER_BLOCK) <= shared_per_sm]
         tiles = (fits or options[-1:])[0]
     bm, bn, warps, regs = tiles

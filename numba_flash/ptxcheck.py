@@ -60,7 +60,7 @@ def assemble_report(ptx, cc=(9, 0), max_registers=0):
     from cuda.bindings import nvjitlink
 
     data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
-    flags = ["-arch=sm_{}{}".format(*cc), "-verbose"]
+    flags = ["-arch=sm_" + "".join(map(str, cc)), "-verbose"]  # (9, 0, "a") -> sm_90a
     if max_registers:
         flags.append(f"-maxrregcount={max_registers}")
     handle = nvjitlink.create(len(flags), flags)

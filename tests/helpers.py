@@ -96,16 +96,18 @@ def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, so
 CCS = ((8, 0), (9, 0))
 
 
-def assert_compiles_clean(spec, configs, must_contain=()):
-    """Compile ``spec(*config)`` for sm_80 and sm_90 in a child process without the simulator
-    (numba_flash.ptxcheck) and require zero spills, no local-memory traffic and the given PTX
-    instructions."""
+def assert_compiles_clean(spec, configs, must_contain=(), ccs=CCS, must_not_log=()):
+    """Compile ``spec(*config)`` for each of ``ccs`` (sm_80 and sm_90) in a child process without
+    the simulator (numba_flash.ptxcheck) and require zero spills, no local-memory traffic, the
+    given PTX instructions and none of the given ptxas messages (e.g. wgmma serialization)."""
     from numba_flash import ptxcheck
 
-    jobs = [(spec, cc, tuple(config)) for config in configs for cc in CCS]
+    jobs = [(spec, cc, tuple(config)) for config in configs for cc in ccs]
     for (ptx, report), (_, cc, config) in zip(ptxcheck.compile_reports_isolated(jobs), jobs):
-        where = f"{spec}{tuple(config)} sm_{cc[0]}{cc[1]}"
+        where = f"{spec}{tuple(config)} sm_{''.join(map(str, cc))}"
         assert report["spill_stores"] == 0 and report["spill_loads"] == 0, f"{where}: spills"
         assert "ld.local" not in ptx and "st.local" not in ptx, f"{where}: local memory"
         for instruction in must_contain:
             assert instruction in ptx, f"{where}: no {instruction}"
+        for message in must_not_log:
+            assert message not in report["log"], f"{where}: {message} in\n{report['log']}"

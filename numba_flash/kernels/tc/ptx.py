@@ -95,6 +95,7 @@ Summary of the API (``fmt`` is ``"float16"`` or ``"bfloat16"``; 16-bit data are 
     pack_f16x2(lo, hi) / pack_bf16x2(lo, hi) / pack(fmt)         two float32 -> uint32
     unpack_f16x2(r) / unpack_bf16x2(r) / unpack(fmt)             uint32 -> (lo, hi) float32
     exp2_approx(x)                                               ex2.approx.ftz.f32
+    div_u32(a, b)                                                32-bit a // b (a, b >= 0)
     emulate_mma(a_words, b_words, c, fmt), emulate_ldmatrix(...) NumPy, one whole warp (host)
 
 ``smem`` is a C-contiguous shared array of any rank and ``offset`` a flat element offset into it
@@ -162,7 +163,7 @@ _C_ROW = _GROUP + 8 * (_I4 >> 1)  # (32, 4): row of C/D that c_i holds
 _C_COL = 2 * _IN_GROUP + (_I4 & 1)
 
 
-def _bits_to_f64(bits, fmt):
+def bits_to_f64(bits, fmt):
     """uint16 bit patterns of format ``fmt`` -> float64 values."""
     bits = np.asarray(bits, dtype=np.uint16)
     if fmt == "bfloat16":
@@ -177,15 +178,18 @@ def _halves(words):
     return pairs.reshape(words.shape[0], -1).astype(np.uint16)
 
 
+def warp_a_tile(a_words, fmt):
+    """The 16x16 A tile (float64) held by a warp's A fragments ``a_words (32, 4)``."""
+    A = np.zeros((16, 16), np.float64)
+    A[_A_ROW, _A_COL] = bits_to_f64(_halves(a_words), fmt)  # a0..a7 of each lane
+    return A
+
+
 def _warp_tiles(a_words, b_words, fmt):
     """The 16x16 A and 16x8 B tiles (float64) held by a warp's A and B fragments."""
-    a_bits = _halves(a_words)  # (32, 8): a0..a7
-    b_bits = _halves(b_words)  # (32, 4): b0..b3
-    A = np.zeros((16, 16), np.float64)
     B = np.zeros((16, 8), np.float64)
-    A[_A_ROW, _A_COL] = _bits_to_f64(a_bits, fmt)
-    B[_B_ROW, _B_COL] = _bits_to_f64(b_bits, fmt)
-    return A, B
+    B[_B_ROW, _B_COL] = bits_to_f64(_halves(b_words), fmt)  # b0..b3 of each lane
+    return warp_a_tile(a_words, fmt), B
 
 
 def _lane_mma(A, B, c, lane):
@@ -367,6 +371,11 @@ if SIMULATOR:
         if math.isfinite(y) and abs(y) < np.float32(1.1754944e-38):
             y = np.float32(0.0)  # .ftz: subnormal results flush to zero
         return y
+
+    @cuda.jit(device=True)
+    def div_u32(a, b):
+        """``a // b`` of two non-negative 32-bit integers."""
+        return np.uint32(int(a) // int(b))
 
 else:
     from llvmlite import ir
@@ -709,6 +718,21 @@ else:
             return builder.call(asm, [x32])
 
         return types.float32(x), codegen
+
+    @intrinsic
+    def div_u32(typingctx, a, b):
+        """``a // b`` of two non-negative 32-bit integers with ``div.u32``. Numba divides in 64
+        bits, which ptxas turns into a call to a subroutine; a kernel with a call in it gets its
+        wgmma serialized (ptxas warning C7509)."""
+        if not (_is_int(a) and _is_int(b)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            a32 = context.cast(builder, args[0], sig.args[0], types.uint32)
+            b32 = context.cast(builder, args[1], sig.args[1], types.uint32)
+            return builder.udiv(a32, b32)
+
+        return types.uint32(a, b), codegen
 
 
 # The warp-level instructions, each a device function with the same arguments on a GPU and under

@@ -1,4 +1,9 @@
-"""Tensor-core forward against the float64 reference (simulator: emulated mma.sync, tiny shapes)."""
+"""The mma.sync forward (kernels/tc/forward.py) against the float64 reference (simulator:
+emulated mma.sync, tiny shapes). The backend runs it on every GPU but a Hopper (which runs
+forward_wgmma.py, test_forward_wgmma.py); here it is selected everywhere."""
+
+import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -6,24 +11,20 @@ import pytest
 from helpers import (DTYPES, SIMULATOR, assert_close_rule, assert_compiles_clean, assert_lse,
                      check_forward, nan_like, randn, to_device, to_host)
 
-CASES_SIM = [
-    (1, 5, 7, 2, 1, 16, False, "float16"),
-    (1, 20, 33, 2, 1, 24, True, "bfloat16"),    # ragged tiles, padded head dim (24 -> 32)
-    (1, 33, 9, 1, 1, 8, True, "float16"),       # Sq > Sk: rows with no key; Q spans two warps
-    (1, 3, 70, 1, 1, 40, False, "bfloat16"),    # Sk spans two KV tiles: the double buffer turns
-]
-CASES_GPU = [
-    (2, 1000, 1000, 8, 2, 64, False, "float16"),
-    (2, 1000, 1000, 8, 2, 64, True, "bfloat16"),
-    (1, 777, 1531, 4, 4, 128, True, "float16"),
-    (1, 1531, 777, 4, 1, 128, True, "bfloat16"),
-    (3, 257, 513, 6, 3, 72, False, "bfloat16"),
-    (1, 300, 300, 2, 1, 256, True, "float16"),
-    (1, 1, 4097, 2, 2, 96, False, "float16"),
-    (1, 129, 129, 2, 2, 8, True, "bfloat16"),
-    (1, 4096, 4096, 2, 1, 200, True, "float16"),
-]
-CASES = CASES_SIM if SIMULATOR else CASES_GPU
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _forward_cases import CASES  # noqa: E402  (beside this file)
+
+
+
+@pytest.fixture(autouse=True)
+def mma_family(monkeypatch):
+    """The tc backend with the mma.sync kernel, whatever the device."""
+    from numba_flash import launch
+
+    monkeypatch.setattr(launch, "tc_family", lambda cc: "mma")
+    launch.forward_kernel.cache_clear()
+    yield
+    launch.forward_kernel.cache_clear()
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -67,11 +68,7 @@ def test_causal_query_tiles_of_a_head_in_any_order(monkeypatch):
     from numba_flash import launch
 
     monkeypatch.setattr(launch, "_TC_FWD_TILES", ((256, ((32, 16, 2, 0),)),))
-    launch.forward_kernel.cache_clear()
-    try:
-        check_forward(np.random.default_rng(), 1, 70, 75, 2, 1, 16, True, "float16", backend="tc")
-    finally:
-        launch.forward_kernel.cache_clear()
+    check_forward(np.random.default_rng(), 1, 70, 75, 2, 1, 16, True, "float16", backend="tc")
 
 
 def test_output_view_with_rows_off_16_byte_alignment():

@@ -1,0 +1,305 @@
+"""FlashAttention forward on Hopper's warpgroup tensor cores: ``wgmma.mma_async`` from pure Python.
+
+What it computes
+    The same function as ``forward.py`` (the ``mma.sync`` kernel; read it first: the online
+    softmax with lazy rescaling, the causal rules and the epilogue are the same), with both
+    products issued as ``wgmma`` (wgmma.py): a warpgroup of 4 warps multiplies its 64 query rows
+    by a whole K or V tile in one chain of asynchronous instructions that read the tiles straight
+    from shared memory, where ``mma.sync`` made each warp load every K/V fragment into its own
+    registers first. On an H200 that is the difference between ~2/3 of the tensor cores' rate
+    and nearly all of it.
+
+Grid / block mapping
+    grid = (ceil(Sq / BLOCK_M), B * Hq), causal query tiles numbered from the last; block = NWG
+    warpgroups (128 threads each), BLOCK_M = 64 NWG. Warpgroup ``wg`` owns query rows ``64 wg ..
+    64 wg + 63`` of the tile; warp ``w`` (of the block) the 16 rows from ``16 w``, with the
+    C-fragment ownership of ``forward.py`` (lane: rows ``g`` and ``g + 8``, columns ``2 t, 2 t
+    + 1`` of every 8-column tile). Per thread, in registers:
+
+        S / P     BLOCK_N / 2 floats       this thread's part of S_ij = Q_i K_j^T (64 x BLOCK_N)
+        O_i       DPAD / 2 floats          ... of O_i (64 x DPAD)
+        m_i, l_i  2 + 2 floats             its two rows
+
+    S_ij: KSTEPS = DPAD / 16 wgmma m64nBLOCK_Nk16, A = Q from shared memory, B = K^T (the K tile
+    read K-major). O_i += P V: BLOCK_N / 16 wgmma m64nDPADk16 with P from registers (the S
+    accumulator rounded to 16 bits and packed is the A fragment) and B = V (read MN-major).
+
+Memory pipeline
+    K/V tiles go global -> shared with ``cp.async`` (16 bytes per instruction), double buffered,
+    one barrier per tile: tile j + 1 is in flight while tile j is computed. wgmma reads shared
+    memory through the "async proxy", so every tile is published by wait -> proxy fence ->
+    barrier (wgmma.py, "Ordering").
+
+Shared memory (16-bit elements; every tile in wgmma.py's 128-byte-swizzle layout: column blocks
+of 64 elements, no padding, bank-conflict free for cp.async writes, wgmma reads and the epilogue)
+    Q   BLOCK_M x DPAD          staged once; at the end it stages O
+    K   2 x BLOCK_N x DPAD      double buffer
+    V   2 x BLOCK_N x DPAD      double buffer
+    + 1 KiB to put the tiles on a 1024-byte boundary. DPAD is HEAD_DIM rounded up to 64.
+    e.g. HEAD_DIM 128, BLOCK_M 128, BLOCK_N 128: 32 + 2 x 2 x 32 + 1 = 161 KiB, one block per SM.
+
+Limits
+    float16 / bfloat16; HEAD_DIM a multiple of 8 up to 256 (DPAD / 2 + BLOCK_N / 2 accumulator
+    registers per thread bound the tiles); any Sq, Sk; compute capability 9.0 (sm_90a: wgmma
+    exists on Hopper only; launch.py runs ``forward.py`` elsewhere).
+"""
+
+import math
+from functools import lru_cache
+
+from numba import cuda, float32, int32, uint16, uint32, uint64
+
+from .. import primitives as prim
+from . import ptx, wgmma
+from .forward import RESCALE_LOG2
+from .ptx import SHARED_ALIGN
+
+WARPGROUP = 128  # threads
+
+
+def padded_head_dim(head_dim):
+    return wgmma.padded_cols(head_dim)
+
+
+def shared_elements(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """16-bit elements of shared memory the kernel uses (with the alignment reserve)."""
+    return (BLOCK_M + 4 * BLOCK_N) * padded_head_dim(HEAD_DIM) + wgmma.TILE_ALIGN // 2
+
+
+@lru_cache(maxsize=None)
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+    """Python kernel function for one configuration (compile with launch.compile_kernel, for
+    sm_90a)."""
+    assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
+    THREADS = BLOCK_M // 64 * WARPGROUP
+    DPAD = padded_head_dim(HEAD_DIM)
+    KSTEPS = DPAD // 16          # k-steps of Q K^T
+    NT = BLOCK_N // 8            # 8-column tiles of S
+    DT = DPAD // 8               # 8-column tiles of O
+    S_REGS, O_REGS = 4 * NT, 4 * DT  # accumulator registers per thread (constants for fences)
+    CHUNKS = DPAD // 8           # 16-byte chunks per row
+    Q_OFF = 0
+    K_OFF = BLOCK_M * DPAD
+    V_OFF = K_OFF + 2 * BLOCK_N * DPAD
+    TILE = BLOCK_N * DPAD        # elements of one K (or V) buffer
+    SCRATCH = wgmma.scratch_size(THREADS)
+    SHFL_SCRATCH = prim.scratch_size(THREADS)
+    mma_s = wgmma.mma_ss(FMT, BLOCK_N, 0)   # S = Q K^T, K read K-major
+    mma_o = wgmma.mma_rs(FMT, DPAD, 1)      # O += P V, V read MN-major
+    pack = ptx.pack(FMT)
+    copy16 = ptx.cp_async_16_zfill
+    shfl_xor = prim.shfl_xor
+    exp2 = ptx.exp2_approx
+    NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
+    ZERO, ONE = float32(0.0), float32(1.0)
+    RESCALE = float32(RESCALE_LOG2)
+
+    # Descriptor arithmetic, in 16-byte units (wgmma.py, "Shared-memory operands"): a k-step of
+    # a K-major operand moves 32 bytes along its row, or to the next 64-column block; a k-step of
+    # V moves 16 rows of 128 bytes; a buffer is TILE elements.
+    SBO = 8 * wgmma.SWIZZLE_BYTES
+    V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
+    BUF_STEP = TILE * 2 // 16
+    V_STEP = 16 * wgmma.SWIZZLE_BYTES // 16
+
+    # Copy geometry: each thread copies chunk column ``tid % CHUNK_SLOTS`` of rows ``tid //
+    # CHUNK_SLOTS + pass * ROWS_PER_PASS`` (CHUNKS rounded up to a power of two).
+    CHUNK_SLOTS = 1 << (CHUNKS - 1).bit_length()
+    ROWS_PER_PASS = THREADS // CHUNK_SLOTS
+    ROW_CHUNKS = HEAD_DIM // 8                        # 16-byte chunks of an output row
+    OUT_CHUNKS = 16 * ROW_CHUNKS                      # ... of a warp's 16 output rows
+    ALIGN_MASK = uint64(15)
+
+    @cuda.jit(device=True, inline="always")
+    def k_step(ks, rows):
+        """Descriptor offset (16-byte units) of k-step ``ks`` of a K-major tile of ``rows``."""
+        return uint64(((ks >> 2) * rows * wgmma.SWIZZLE_BYTES + (ks & 3) * 32) >> 4)
+
+    @cuda.jit(device=True, inline="always")
+    def load_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c):
+        """Issue the cp.async copies of rows row0 .. row0 + NROWS - 1 of src[b, :, head, :] into
+        the swizzled tile at ``offset``; rows past seqlen and padding columns are zero-filled."""
+        if CHUNKS == CHUNK_SLOTS or c < CHUNKS:
+            col = 8 * c
+            src_col = col if col < HEAD_DIM else 0
+            for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
+                r = r0 + i * ROWS_PER_PASS
+                if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
+                    valid = row0 + r < seqlen
+                    copy16(smem, offset + wgmma.tile_offset(r, col, NROWS), src,
+                           (b, row0 + r if valid else 0, head, src_col), valid and col < HEAD_DIM)
+
+    def flash_fwd_wgmma(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
+        smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
+        smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
+        scratch = cuda.shared.array(SCRATCH, uint32)
+        shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t2 = (lane & 3) * 2
+        copy_r0 = (tid & (THREADS - 1)) // CHUNK_SLOTS
+        copy_c = tid & (CHUNK_SLOTS - 1)
+        base = wgmma.aligned_base(smem)  # the tiles start on a 1024-byte boundary
+        m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
+        b = int32(ptx.div_u32(cuda.blockIdx.y, n_heads_q))  # 32-bit: no division subroutine
+        h = cuda.blockIdx.y - b * n_heads_q
+        hk = int32(ptx.div_u32(h, group))
+
+        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        kv_end = seqlen_k
+        if CAUSAL:
+            kv_end = min(seqlen_k, m0 + BLOCK_M + diag)
+        n_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N if kv_end > 0 else 0
+
+        # Prologue: Q and the first K/V tile in flight together.
+        load_tile(smem, base + Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, copy_r0, copy_c)
+        if n_tiles > 0:
+            load_tile(smem, base + K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
+            load_tile(smem, base + V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
+        ptx.cp_async_commit()
+
+        # Descriptors of this warpgroup's Q rows and of the first K and V buffers.
+        desc_q = wgmma.descriptor(smem, base + Q_OFF + (tid >> 7) * 64 * wgmma.BLOCK_COLS, 16, SBO)
+        desc_k = wgmma.descriptor(smem, base + K_OFF, 16, SBO)
+        desc_v = wgmma.descriptor(smem, base + V_OFF, V_LBO, SBO)
+
+        m_i = cuda.local.array(2, float32)
+        l_i = cuda.local.array(2, float32)
+        m_tile = cuda.local.array(2, float32)  # row maxima of the current S tile
+        O_i = cuda.local.array((DT, 4), float32)
+        S = cuda.local.array((NT, 4), float32)
+        for half in range(2):
+            m_i[half] = NEG_INF
+            l_i[half] = ZERO
+        for dt in range(DT):
+            for e in range(4):
+                O_i[dt, e] = ZERO
+        row_g = m0 + 16 * warp + g  # global query index of this thread's first row
+
+        for j in range(n_tiles):
+            n0 = j * BLOCK_N
+            ptx.cp_async_wait(0)   # tile j has landed (for this thread's copies) ...
+            wgmma.proxy_fence()    # ... is visible to wgmma reads ...
+            cuda.syncthreads()     # ... for every thread; every warpgroup is done with tile j - 1
+            if j + 1 < n_tiles:
+                nxt = TILE - (j & 1) * TILE
+                load_tile(smem, base + K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                          copy_r0, copy_c)
+                load_tile(smem, base + V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                          copy_r0, copy_c)
+                ptx.cp_async_commit()
+            buf = uint64((j & 1) * BUF_STEP)
+
+            # S_ij = Q_i K_j^T: one chain of KSTEPS wgmma, the first overwriting S.
+            wgmma.fence()
+            for ks in range(KSTEPS):
+                mma_s(S, 0, desc_q + k_step(ks, BLOCK_M), desc_k + buf + k_step(ks, BLOCK_N),
+                      ks > 0, smem, scratch, tid)
+            wgmma.commit()
+            wgmma.wait(0)
+            wgmma.fence_operands(S, S_REGS)
+
+            # Mask only the tiles that cross the ragged end or the causal diagonal.
+            needs_mask = n0 + BLOCK_N > seqlen_k
+            if CAUSAL:
+                needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
+            if needs_mask:
+                for half in range(2):
+                    limit = seqlen_k
+                    if CAUSAL:
+                        limit = min(limit, row_g + 8 * half + diag + 1)
+                    limit -= n0 + t2
+                    for nt in range(NT):
+                        for e in range(2 * half, 2 * half + 2):
+                            if 8 * nt + (e & 1) >= limit:
+                                S[nt, e] = NEG_INF
+
+            # Online softmax with lazy rescaling, as in forward.py.
+            for half in range(2):
+                mx = max(S[0, 2 * half], S[0, 2 * half + 1])
+                for nt in range(1, NT):
+                    mx = max(mx, max(S[nt, 2 * half], S[nt, 2 * half + 1]))
+                m_tile[half] = mx
+            for mask in (1, 2):
+                for half in range(2):
+                    mx = m_tile[half]
+                    m_tile[half] = max(mx, shfl_xor(mx, mask, shfl_scratch, tid))
+            grow = False
+            for half in range(2):  # false while both are -inf
+                grow |= (m_tile[half] - m_i[half]) * scale_log2 > RESCALE
+            if grow:
+                for half in range(2):
+                    m_old, mx = m_i[half], m_tile[half]
+                    if (mx - m_old) * scale_log2 > RESCALE:
+                        alpha = exp2((m_old - mx) * scale_log2)
+                        m_i[half] = mx
+                        l_i[half] *= alpha
+                        for dt in range(DT):
+                            O_i[dt, 2 * half] *= alpha
+                            O_i[dt, 2 * half + 1] *= alpha
+            for half in range(2):
+                m = m_i[half]
+                base_e = m * scale_log2 if m != NEG_INF else ZERO  # nothing visible yet
+                row_sum = ZERO
+                for nt in range(NT):
+                    for e in range(2 * half, 2 * half + 2):
+                        p = exp2(S[nt, e] * scale_log2 - base_e)
+                        S[nt, e] = p
+                        row_sum += p
+                l_i[half] += row_sum
+
+            # O_i += P_ij V_j: P from registers, 16 keys per wgmma.
+            wgmma.fence()
+            for kk in range(NT // 2):
+                pa = (pack(S[2 * kk, 0], S[2 * kk, 1]), pack(S[2 * kk, 2], S[2 * kk, 3]),
+                      pack(S[2 * kk + 1, 0], S[2 * kk + 1, 1]),
+                      pack(S[2 * kk + 1, 2], S[2 * kk + 1, 3]))
+                mma_o(O_i, 0, pa, desc_v + buf + uint64(kk * V_STEP), 1, smem, scratch, tid)
+            wgmma.commit()
+            wgmma.wait(0)
+            wgmma.fence_operands(O_i, O_REGS)
+
+        # Epilogue, as in forward.py: O_i / l_i staged through the Q tile (its swizzle makes
+        # both the fragment writes and the 16-byte row reads conflict-free), lse_i.
+        cuda.syncthreads()  # every warpgroup's wgmma reads of Q are behind us
+        for mask in (1, 2):
+            for half in range(2):
+                l_i[half] += shfl_xor(l_i[half], mask, shfl_scratch, tid)
+        for half in range(2):
+            l = l_i[half]
+            inv = ONE / l if l > ZERO else ZERO
+            row = 16 * warp + g + 8 * half
+            for dt in range(DT):
+                word = uint32(base + Q_OFF + wgmma.tile_offset(row, 8 * dt + t2, BLOCK_M)) >> 1
+                smem_words[word] = pack(O_i[dt, 2 * half] * inv, O_i[dt, 2 * half + 1] * inv)
+        if t2 == 0:
+            for half in range(2):
+                l = l_i[half]
+                row = row_g + 8 * half
+                if row < seqlen_q:
+                    lse[b, h, row] = (m_i[half] * scale_log2 + math.log2(l)) * LN2 \
+                        if l > ZERO else POS_INF
+        cuda.syncthreads()
+        w_row0 = m0 + 16 * warp  # global row of the warp's first output row
+        out_w = ptx.global_address(out, (b, w_row0, h, 0))
+        row_bytes = uint64(out.strides[1])
+        aligned = (out_w | row_bytes) & ALIGN_MASK == 0  # else an out= view of odd alignment
+        full = aligned and w_row0 + 16 <= seqlen_q
+        for step in range((OUT_CHUNKS + 31) // 32):
+            i = lane + 32 * step  # chunk i of the warp's rows: row i // ROW_CHUNKS
+            if OUT_CHUNKS % 32 == 0 or i < OUT_CHUNKS:
+                r = i // ROW_CHUNKS
+                c = i - r * ROW_CHUNKS
+                dst = out_w + uint64(r) * row_bytes + uint64(16 * c)
+                src = base + Q_OFF + wgmma.tile_offset(16 * warp + r, 8 * c, BLOCK_M)
+                if full:
+                    ptx.st_global_16(dst, smem, src)
+                elif w_row0 + r < seqlen_q:
+                    if aligned:
+                        ptx.st_global_16(dst, smem, src)
+                    else:
+                        ptx.st_global_16_unaligned(dst, smem, src)
+
+    return flash_fwd_wgmma

@@ -1,0 +1,106 @@
+"""The warpgroup instructions of kernels/tc/wgmma.py: swizzled shared layout, descriptors, wgmma.
+
+Every check is against an independent NumPy construction from the PTX ISA ("Asynchronous
+Warpgroup Level Matrix Shared Memory Layout", "Register Fragments"): the 128-byte swizzle and the
+accumulator layout are written out here, not taken from wgmma.py. Simulator: the emulations; a
+Hopper GPU: the real instructions. Any machine: the PTX for sm_90a, checked for wgmma, no spills
+and no serialization warning.
+"""
+
+import functools
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from helpers import SIMULATOR
+from numba_flash import ptxcheck
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import _wgmma_kernels as W  # noqa: E402  (beside this file)
+from test_ptx import FMTS, assert_f32_product, frag_a, from_bits, to_bits  # noqa: E402
+
+
+def hopper():
+    return not SIMULATOR and cuda.get_current_device().compute_capability == (9, 0)
+
+
+needs_wgmma = pytest.mark.skipif(not SIMULATOR and not hopper(),
+                                 reason="wgmma runs on compute capability 9.0 only")
+
+
+def swizzled_image(M, rows):
+    """Shared-memory image (flat uint16) of M (rows x cols, cols a multiple of 64): column
+    blocks of 64 elements, 128-byte rows, 16-byte chunk c of row r stored at chunk c ^ (r % 8)."""
+    cols = M.shape[1]
+    img = np.zeros(rows * cols, np.uint16)
+    for r in range(rows):
+        for c in range(cols):
+            block, chunk, e = c // 64, (c % 64) // 8, c % 8
+            img[block * rows * 64 + r * 64 + 8 * (chunk ^ (r % 8)) + e] = M[r, c]
+    return img
+
+
+def accumulator_regs(D):
+    """(64, n) -> (128, n / 2): thread 32 w + lane, register 4 i + e holds
+    D[16 w + lane // 4 + 8 (e // 2), 8 i + 2 (lane % 4) + e % 2]."""
+    n = D.shape[1]
+    regs = np.zeros((128, n // 2), D.dtype)
+    for tid in range(128):
+        w, g, t = tid // 32, (tid % 32) // 4, tid % 4
+        for i in range(n // 8):
+            for e in range(4):
+                regs[tid, 4 * i + e] = D[16 * w + g + 8 * (e // 2), 8 * i + 2 * t + e % 2]
+    return regs
+
+
+@functools.lru_cache(maxsize=None)
+def _jit(*args):
+    return cuda.jit(W.chain(*args)[0])
+
+
+@needs_wgmma
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("a_regs,trans_b,n", [(False, 0, 64), (True, 1, 128), (False, 1, 64),
+                                              (True, 0, 64)])
+@pytest.mark.parametrize("accumulate", [1, 0])
+def test_chain_of_four_k_steps(fmt, a_regs, trans_b, n, accumulate):
+    """D = A B + C (or A B: the first k-step's scale-d false) over K = 64 in four wgmma: Q K^T
+    is (A from shared, B K-major), P V is (A from registers, B MN-major)."""
+    rng = np.random.default_rng(7)
+    A = to_bits(rng.standard_normal((64, W.K)), fmt)
+    B = to_bits(rng.standard_normal((W.K, n)), fmt)  # [k][n]
+    C = rng.standard_normal((64, n)).astype(np.float32)
+    a_img = swizzled_image(A, 64)
+    b_img = swizzled_image(B, W.K) if trans_b else swizzled_image(np.ascontiguousarray(B.T), n)
+    a_frag = np.zeros((128, W.K // 16, 4), np.uint32)
+    for w in range(4):
+        for ks in range(W.K // 16):
+            a_frag[32 * w:32 * w + 32, ks] = frag_a(A[16 * w:16 * w + 16, 16 * ks:16 * ks + 16])
+    d = np.full((128, n // 2), np.nan, np.float32)
+    _jit(fmt, n, a_regs, trans_b)[1, 128](a_img, b_img, a_frag, accumulator_regs(C), d,
+                                          np.int32(accumulate))
+    D = np.full((64, n), np.nan)
+    D_regs = accumulator_regs(np.arange(64 * n).reshape(64, n))  # where each register lands
+    D.reshape(-1)[D_regs.reshape(-1)] = d.reshape(-1)
+    assert_f32_product(D, from_bits(A, fmt), from_bits(B, fmt),
+                       C.astype(np.float64) if accumulate else None, f"{fmt} n{n}")
+
+
+_CHAIN = str(pathlib.Path(W.__file__).resolve()) + ":chain"
+
+
+def test_ptx_for_sm90a_has_wgmma_and_no_spills():
+    jobs = [(_CHAIN, (9, 0, "a"), (fmt, n, a_regs, trans_b))
+            for fmt, n, a_regs, trans_b in [("float16", 64, False, 0), ("bfloat16", 128, True, 1)]]
+    for (_, _, (fmt, n, a_regs, trans_b)), (text, report) in zip(
+            jobs, ptxcheck.compile_reports_isolated(jobs)):
+        ab = "f16" if fmt == "float16" else "bf16"
+        for needle in (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab}",
+                       "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
+                       "wgmma.wait_group.sync.aligned 0", "fence.proxy.async.shared::cta"):
+            assert needle in text, f"{fmt} n{n}: no {needle!r}"
+        assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report["log"]
+        assert "C7509" not in report["log"], report["log"]  # wgmma serialized
