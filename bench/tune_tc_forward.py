@@ -101,6 +101,7 @@ def main(argv=None):
                          local_bytes=0, smem_kb=0, err_vs_sdpa=0.0, ms=ms,
                          tflops=flops / ms * 1e-9))
         print(common.format_table(rows[-1:], list(rows[-1])), flush=True)
+        common.write_csv(out / "tune_tc_forward.csv", rows)
     print(common.format_table(rows, list(rows[0])))
 
 
