@@ -106,6 +106,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     # CHUNK_SLOTS + pass * ROWS_PER_PASS`` (CHUNKS rounded up to a power of two).
     CHUNK_SLOTS = 1 << (CHUNKS - 1).bit_length()
     ROWS_PER_PASS = THREADS // CHUNK_SLOTS
+    TID_MASK = (1 << (THREADS - 1).bit_length()) - 1  # all bits of any tid (THREADS: 128 NWG)
     ROW_CHUNKS = HEAD_DIM // 8                        # 16-byte chunks of an output row
     OUT_CHUNKS = 16 * ROW_CHUNKS                      # ... of a warp's 16 output rows
     ALIGN_MASK = uint64(15)
@@ -139,7 +140,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         lane = tid & 31
         g = lane >> 2
         t2 = (lane & 3) * 2
-        copy_r0 = (tid & (THREADS - 1)) // CHUNK_SLOTS
+        copy_r0 = (tid & TID_MASK) // CHUNK_SLOTS  # masked: tid's range is known to the compiler
         copy_c = tid & (CHUNK_SLOTS - 1)
         base = wgmma.aligned_base(smem)  # the tiles start on a 1024-byte boundary
         m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
@@ -263,7 +264,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 
         # Epilogue, as in forward.py: O_i / l_i staged through the Q tile (its swizzle makes
         # both the fragment writes and the 16-byte row reads conflict-free), lse_i.
-        cuda.syncthreads()  # every warpgroup's wgmma reads of Q are behind us
+        ptx.cp_async_wait(0)  # Q's copy, where no key tile waited for it (causal, Sq > Sk)
+        cuda.syncthreads()    # every warpgroup's wgmma reads of Q are behind us
         for mask in (1, 2):
             for half in range(2):
                 l_i[half] += shfl_xor(l_i[half], mask, shfl_scratch, tid)
