@@ -3,7 +3,7 @@ register cap) of one kernel family (``mma`` or ``wgmma``, default: the device's)
 per head dim and prints TFLOP/s, so launch.py's tables are set by measurement. Each candidate's
 output is compared with torch SDPA's first (err_vs_sdpa).
 
-    python bench/tune_tc_forward.py --head-dims 64,128 --seqlen 4096
+    python bench/tune_tc_forward.py --head-dims 64,128 --seqlens 1024,4096
     python bench/tune_tc_forward.py --head-dims 128 --family mma --candidates 128x32x4x0
 """
 
@@ -35,7 +35,7 @@ CANDIDATES = {
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--head-dims", default="64,128")
-    p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--seqlens", default="4096", help="comma-separated N (B = 32k / N)")
     p.add_argument("--candidates", default=None, help="BMxBNxWARPSxREGS,... (default: per head dim)")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--family", choices=("mma", "wgmma"), default=None,
@@ -53,55 +53,53 @@ def main(argv=None):
     family = args.family or launch.tc_family(launch.device_cc())
     rows = []
     for d, causal in itertools.product([int(x) for x in args.head_dims.split(",")], (False, True)):
-        n = args.seqlen
-        b, h = max(32768 // n, 1), 2048 // d
-        q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=getattr(torch, args.dtype))
-                   for _ in range(3))
-        ref = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal
-        ).transpose(1, 2)
-        tq, tk, tv = (arrays.adapt(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
-        o = arrays.empty(tq, tq.shape, tq.fmt, "out")
-        lse = arrays.empty(tq, (b, h, n), "float32", "lse")
-        stream = arrays.stream_of(tq)
-        flops = common.attention_flops(b, h, n, n, d, causal)
-        # Every candidate is compiled and checked before any is timed: a JIT compile is seconds
-        # of CPU time on an idle GPU, whose clock would still be low for the next timing.
-        checked = []
+        kernels = []
         for cand in (args.candidates or CANDIDATES[family][d]).split(","):
             tiles = tuple(int(x) for x in cand.split("x"))
             t = launch.tc_forward_tiles(d, tiles, family=family)
-            pyfunc, signature, options = launch.forward_spec("tc", d, causal, tq.fmt, tiles,
+            pyfunc, signature, options = launch.forward_spec("tc", d, causal, args.dtype, tiles,
                                                              family)
-            kernel = launch.compile_kernel(pyfunc, signature, t.shared_bytes, options)
+            kernels.append((cand, t, launch.compile_kernel(pyfunc, signature, t.shared_bytes,
+                                                           options)))
+        for n in (int(x) for x in args.seqlens.split(",")):
+            b, h = max(32768 // n, 1), 2048 // d
+            q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=getattr(torch, args.dtype))
+                       for _ in range(3))
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal
+            ).transpose(1, 2)
+            tq, tk, tv = (arrays.adapt(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+            o = arrays.empty(tq, tq.shape, tq.fmt, "out")
+            lse = arrays.empty(tq, (b, h, n), "float32", "lse")
+            stream = arrays.stream_of(tq)
+            flops = common.attention_flops(b, h, n, n, d, causal)
+            # Every candidate is compiled and checked before any is timed: a JIT compile is
+            # seconds of CPU time on an idle GPU, whose clock would still be low for the next
+            # timing.
+            checked = []
+            for cand, t, kernel in kernels:
+                def run(kernel=kernel, t=t):
+                    launch.launch(kernel, (launch.cdiv(n, t.BLOCK_M), b * h), t.threads, stream,
+                                  t.shared_bytes, tq, tk, tv, o, lse, n, n, h,
+                                  1, float(d ** -0.5 * math.log2(math.e)))
+                run()
+                err = (o.obj.float() - ref.float()).abs().max().item()
+                checked.append((cand, t, kernel.library.get_cufunc().attrs, run, err))
 
-            def run(kernel=kernel, t=t):
-                launch.launch(kernel, (launch.cdiv(n, t.BLOCK_M), b * h), t.threads, stream,
-                              t.shared_bytes, tq, tk, tv, o, lse, n, n, h,
-                              1, float(d ** -0.5 * math.log2(math.e)))
-            run()
-            err = (o.obj.float() - ref.float()).abs().max().item()
-            checked.append((cand, t, kernel.library.get_cufunc().attrs, run, err))
-        for cand, t, attrs, run, err in checked:
-            ms = common.time_ms(run)
-            rows.append(dict(family=family, head_dim=d, causal=int(causal), tiles=cand,
-                             regs=attrs.regs,
-                             local_bytes=attrs.local,
-                             smem_kb=t.shared_bytes / 1024, err_vs_sdpa=err, ms=ms,
-                             tflops=flops / ms * 1e-9))
-            print(common.format_table(rows[-1:], list(rows[-1])), flush=True)
-            common.write_csv(out / "tune_tc_forward.csv", rows)  # kept if the run is cut short
-
-        def sdpa():
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                torch.nn.functional.scaled_dot_product_attention(
-                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
-        ms = common.time_ms(sdpa)
-        rows.append(dict(family="sdpa-flash", head_dim=d, causal=int(causal), tiles="", regs=0,
-                         local_bytes=0, smem_kb=0, err_vs_sdpa=0.0, ms=ms,
-                         tflops=flops / ms * 1e-9))
-        print(common.format_table(rows[-1:], list(rows[-1])), flush=True)
-        common.write_csv(out / "tune_tc_forward.csv", rows)
+            def sdpa():
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    torch.nn.functional.scaled_dot_product_attention(
+                        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+            checked.append(("", None, None, sdpa, 0.0))
+            for cand, t, attrs, run, err in checked:
+                ms = common.time_ms(run)
+                rows.append(dict(family=family if t else "sdpa-flash", head_dim=d, seqlen=n,
+                                 causal=int(causal), tiles=cand, regs=attrs.regs if t else 0,
+                                 local_bytes=attrs.local if t else 0,
+                                 smem_kb=t.shared_bytes / 1024 if t else 0, err_vs_sdpa=err,
+                                 ms=ms, tflops=flops / ms * 1e-9))
+                print(common.format_table(rows[-1:], list(rows[-1])), flush=True)
+                common.write_csv(out / "tune_tc_forward.csv", rows)  # kept if cut short
     print(common.format_table(rows, list(rows[0])))
 
 
