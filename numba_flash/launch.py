@@ -80,7 +80,7 @@ def forward_spec(backend, head_dim, causal, fmt, tiles=None, family="mma"):
     if backend == "tc":
         from .kernels.tc import forward, forward_wgmma
 
-        t = tc_forward_tiles(head_dim, tiles, family=family)
+        t = tc_forward_tiles(head_dim, tiles, family=family, causal=causal)
         if family == "wgmma":
             pyfunc = forward_wgmma.make_forward_kernel(head_dim, t.BLOCK_M, t.BLOCK_N, causal, fmt)
         else:
@@ -99,7 +99,8 @@ def forward_kernel(backend, head_dim, causal, fmt):
     """Compiled forward kernel of ``backend`` and its tiles (for the current device)."""
     if backend == "tc":
         family = tc_family(device_cc())
-        tiles = tc_forward_tiles(head_dim, shared_per_sm=device_limits()[2], family=family)
+        tiles = tc_forward_tiles(head_dim, shared_per_sm=device_limits()[2], family=family,
+                                 causal=causal)
         spec = forward_spec(backend, head_dim, causal, fmt, tiles.spec, family)
     else:
         tiles = simt_forward_tiles(head_dim)
@@ -179,16 +180,24 @@ _TC_FWD_TILES = ((64, ((128, 64, 4, 0),)), (128, ((128, 64, 4, 0), (128, 32, 4, 
                  (256, ((64, 32, 4, 0),)))
 SHARED_RESERVED_PER_BLOCK = 1024  # bytes the hardware keeps in every block's shared memory
 
-# The wgmma kernel's (BLOCK_M, BLOCK_N, warps, register cap) by head dim: BLOCK_M = 64 per
-# warpgroup, warps = BLOCK_M / 16. Provisional, until the sweep on an H200.
-_TC_WGMMA_FWD_TILES = ((64, ((128, 128, 8, 0),)), (128, ((128, 128, 8, 0),)),
-                       (256, ((64, 64, 4, 0),)))
+# The wgmma kernel's (BLOCK_M, BLOCK_N, warps, register cap) by head dim, non-causal and causal:
+# BLOCK_M = 64 per warpgroup, warps = BLOCK_M / 16, one block per SM (the 128 x 128 tiles take
+# 161 KiB at D = 128). Measured by bench/tune_tc_forward.py on an H200, N = 1k and 4k
+# (bench/results/2026-11-30-NVIDIA-H200/tune_tc_wgmma.csv, TFLOP/s fp16):
+#   D = 128: 128 x 128 best everywhere: 395 / 437 non-causal, 310 / 405 causal (next best
+#            192 x 64: 354 / 424 and 258 / 375);
+#   D = 64:  non-causal 128 x 64 (323 / 354; 128 x 128 only 280 / 308), causal 128 x 128
+#            (287 / 368; 128 x 64 254 / 325). 192 x 128 reaches 367 at 4k but 300 at 1k.
+# D = 256: 64 x 64 (248 registers), correct on the GPU tests, not swept.
+_TC_WGMMA_FWD_TILES = ((64, ((128, 64, 8, 0), (128, 128, 8, 0))),
+                       (128, ((128, 128, 8, 0), (128, 128, 8, 0))),
+                       (256, ((64, 64, 4, 0), (64, 64, 4, 0))))
 
 
-def tc_forward_tiles(head_dim, tiles=None, shared_per_sm=None, family="mma"):
+def tc_forward_tiles(head_dim, tiles=None, shared_per_sm=None, family="mma", causal=False):
     """Tiles of the tc forward for ``head_dim``: ``tiles`` = (BLOCK_M, BLOCK_N, warps, register
-    cap) as the tile sweep passes them, else the table's first entry. For the ``mma`` family,
-    the first of which two blocks fit in ``shared_per_sm`` bytes (None: the table's first)."""
+    cap) as the tile sweep passes them, else the table's: for ``mma`` the first entry of which two
+    blocks fit in ``shared_per_sm`` bytes (None: the first), for ``wgmma`` the ``causal`` one."""
     from .kernels.tc import forward, forward_wgmma
 
     kernel = forward_wgmma if family == "wgmma" else forward
@@ -196,10 +205,11 @@ def tc_forward_tiles(head_dim, tiles=None, shared_per_sm=None, family="mma"):
     def block_bytes(t):
         return 2 * kernel.shared_elements(t[0], t[1], head_dim)
 
-    if tiles is None:
-        table = _TC_WGMMA_FWD_TILES if family == "wgmma" else _TC_FWD_TILES
-        options = next(t for limit, t in table if head_dim <= limit)
-        fits = [t for t in options if shared_per_sm is None or family == "wgmma"
+    if tiles is None and family == "wgmma":
+        tiles = next(t for limit, t in _TC_WGMMA_FWD_TILES if head_dim <= limit)[int(causal)]
+    elif tiles is None:
+        options = next(t for limit, t in _TC_FWD_TILES if head_dim <= limit)
+        fits = [t for t in options if shared_per_sm is None
                 or 2 * (block_bytes(t) + SHARED_RESERVED_PER_BLOCK) <= shared_per_sm]
         tiles = (fits or options[-1:])[0]
     bm, bn, warps, regs = tiles

@@ -139,3 +139,20 @@ def test_tc_forward_takes_the_first_tiles_of_which_two_blocks_fit_an_sm():
     assert 2 * (a100.shared_bytes + launch.SHARED_RESERVED_PER_BLOCK) <= 164 * kib
     assert pick(None).spec == hopper.spec == (128, 64, 4, 0)
     assert launch.tc_forward_tiles(64, shared_per_sm=100 * kib).spec == (128, 64, 4, 0)  # no other
+
+
+def test_hopper_runs_the_wgmma_family_with_tiles_that_fit():
+    """Compute capability 9.0 runs forward_wgmma.py, anything else forward.py (mma.sync). Every
+    wgmma tile is whole warpgroups (64 rows, 128 threads each) and fits the 227 KiB a Hopper
+    block may have, alignment reserve included."""
+    assert launch.tc_family((9, 0)) == "wgmma"
+    assert {launch.tc_family(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))} == {"mma"}
+    for d in (8, 64, 96, 128, 200, 256):
+        for causal in (False, True):
+            t = launch.tc_forward_tiles(d, family="wgmma", causal=causal)
+            assert t.BLOCK_M % 64 == 0 and t.threads == 2 * t.BLOCK_M and t.BLOCK_N % 16 == 0
+            dpad = -(-d // 64) * 64
+            assert t.shared_bytes == 2 * (t.BLOCK_M + 4 * t.BLOCK_N) * dpad + 1024
+            assert t.shared_bytes <= 227 * 1024
+    assert launch.tc_forward_tiles(64, family="wgmma").spec == (128, 64, 8, 0)
+    assert launch.tc_forward_tiles(64, family="wgmma", causal=True).spec == (128, 128, 8, 0)

@@ -28,7 +28,7 @@ def wgmma_family(monkeypatch):
 
     monkeypatch.setattr(launch, "tc_family", lambda cc: "wgmma")
     if SIMULATOR:
-        monkeypatch.setattr(launch, "_TC_WGMMA_FWD_TILES", ((256, ((64, 64, 4, 0),)),))
+        monkeypatch.setattr(launch, "_TC_WGMMA_FWD_TILES", ((256, ((64, 64, 4, 0),) * 2),))
     launch.forward_kernel.cache_clear()
     yield
     launch.forward_kernel.cache_clear()
@@ -44,7 +44,7 @@ def test_three_warpgroups_and_causal_tiles_in_any_order(monkeypatch):
     is no power of two) over two query tiles of a head, run from the last; ragged key tiles."""
     from numba_flash import launch
 
-    monkeypatch.setattr(launch, "_TC_WGMMA_FWD_TILES", ((256, ((192, 32, 12, 0),)),))
+    monkeypatch.setattr(launch, "_TC_WGMMA_FWD_TILES", ((256, ((192, 32, 12, 0),) * 2),))
     B, Sq, Sk, H, D = (1, 200, 70, 1, 8) if SIMULATOR else (2, 1000, 1100, 4, 128)
     check_forward(np.random.default_rng(), B, Sq, Sk, H, H, D, True, "bfloat16", backend="tc")
 
@@ -52,9 +52,9 @@ def test_three_warpgroups_and_causal_tiles_in_any_order(monkeypatch):
 def test_every_specialization_compiles_to_wgmma_without_spills():
     from numba_flash import launch
 
-    configs = [("tc", d, causal, fmt, tiles, "wgmma") for d, options in launch._TC_WGMMA_FWD_TILES
-               for tiles in options for causal in (False, True)
-               for fmt in ("float16", "bfloat16")] + [("tc", 8, True, "float16", None, "wgmma")]
+    configs = [("tc", d, causal, fmt, None, "wgmma") for d, _ in launch._TC_WGMMA_FWD_TILES
+               for causal in (False, True) for fmt in ("float16", "bfloat16")]
+    configs.append(("tc", 8, True, "float16", None, "wgmma"))
     assert_compiles_clean("numba_flash.launch:forward_spec", configs, ccs=((9, 0, "a"),),
                           must_contain=("wgmma.mma_async.sync.aligned", "cp.async",
                                         "fence.proxy.async", "st.global.v4.b32"),
