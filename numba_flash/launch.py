@@ -181,15 +181,18 @@ _TC_FWD_TILES = ((64, ((128, 64, 4, 0),)), (128, ((128, 64, 4, 0), (128, 32, 4, 
 SHARED_RESERVED_PER_BLOCK = 1024  # bytes the hardware keeps in every block's shared memory
 
 # The wgmma kernel's (BLOCK_M, BLOCK_N, warps, register cap) by head dim, non-causal and causal:
-# BLOCK_M = 64 per warpgroup, warps = BLOCK_M / 16, one block per SM (the 128 x 128 tiles take
-# 161 KiB at D = 128). Measured by bench/tune_tc_forward.py on an H200, N = 1k and 4k
-# (bench/results/2026-11-30-NVIDIA-H200/tune_tc_wgmma.csv, TFLOP/s fp16):
-#   D = 128: 128 x 128 best everywhere: 395 / 437 non-causal, 310 / 405 causal (next best
-#            192 x 64: 354 / 424 and 258 / 375);
-#   D = 64:  non-causal 128 x 64 (323 / 354; 128 x 128 only 280 / 308), causal 128 x 128
-#            (287 / 368; 128 x 64 254 / 325). 192 x 128 reaches 367 at 4k but 300 at 1k.
-# D = 256: 64 x 64 (248 registers), correct on the GPU tests, not swept.
-_TC_WGMMA_FWD_TILES = ((64, ((128, 64, 8, 0), (128, 128, 8, 0))),
+# BLOCK_M = 64 per warpgroup, warps = BLOCK_M / 16. Measured by bench/tune_tc_forward.py on an
+# H200 (bench/results/2026-11-30-NVIDIA-H200/, TFLOP/s fp16 at N = 1k / 4k / 16k):
+#   D = 128: 128 x 128 (161 KiB, one block per SM): 392 / 428 / 437 non-causal, 313 / 398 / 443
+#            causal (tc_wgmma_variants_session11.log, runs r1 and r3; 192 x 64 and 128 x 64 were
+#            3-20% slower in tune_tc_wgmma.csv);
+#   D = 64:  128 x 64 (49 KiB, 98 registers: two blocks per SM): 357 / 389 / 400 non-causal,
+#            276 / 358 / 391 causal, against 128 x 128 at 321 / 363 / 372 and 235 / 316 / 349.
+#            (Before the online-softmax step was shared with forward.py, whose PTX for this
+#            kernel differs only in its branch layout, tune_tc_wgmma.csv had 128 x 128 ahead for
+#            causal: ptxas' schedule is that sensitive; re-sweep after changing the kernel.)
+#   D = 256: 64 x 64 (248 registers), correct on the GPU tests, not swept.
+_TC_WGMMA_FWD_TILES = ((64, ((128, 64, 8, 0), (128, 64, 8, 0))),
                        (128, ((128, 128, 8, 0), (128, 128, 8, 0))),
                        (256, ((64, 64, 4, 0), (64, 64, 4, 0))))
 

@@ -155,4 +155,4 @@ def test_hopper_runs_the_wgmma_family_with_tiles_that_fit():
             assert t.shared_bytes == 2 * (t.BLOCK_M + 4 * t.BLOCK_N) * dpad + 1024
             assert t.shared_bytes <= 227 * 1024
     assert launch.tc_forward_tiles(64, family="wgmma").spec == (128, 64, 8, 0)
-    assert launch.tc_forward_tiles(64, family="wgmma", causal=True).spec == (128, 128, 8, 0)
+    assert launch.tc_forward_tiles(128, family="wgmma", causal=True).spec == (128, 128, 8, 0)

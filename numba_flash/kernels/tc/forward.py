@@ -77,6 +77,92 @@ def shared_elements(BLOCK_M, BLOCK_N, HEAD_DIM):
     return (BLOCK_M + 4 * BLOCK_N) * stride
 
 
+def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL):
+    """The per-tile step both tc kernels share, as an inline device function: mask S_ij where a
+    tile crosses the ragged end or the causal diagonal, then the online softmax with lazy
+    rescaling. S (MT, NT, 4) holds the thread's C fragments of S_ij and leaves holding P_ij
+    (float32); m_i, l_i, m_tile (MT, 2) and O_i (MT, DT, 4) follow the C-fragment row ownership
+    (rows ``row_g + 16 mt`` and ``+ 8``, columns ``t2, t2 + 1`` of each 8-column tile)."""
+    shfl_xor = prim.shfl_xor
+    exp2 = ptx.exp2_approx  # ex2.approx.ftz: no special-case selects around it
+    NEG_INF = prim.NEG_INF
+    ZERO = float32(0.0)
+    RESCALE = float32(RESCALE_LOG2)
+
+    @cuda.jit(device=True, inline="always")
+    def softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, scale_log2,
+                     shfl_scratch, tid):
+        # Mask only the tiles that cross the ragged end or the causal diagonal.
+        needs_mask = n0 + BLOCK_N > seqlen_k
+        if CAUSAL:
+            needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
+        if needs_mask:
+            # Element (mt, nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 16 mt +
+            # 8 (e >> 1). Row r sees columns < min(Sk, r + diag + 1): relative to the
+            # thread's first column that is a limit per row, and each test is a compare of
+            # that limit with a constant.
+            for mt in range(MT):
+                for half in range(2):
+                    limit = seqlen_k
+                    if CAUSAL:
+                        limit = min(limit, row_g + 16 * mt + 8 * half + diag + 1)
+                    limit -= n0 + t2
+                    for nt in range(NT):
+                        for e in range(2 * half, 2 * half + 2):
+                            if 8 * nt + (e & 1) >= limit:
+                                S[mt, nt, e] = NEG_INF
+
+        # Online softmax; the quad (4 lanes) shares each row. m_i is kept in raw
+        # score units (the scale is positive, so maxima commute with it) and the scale rides
+        # in each exponent: exp(scale (s - m)) = exp2(s * scale_log2 - m * scale_log2), one
+        # FFMA and one ex2 per element.
+        # Lazy rescaling: m_i only moves when the row maximum has grown by more than
+        # RESCALE_LOG2 (base 2). Any m_i works as long as O_i and l_i share it; a stale one
+        # just lets P reach 2^RESCALE_LOG2, harmless in fp32 and in 16-bit P. The rescale of
+        # O_i (HEAD_DIM / 4 multiplies per row per tile) then runs for a few early tiles only.
+        # The row maxima first, all rows together: their quad shuffles are independent, so
+        # their latencies overlap, and one branch covers the rescale of all the thread's rows.
+        for mt in range(MT):
+            for half in range(2):
+                mx = max(S[mt, 0, 2 * half], S[mt, 0, 2 * half + 1])
+                for nt in range(1, NT):
+                    mx = max(mx, max(S[mt, nt, 2 * half], S[mt, nt, 2 * half + 1]))
+                m_tile[mt, half] = mx
+        for mask in (1, 2):
+            for mt in range(MT):
+                for half in range(2):
+                    mx = m_tile[mt, half]
+                    m_tile[mt, half] = max(mx, shfl_xor(mx, mask, shfl_scratch, tid))
+        grow = False
+        for mt in range(MT):
+            for half in range(2):  # false while both are -inf
+                grow |= (m_tile[mt, half] - m_i[mt, half]) * scale_log2 > RESCALE
+        if grow:
+            for mt in range(MT):
+                for half in range(2):
+                    m_old, mx = m_i[mt, half], m_tile[mt, half]
+                    if (mx - m_old) * scale_log2 > RESCALE:
+                        alpha = exp2((m_old - mx) * scale_log2)
+                        m_i[mt, half] = mx
+                        l_i[mt, half] *= alpha
+                        for dt in range(DT):
+                            O_i[mt, dt, 2 * half] *= alpha
+                            O_i[mt, dt, 2 * half + 1] *= alpha
+        for mt in range(MT):
+            for half in range(2):
+                m = m_i[mt, half]
+                base = m * scale_log2 if m != NEG_INF else ZERO  # nothing visible yet
+                row_sum = ZERO
+                for nt in range(NT):
+                    for e in range(2 * half, 2 * half + 2):
+                        p = exp2(S[mt, nt, e] * scale_log2 - base)
+                        S[mt, nt, e] = p
+                        row_sum += p
+                l_i[mt, half] += row_sum
+
+    return softmax_step
+
+
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     """Python kernel function for one configuration (compile with launch.compile_kernel).
@@ -101,10 +187,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     ldsm_x4, ldsm_x4_t = ptx.ldmatrix_x4, ptx.ldmatrix_x4_trans
     copy16 = ptx.cp_async_16_zfill
     shfl_xor = prim.shfl_xor
-    exp2 = ptx.exp2_approx  # ex2.approx.ftz: no special-case selects around it
+    softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL)
     NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
     ZERO, ONE = float32(0.0), float32(1.0)
-    RESCALE = float32(RESCALE_LOG2)
 
     # Copy geometry: a row of DPAD elements is CHUNKS 16-byte chunks; each thread always copies
     # the same chunk column (its ``tid % CHUNK_SLOTS``) of rows ``tid // CHUNK_SLOTS + pass *
@@ -236,73 +321,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                         qa = (q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3])
                         mma_pair(qa, k0, k1, k2, k3, S, mt, 2 * np2, scratch, tid)
 
-            # Mask only the tiles that cross the ragged end or the causal diagonal.
-            needs_mask = n0 + BLOCK_N > seqlen_k
-            if CAUSAL:
-                needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
-            if needs_mask:
-                # Element (mt, nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 16 mt +
-                # 8 (e >> 1). Row r sees columns < min(Sk, r + diag + 1): relative to the
-                # thread's first column that is a limit per row, and each test is a compare of
-                # that limit with a constant.
-                for mt in range(MT):
-                    for half in range(2):
-                        limit = seqlen_k
-                        if CAUSAL:
-                            limit = min(limit, row_g + 16 * mt + 8 * half + diag + 1)
-                        limit -= n0 + t2
-                        for nt in range(NT):
-                            for e in range(2 * half, 2 * half + 2):
-                                if 8 * nt + (e & 1) >= limit:
-                                    S[mt, nt, e] = NEG_INF
-
-            # Online softmax; the quad (4 lanes) shares each row. m_i is kept in raw
-            # score units (the scale is positive, so maxima commute with it) and the scale rides
-            # in each exponent: exp(scale (s - m)) = exp2(s * scale_log2 - m * scale_log2), one
-            # FFMA and one ex2 per element.
-            # Lazy rescaling: m_i only moves when the row maximum has grown by more than
-            # RESCALE_LOG2 (base 2). Any m_i works as long as O_i and l_i share it; a stale one
-            # just lets P reach 2^RESCALE_LOG2, harmless in fp32 and in 16-bit P. The rescale of
-            # O_i (HEAD_DIM / 4 multiplies per row per tile) then runs for a few early tiles only.
-            # The row maxima first, all rows together: their quad shuffles are independent, so
-            # their latencies overlap, and one branch covers the rescale of all the thread's rows.
-            for mt in range(MT):
-                for half in range(2):
-                    mx = max(S[mt, 0, 2 * half], S[mt, 0, 2 * half + 1])
-                    for nt in range(1, NT):
-                        mx = max(mx, max(S[mt, nt, 2 * half], S[mt, nt, 2 * half + 1]))
-                    m_tile[mt, half] = mx
-            for mask in (1, 2):
-                for mt in range(MT):
-                    for half in range(2):
-                        mx = m_tile[mt, half]
-                        m_tile[mt, half] = max(mx, shfl_xor(mx, mask, shfl_scratch, tid))
-            grow = False
-            for mt in range(MT):
-                for half in range(2):  # false while both are -inf
-                    grow |= (m_tile[mt, half] - m_i[mt, half]) * scale_log2 > RESCALE
-            if grow:
-                for mt in range(MT):
-                    for half in range(2):
-                        m_old, mx = m_i[mt, half], m_tile[mt, half]
-                        if (mx - m_old) * scale_log2 > RESCALE:
-                            alpha = exp2((m_old - mx) * scale_log2)
-                            m_i[mt, half] = mx
-                            l_i[mt, half] *= alpha
-                            for dt in range(DT):
-                                O_i[mt, dt, 2 * half] *= alpha
-                                O_i[mt, dt, 2 * half + 1] *= alpha
-            for mt in range(MT):
-                for half in range(2):
-                    m = m_i[mt, half]
-                    base = m * scale_log2 if m != NEG_INF else ZERO  # nothing visible yet
-                    row_sum = ZERO
-                    for nt in range(NT):
-                        for e in range(2 * half, 2 * half + 2):
-                            p = exp2(S[mt, nt, e] * scale_log2 - base)
-                            S[mt, nt, e] = p
-                            row_sum += p
-                    l_i[mt, half] += row_sum
+            # Mask (only tiles that cross the ragged end or the causal diagonal), then the online
+            # softmax: S becomes P, m_i / l_i / O_i move (make_softmax_step).
+            softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, scale_log2,
+                         shfl_scratch, tid)
 
             # O_i += P_ij V_j: P straight from registers as the A operand, V through
             # ldmatrix.trans, each V fragment used by every m-tile.

@@ -51,7 +51,7 @@ from numba import cuda, float32, int32, uint16, uint32, uint64
 
 from .. import primitives as prim
 from . import ptx, wgmma
-from .forward import RESCALE_LOG2
+from .forward import make_softmax_step
 from .ptx import SHARED_ALIGN
 
 WARPGROUP = 128  # threads
@@ -89,10 +89,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     pack = ptx.pack(FMT)
     copy16 = ptx.cp_async_16_zfill
     shfl_xor = prim.shfl_xor
-    exp2 = ptx.exp2_approx
+    softmax_step = make_softmax_step(1, NT, DT, BLOCK_N, CAUSAL)
     NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
     ZERO, ONE = float32(0.0), float32(1.0)
-    RESCALE = float32(RESCALE_LOG2)
 
     # Descriptor arithmetic, in 16-byte units (wgmma.py, "Shared-memory operands"): a k-step of
     # a K-major operand moves 32 bytes along its row, or to the next 64-column block; a k-step of
@@ -166,17 +165,18 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         desc_k = wgmma.descriptor(smem, base + K_OFF, 16, SBO)
         desc_v = wgmma.descriptor(smem, base + V_OFF, V_LBO, SBO)
 
-        m_i = cuda.local.array(2, float32)
-        l_i = cuda.local.array(2, float32)
-        m_tile = cuda.local.array(2, float32)  # row maxima of the current S tile
-        O_i = cuda.local.array((DT, 4), float32)
-        S = cuda.local.array((NT, 4), float32)
+        # The shapes of forward.py with one m16 tile per warp (MT = 1).
+        m_i = cuda.local.array((1, 2), float32)
+        l_i = cuda.local.array((1, 2), float32)
+        m_tile = cuda.local.array((1, 2), float32)  # row maxima of the current S tile
+        O_i = cuda.local.array((1, DT, 4), float32)
+        S = cuda.local.array((1, NT, 4), float32)
         for half in range(2):
-            m_i[half] = NEG_INF
-            l_i[half] = ZERO
+            m_i[0, half] = NEG_INF
+            l_i[0, half] = ZERO
         for dt in range(DT):
             for e in range(4):
-                O_i[dt, e] = ZERO
+                O_i[0, dt, e] = ZERO
         row_g = m0 + 16 * warp + g  # global query index of this thread's first row
 
         for j in range(n_tiles):
@@ -202,61 +202,16 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             wgmma.wait(0)
             wgmma.fence_operands(S, S_REGS)
 
-            # Mask only the tiles that cross the ragged end or the causal diagonal.
-            needs_mask = n0 + BLOCK_N > seqlen_k
-            if CAUSAL:
-                needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
-            if needs_mask:
-                for half in range(2):
-                    limit = seqlen_k
-                    if CAUSAL:
-                        limit = min(limit, row_g + 8 * half + diag + 1)
-                    limit -= n0 + t2
-                    for nt in range(NT):
-                        for e in range(2 * half, 2 * half + 2):
-                            if 8 * nt + (e & 1) >= limit:
-                                S[nt, e] = NEG_INF
-
-            # Online softmax with lazy rescaling, as in forward.py.
-            for half in range(2):
-                mx = max(S[0, 2 * half], S[0, 2 * half + 1])
-                for nt in range(1, NT):
-                    mx = max(mx, max(S[nt, 2 * half], S[nt, 2 * half + 1]))
-                m_tile[half] = mx
-            for mask in (1, 2):
-                for half in range(2):
-                    mx = m_tile[half]
-                    m_tile[half] = max(mx, shfl_xor(mx, mask, shfl_scratch, tid))
-            grow = False
-            for half in range(2):  # false while both are -inf
-                grow |= (m_tile[half] - m_i[half]) * scale_log2 > RESCALE
-            if grow:
-                for half in range(2):
-                    m_old, mx = m_i[half], m_tile[half]
-                    if (mx - m_old) * scale_log2 > RESCALE:
-                        alpha = exp2((m_old - mx) * scale_log2)
-                        m_i[half] = mx
-                        l_i[half] *= alpha
-                        for dt in range(DT):
-                            O_i[dt, 2 * half] *= alpha
-                            O_i[dt, 2 * half + 1] *= alpha
-            for half in range(2):
-                m = m_i[half]
-                base_e = m * scale_log2 if m != NEG_INF else ZERO  # nothing visible yet
-                row_sum = ZERO
-                for nt in range(NT):
-                    for e in range(2 * half, 2 * half + 2):
-                        p = exp2(S[nt, e] * scale_log2 - base_e)
-                        S[nt, e] = p
-                        row_sum += p
-                l_i[half] += row_sum
+            # Mask and online softmax, as in forward.py (one m16 tile of rows per warp).
+            softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, scale_log2,
+                         shfl_scratch, tid)
 
             # O_i += P_ij V_j: P from registers, 16 keys per wgmma.
             wgmma.fence()
             for kk in range(NT // 2):
-                pa = (pack(S[2 * kk, 0], S[2 * kk, 1]), pack(S[2 * kk, 2], S[2 * kk, 3]),
-                      pack(S[2 * kk + 1, 0], S[2 * kk + 1, 1]),
-                      pack(S[2 * kk + 1, 2], S[2 * kk + 1, 3]))
+                pa = (pack(S[0, 2 * kk, 0], S[0, 2 * kk, 1]), pack(S[0, 2 * kk, 2], S[0, 2 * kk, 3]),
+                      pack(S[0, 2 * kk + 1, 0], S[0, 2 * kk + 1, 1]),
+                      pack(S[0, 2 * kk + 1, 2], S[0, 2 * kk + 1, 3]))
                 mma_o(O_i, 0, pa, desc_v + buf + uint64(kk * V_STEP), 1, smem, scratch, tid)
             wgmma.commit()
             wgmma.wait(0)
@@ -268,20 +223,20 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         cuda.syncthreads()    # every warpgroup's wgmma reads of Q are behind us
         for mask in (1, 2):
             for half in range(2):
-                l_i[half] += shfl_xor(l_i[half], mask, shfl_scratch, tid)
+                l_i[0, half] += shfl_xor(l_i[0, half], mask, shfl_scratch, tid)
         for half in range(2):
-            l = l_i[half]
+            l = l_i[0, half]
             inv = ONE / l if l > ZERO else ZERO
             row = 16 * warp + g + 8 * half
             for dt in range(DT):
                 word = uint32(base + Q_OFF + wgmma.tile_offset(row, 8 * dt + t2, BLOCK_M)) >> 1
-                smem_words[word] = pack(O_i[dt, 2 * half] * inv, O_i[dt, 2 * half + 1] * inv)
+                smem_words[word] = pack(O_i[0, dt, 2 * half] * inv, O_i[0, dt, 2 * half + 1] * inv)
         if t2 == 0:
             for half in range(2):
-                l = l_i[half]
+                l = l_i[0, half]
                 row = row_g + 8 * half
                 if row < seqlen_q:
-                    lse[b, h, row] = (m_i[half] * scale_log2 + math.log2(l)) * LN2 \
+                    lse[b, h, row] = (m_i[0, half] * scale_log2 + math.log2(l)) * LN2 \
                         if l > ZERO else POS_INF
         cuda.syncthreads()
         w_row0 = m0 + 16 * warp  # global row of the warp's first output row

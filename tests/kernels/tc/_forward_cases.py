@@ -1,6 +1,11 @@
-"""(B, Sq, Sk, Hq, Hk, D, causal, fmt) cases both tc forward kernels are tested on."""
+"""What both tc forward kernels (forward.py, forward_wgmma.py) are tested on: (B, Sq, Sk, Hq, Hk,
+D, causal, fmt) cases and checks of the online softmax and the epilogue; test_forward.py and
+test_forward_wgmma.py run them with their kernel selected."""
 
-from helpers import SIMULATOR
+import numpy as np
+
+from helpers import (DTYPES, SIMULATOR, assert_close_rule, assert_lse, check_forward, nan_like,
+                     randn, to_device, to_host)
 
 CASES_SIM = [
     (1, 5, 7, 2, 1, 16, False, "float16"),
@@ -20,3 +25,56 @@ CASES_GPU = [
     (1, 4096, 4096, 2, 1, 200, True, "float16"),
 ]
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
+
+
+def check_large_logits():
+    """Scores around 8x the usual scale: exp2 of the differences stays finite."""
+    B, S, H, D = (1, 9, 1, 16) if SIMULATOR else (1, 600, 2, 64)
+    check_forward(np.random.default_rng(), B, S, S, H, H, D, True, "bfloat16", backend="tc",
+                  scale=8.0, softmax_scale=1.0)
+
+
+def check_growing_row_maxima(causal):
+    """Scores that rise from key tile to key tile by far more than the lazy-rescale threshold
+    (2^8 in P): m_i must move, and O_i and l_i be rescaled, on every tile; and a last tile that
+    falls back leaves them alone."""
+    import numba_flash as nf
+    from numba_flash import reference as ref
+
+    rng = np.random.default_rng()
+    Sq, Sk, D = (5, 140, 16) if SIMULATOR else (300, 1000, 64)
+    fmt = "float16"
+    q = np.abs(randn(rng, (1, Sq, 1, D), fmt)) + DTYPES[fmt](1)
+    ramp = np.linspace(0.0, 12.0, Sk)  # the score of key j grows ~ j: 12 * sum(q) at the end
+    ramp[-Sk // 8:] = 0.0
+    k = (randn(rng, (1, Sk, 1, D), fmt, 0.1) + ramp[None, :, None, None]).astype(DTYPES[fmt])
+    v = randn(rng, (1, Sk, 1, D), fmt)
+    out = nan_like(q)
+    o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), causal=causal,
+                               softmax_scale=1.0 / D, backend="tc", out=out)
+    ro, rl = ref.attention_fwd_ref(q, k, v, causal, 1.0 / D)
+    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal, 1.0 / D), fmt)
+    assert_lse(lse, rl)
+
+
+def check_output_view_off_16_byte_alignment():
+    """The epilogue stores 16-byte chunks of output rows where the rows are 16-byte aligned
+    (every other test) and each chunk as eight 16-bit stores where they are not: here an
+    ``out=`` view starting 8 bytes into each row of a wider buffer. The columns outside the view
+    stay untouched."""
+    import numba_flash as nf
+    from numba_flash import reference as ref
+
+    rng = np.random.default_rng()
+    offset = 4
+    B, S, H, D = (1, 6, 1, 16) if SIMULATOR else (2, 300, 4, 64)
+    fmt = "float16"
+    q, k, v = (randn(rng, (B, S, H, D), fmt) for _ in range(3))
+    wide = nan_like(np.empty((B, S, H, D + 8), DTYPES[fmt]))
+    o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), backend="tc",
+                               out=wide[..., offset:offset + D])
+    ro, rl = ref.attention_fwd_ref(q, k, v, False, None)
+    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, False, None), fmt)
+    assert_lse(lse, rl)
+    host = to_host(wide).astype(np.float32)
+    assert np.isnan(host[..., :offset]).all() and np.isnan(host[..., offset + D:]).all()

@@ -8,12 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import (DTYPES, SIMULATOR, assert_close_rule, assert_compiles_clean, assert_lse,
-                     check_forward, nan_like, randn, to_device, to_host)
+from helpers import SIMULATOR, assert_compiles_clean, check_forward
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _forward_cases import CASES  # noqa: E402  (beside this file)
-
+from _forward_cases import (CASES, check_growing_row_maxima, check_large_logits,  # noqa: E402
+                            check_output_view_off_16_byte_alignment)
 
 
 @pytest.fixture(autouse=True)
@@ -33,33 +32,12 @@ def test_forward_matches_reference(case):
 
 
 def test_large_logits_stay_finite():
-    B, S, H, D = (1, 9, 1, 16) if SIMULATOR else (1, 600, 2, 64)
-    check_forward(np.random.default_rng(), B, S, S, H, H, D, True, "bfloat16", backend="tc",
-                  scale=8.0, softmax_scale=1.0)
+    check_large_logits()
 
 
 @pytest.mark.parametrize("causal", [True] if SIMULATOR else [False, True])
 def test_row_maxima_that_keep_growing_rescale_correctly(causal):
-    """Scores that rise from key tile to key tile by far more than the lazy-rescale threshold
-    (2^8 in P): m_i must move, and O_i and l_i be rescaled, on every tile; and a last tile that
-    falls back leaves them alone."""
-    import numba_flash as nf
-    from numba_flash import reference as ref
-
-    rng = np.random.default_rng()
-    Sq, Sk, D = (5, 140, 16) if SIMULATOR else (300, 1000, 64)
-    fmt = "float16"
-    q = np.abs(randn(rng, (1, Sq, 1, D), fmt)) + DTYPES[fmt](1)
-    ramp = np.linspace(0.0, 12.0, Sk)  # the score of key j grows ~ j: 12 * sum(q) at the end
-    ramp[-Sk // 8:] = 0.0
-    k = (randn(rng, (1, Sk, 1, D), fmt, 0.1) + ramp[None, :, None, None]).astype(DTYPES[fmt])
-    v = randn(rng, (1, Sk, 1, D), fmt)
-    out = nan_like(q)
-    o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), causal=causal,
-                               softmax_scale=1.0 / D, backend="tc", out=out)
-    ro, rl = ref.attention_fwd_ref(q, k, v, causal, 1.0 / D)
-    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal, 1.0 / D), fmt)
-    assert_lse(lse, rl)
+    check_growing_row_maxima(causal)
 
 
 def test_causal_query_tiles_of_a_head_in_any_order(monkeypatch):
@@ -72,26 +50,7 @@ def test_causal_query_tiles_of_a_head_in_any_order(monkeypatch):
 
 
 def test_output_view_with_rows_off_16_byte_alignment():
-    """The epilogue stores 16-byte chunks of output rows where the rows are 16-byte aligned
-    (every other test) and each chunk as eight 16-bit stores where they are not: here an
-    ``out=`` view starting 8 bytes into each row of a wider buffer. The columns outside the view
-    stay untouched."""
-    import numba_flash as nf
-    from numba_flash import reference as ref
-
-    rng = np.random.default_rng()
-    offset = 4
-    B, S, H, D = (1, 6, 1, 16) if SIMULATOR else (2, 300, 4, 64)
-    fmt = "float16"
-    q, k, v = (randn(rng, (B, S, H, D), fmt) for _ in range(3))
-    wide = nan_like(np.empty((B, S, H, D + 8), DTYPES[fmt]))
-    o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), backend="tc",
-                               out=wide[..., offset:offset + D])
-    ro, rl = ref.attention_fwd_ref(q, k, v, False, None)
-    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, False, None), fmt)
-    assert_lse(lse, rl)
-    host = to_host(wide).astype(np.float32)
-    assert np.isnan(host[..., :offset]).all() and np.isnan(host[..., offset + D:]).all()
+    check_output_view_off_16_byte_alignment()
 
 
 def test_every_specialization_compiles_to_mma_without_spills():

@@ -13,7 +13,8 @@ from numba import cuda
 from helpers import SIMULATOR, assert_compiles_clean, check_forward
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _forward_cases import CASES  # noqa: E402  (beside this file)
+from _forward_cases import (CASES, check_growing_row_maxima, check_large_logits,  # noqa: E402
+                            check_output_view_off_16_byte_alignment)
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -37,6 +38,19 @@ def wgmma_family(monkeypatch):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_forward_matches_reference(case):
     check_forward(np.random.default_rng(), *case, backend="tc")
+
+
+def test_large_logits_stay_finite():
+    check_large_logits()
+
+
+@pytest.mark.parametrize("causal", [True] if SIMULATOR else [False, True])
+def test_row_maxima_that_keep_growing_rescale_correctly(causal):
+    check_growing_row_maxima(causal)
+
+
+def test_output_view_with_rows_off_16_byte_alignment():
+    check_output_view_off_16_byte_alignment()
 
 
 def test_three_warpgroups_and_causal_tiles_in_any_order(monkeypatch):
