@@ -6,8 +6,8 @@ What it computes
     tensor cores as ``mma.sync.m16n8k16`` (16-bit inputs, float32 accumulation) issued through
     inline PTX (``ptx.py``).
     One refinement over the textbook online softmax: m_i moves only when a row maximum exceeds
-    it by more than 8 in base-2 units, a factor 256 in P (lazy rescaling, see the softmax step),
-    which skips the O_i rescale on almost every tile.
+    it by more than 8 in base-2 units, a factor 256 in P (lazy rescaling, ``make_softmax_step``,
+    which forward_wgmma.py shares), which skips the O_i rescale on almost every tile.
 
 Grid / block mapping
     grid = (ceil(Sq / BLOCK_M), B * Hq), causal query tiles numbered from the last (the longest
@@ -51,7 +51,9 @@ ldmatrix fall in 8 different 16-byte bank groups)
 
 Limits
     float16 / bfloat16 only (the tensor cores' inputs); HEAD_DIM a multiple of 8 up to 256; any
-    Sq, Sk (ragged tiles are zero-filled and masked); compute capability 8.0 or newer.
+    Sq, Sk (ragged tiles are zero-filled and masked); compute capability 8.0 or newer. The tc
+    backend runs it everywhere but on a Hopper, which runs ``forward_wgmma.py`` (the next step
+    past this kernel: warpgroup MMA reading K and V straight from shared memory).
 """
 
 import math
