@@ -18,7 +18,6 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
 from numba import config, cuda, types
 from numba.cuda.cudadrv.driver import driver as _driver
 
