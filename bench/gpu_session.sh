@@ -38,7 +38,7 @@ for stage in "$@"; do
     host) run host "${LIMIT_HOST:-120}" python3 bench/host_overhead.py --profile \
             --out-dir "$OUT/host" ;;
     io) run io "${LIMIT_IO:-120}" python3 bench/io_bytes.py --ncu "$NCU" --out-dir "$OUT/io" ;;
-    sweep) run sweep "${LIMIT_SWEEP:-120}" python3 bench/tune_tc_forward.py --out-dir "$OUT/sweep" ;;
+    sweep) run sweep "${LIMIT_SWEEP:-240}" python3 bench/tune_tc_forward.py --out-dir "$OUT/sweep" ;;
     profile-tc)
       # The third launch of the tc forward is the first timed one (a probe and the reference
       # check come first).
