@@ -44,7 +44,7 @@ for stage in "$@"; do
       # check come first).
       for d in 64 128; do
         run "profile tc D=$d" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
-          -k regex:flash_fwd_ --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+          -k 'regex:flash_fwd_(tc|wgmma)' --launch-skip 2 --launch-count 1 --section SpeedOfLight \
           --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
           --section InstructionStats --section MemoryWorkloadAnalysis_Tables --section LaunchStats \
           python3 bench/bench_attention.py --providers nf-tc --dtypes float16 --head-dims $d \
