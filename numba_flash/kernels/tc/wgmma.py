@@ -1,8 +1,9 @@
 """Warpgroup tensor-core instructions of Hopper (sm_90a) for Numba kernels, as inline PTX.
 
 Why a second instruction set. ``mma.sync`` (ptx.py) is the Ampere tensor-core instruction: a
-warp multiplies 16x8x16 tiles and both operands pass through its registers. On a Hopper it
-reaches about two thirds of the tensor cores' rate. ``wgmma.mma_async`` is the Hopper one: the
+warp multiplies 16x8x16 tiles and both operands pass through its registers. On a Hopper that
+cannot keep the tensor cores fed: forward.py, shaped like FlashAttention-2, stopped at FA2's
+own ~340 TFLOP/s on an H200, where this module's forward_wgmma.py reaches ~450. ``wgmma.mma_async`` is the Hopper one: the
 four warps of a *warpgroup* (128 consecutive threads, the first warp's index a multiple of 4)
 compute ``D[64 x N] (+)= A[64 x 16] B[16 x N]`` for N up to 256 in one instruction, reading B
 (and optionally A) straight from shared memory, and the instruction runs asynchronously: the
@@ -63,6 +64,8 @@ start + N/2 - 1]`` the thread's D registers):
     mma_rs(fmt, n, trans_b)(acc, start, a, desc_b, scale_d, smem, scratch, tid)  a: 4 x uint32
     fence(), commit(), wait(n), fence_operands(acc, count), proxy_fence()
     scratch_size(threads)                            uint32 words the emulations exchange
+    padded_cols(cols)                                columns rounded up to whole 64-col blocks
+    read_operand(flat, desc, rows, fmt, mn_major)    NumPy: the matrix a descriptor names
 
 ``scale_d`` false: D = A B (the accumulator's old values are ignored). Compiling needs an sm_90a
 target: numba-cuda compiles for ``compute_90a`` on a Hopper, ``ptxcheck`` with ``cc=(9, 0, "a")``.
