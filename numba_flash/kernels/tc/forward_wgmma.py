@@ -50,6 +50,7 @@ from functools import lru_cache
 from numba import cuda, float32, int32, uint16, uint32, uint64
 
 from .. import primitives as prim
+from ..simt.tiles import make_kv_end
 from . import ptx, wgmma
 from .forward import make_softmax_step
 from .ptx import SHARED_ALIGN
@@ -89,6 +90,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     pack = ptx.pack(FMT)
     copy16 = ptx.cp_async_16_zfill
     shfl_xor = prim.shfl_xor
+    kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(1, NT, DT, BLOCK_N, CAUSAL)
     NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
     ZERO, ONE = float32(0.0), float32(1.0)
@@ -148,10 +150,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         hk = int32(ptx.div_u32(h, group))
 
         diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
-        kv_end = seqlen_k
-        if CAUSAL:
-            kv_end = min(seqlen_k, m0 + BLOCK_M + diag)
-        n_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N if kv_end > 0 else 0
+        end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
+        n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
         # Prologue: Q and the first K/V tile in flight together.
         load_tile(smem, base + Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, copy_r0, copy_c)

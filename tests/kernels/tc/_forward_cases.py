@@ -27,6 +27,16 @@ CASES_GPU = [
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 
+def use_tc_family(request, monkeypatch, family):
+    """Make the tc backend run ``family``'s kernel ("mma" or "wgmma") whatever the device, for
+    one test: compiled kernels are dropped before and after it."""
+    from numba_flash import launch
+
+    monkeypatch.setattr(launch, "tc_family", lambda cc: family)
+    launch.forward_kernel.cache_clear()
+    request.addfinalizer(launch.forward_kernel.cache_clear)
+
+
 def check_large_logits():
     """Scores around 8x the usual scale: exp2 of the differences stays finite."""
     B, S, H, D = (1, 9, 1, 16) if SIMULATOR else (1, 600, 2, 64)

@@ -12,18 +12,13 @@ from helpers import SIMULATOR, assert_compiles_clean, check_forward
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _forward_cases import (CASES, check_growing_row_maxima, check_large_logits,  # noqa: E402
-                            check_output_view_off_16_byte_alignment)
+                            check_output_view_off_16_byte_alignment, use_tc_family)
 
 
 @pytest.fixture(autouse=True)
-def mma_family(monkeypatch):
+def mma_family(request, monkeypatch):
     """The tc backend with the mma.sync kernel, whatever the device."""
-    from numba_flash import launch
-
-    monkeypatch.setattr(launch, "tc_family", lambda cc: "mma")
-    launch.forward_kernel.cache_clear()
-    yield
-    launch.forward_kernel.cache_clear()
+    use_tc_family(request, monkeypatch, "mma")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))

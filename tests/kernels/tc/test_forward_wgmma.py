@@ -14,7 +14,7 @@ from helpers import SIMULATOR, assert_compiles_clean, check_forward
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _forward_cases import (CASES, check_growing_row_maxima, check_large_logits,  # noqa: E402
-                            check_output_view_off_16_byte_alignment)
+                            check_output_view_off_16_byte_alignment, use_tc_family)
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -23,16 +23,13 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def wgmma_family(monkeypatch):
+def wgmma_family(request, monkeypatch):
     """The tc backend with the wgmma kernel; under the simulator with one-warpgroup tiles."""
     from numba_flash import launch
 
-    monkeypatch.setattr(launch, "tc_family", lambda cc: "wgmma")
     if SIMULATOR:
         monkeypatch.setattr(launch, "_TC_WGMMA_FWD_TILES", ((256, ((64, 64, 4, 0),) * 2),))
-    launch.forward_kernel.cache_clear()
-    yield
-    launch.forward_kernel.cache_clear()
+    use_tc_family(request, monkeypatch, "wgmma")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
