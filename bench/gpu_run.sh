@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One batched session on a GPU machine: the GPU test run and the benchmarks, each stage under its
-# own time limit, logs in $OUT/log.txt and CSV/PNG files in $OUT/<stage>/ (default OUT:
+# The GPU test run and the benchmarks in one call on a GPU machine, each stage under its own time
+# limit, logs in $OUT/log.txt and CSV/PNG files in $OUT/<stage>/ (default OUT:
 # bench/results/<date>-gpu). The CSVs are rewritten after every measured point, so a stage cut
 # short by its limit still leaves what it measured.
 #
-#   bench/gpu_session.sh tests fwd bwd mla io        # stages, in the order given
-#   LIMIT_BWD=300 bench/gpu_session.sh bwd           # a longer limit for one stage
+#   bench/gpu_run.sh tests fwd bwd mla io            # stages, in the order given
+#   LIMIT_BWD=300 bench/gpu_run.sh bwd               # a longer limit for one stage
 #
 # Stages: tests (GPU test suite, PTX checks excluded: they need no GPU; TESTS=paths narrows it),
-# fwd / bwd (the attention grid of DESIGN.md; FWD_ARGS adds bench_attention.py flags to fwd),
+# fwd / bwd (the attention grid of docs/design.md; FWD_ARGS adds bench_attention.py flags to fwd),
 # mla (decode grid), host (a decode call's host vs GPU time), io (HBM bytes under ncu),
 # sweep (tc tiles), profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
