@@ -5,7 +5,7 @@ reference and prints the error and the time. Without a GPU it runs on Numba's CU
 import argparse
 import time
 
-from ._env import use_simulator_without_gpu
+from .runtime.env import use_simulator_without_gpu
 
 
 def main(argv=None):
@@ -19,7 +19,8 @@ def main(argv=None):
     import numpy as np
 
     import numba_flash as nf
-    from numba_flash import arrays, reference
+    from numba_flash import reference
+    from numba_flash.runtime import arrays
 
     B, S, H, D = (1, 24, 2, 32) if simulator else (1, 2048, 16, 64)
     where = "Numba CUDA simulator (no GPU found)" if simulator else "GPU"

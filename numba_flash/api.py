@@ -1,24 +1,34 @@
 """Public calls: validate -> plan -> launch.
 
 Each public function first adapts and checks every argument (``ValueError`` / ``TypeError``
-naming the argument, before anything is allocated or launched), then picks a backend and tile
-configuration, allocates outputs in the caller's array library and launches on the caller's
-stream. The contract is ``shared/API.md``.
+naming the argument, before anything is allocated or launched), then plans: picks the kernels
+(``_forward_spec``: the one place a backend and a tc family are chosen), allocates outputs in
+the caller's array library and launches on the caller's stream. Grids and argument lists come
+from the kernels' specs (``runtime.spec``); what a call means is ``docs/api.md``.
 """
 
 import math
 
 import numpy as np
 
-from . import arrays, launch, scheduler
-from .arrays import FLOAT_FORMATS, SIMULATOR
+from . import scheduler
+from .kernels import naive
+from .kernels.simt import backward as simt_backward
+from .kernels.simt import combine as simt_combine
+from .kernels.simt import forward as simt_forward
+from .kernels.simt import mla_decode as simt_mla_decode
+from .kernels.tc import forward_mma as tc_forward_mma
+from .kernels.tc import forward_wgmma as tc_forward_wgmma
+from .runtime import arrays, device
+from .runtime.arrays import FLOAT_FORMATS
+from .runtime.device import SIMULATOR
 
 BACKENDS = ("auto", "simt", "tc")
 MAX_HEAD_DIM = 256
-MAX_MLA_HEAD_DIM = 576
+MAX_MLA_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
 
 
-# ----------------------------------------------------------------------------- validation helpers
+# ----------------------------------------------------------------------------- validation
 
 def _tensor(x, name, ndim):
     t = arrays.adapt(x, name)
@@ -75,22 +85,23 @@ def _out_buffer(out, like, shape, fmt, name="out"):
     return t
 
 
-def resolve_backend(backend, fmt):
+def resolve_backend(backend, fmt, dev=None):
     """``auto`` -> ``tc`` for 16-bit inputs on compute capability >= 8.0 (and under the
     simulator, which emulates it), else ``simt``; an explicit choice the inputs or the device
     cannot run is refused, never silently replaced."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    tc_ok = fmt in ("float16", "bfloat16") and (SIMULATOR or launch.device_cc() >= (8, 0))
+    cc = (dev or device.current()).cc
+    tc_ok = fmt in ("float16", "bfloat16") and (SIMULATOR or cc >= (8, 0))
     if backend == "tc" and not tc_ok:
         raise ValueError(f"backend: 'tc' needs float16 or bfloat16 inputs on compute capability "
-                         f">= 8.0, got {fmt} on {launch.device_cc()}")
+                         f">= 8.0, got {fmt} on {cc}")
     if backend == "auto":
         return "tc" if tc_ok else "simt"
     return backend
 
 
-def _check_attention(q, k, v, causal, softmax_scale, backend):
+def _check_attention(q, k, v, causal, softmax_scale, backend, dev):
     """Shared checks of the attention calls; returns adapted q, k, v, scale and backend."""
     q, k, v = _tensor(q, "q", 4), _tensor(k, "k", 4), _tensor(v, "v", 4)
     _same_format(q, k, v)
@@ -106,12 +117,28 @@ def _check_attention(q, k, v, causal, softmax_scale, backend):
     if d % 8 != 0 or d > MAX_HEAD_DIM:
         raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
     _check_causal(causal)
-    return q, k, v, _scale(softmax_scale, d), resolve_backend(backend, q.fmt)
+    return q, k, v, _scale(softmax_scale, d), resolve_backend(backend, q.fmt, dev)
 
 
 def _check_causal(causal):
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+
+
+# ----------------------------------------------------------------------------- plans
+
+def tc_family(cc):
+    """The tc forward that runs on compute capability ``cc``: ``"wgmma"`` (Hopper's warpgroup
+    instructions) on 9.0, else ``"mma"`` (mma.sync, sm_80 and newer)."""
+    return "wgmma" if tuple(cc[:2]) == (9, 0) else "mma"
+
+
+TC_FORWARD = {"mma": tc_forward_mma.SPEC, "wgmma": tc_forward_wgmma.SPEC}
+
+
+def _forward_spec(backend, dev):
+    """The forward kernel of ``backend`` on ``dev``: adding a forward family is one line here."""
+    return TC_FORWARD[tc_family(dev.cc)] if backend == "tc" else simt_forward.SPEC
 
 
 # ----------------------------------------------------------------------------- attention
@@ -123,17 +150,15 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     float32 natural-log sum of exp of the scaled scores (+inf for rows that see no key).
     ``causal`` aligns the mask bottom-right (query i sees keys j <= i + Sk - Sq).
     """
-    q, k, v, scale, backend = _check_attention(q, k, v, causal, softmax_scale, backend)
+    dev = device.current()
+    q, k, v, scale, backend = _check_attention(q, k, v, causal, softmax_scale, backend, dev)
     b, sq, hq, d = q.shape
     o = _out_buffer(out, q, q.shape, q.fmt)
     lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
-    stream = arrays.stream_of(q, stream)
-    kernel, tiles = launch.forward_kernel(backend, d, bool(causal), q.fmt)
-    grid = (launch.cdiv(sq, tiles.BLOCK_M), b * hq)
-    launch.launch(kernel, grid, tiles.threads, stream, tiles.shared_bytes,
-                  q, k, v, o, lse,
-                  np.int32(sq), np.int32(k.shape[1]), np.int32(hq), np.int32(hq // k.shape[2]),
-                  np.float32(scale * math.log2(math.e)))
+    spec = _forward_spec(backend, dev)
+    spec.launch(spec.Config(d, bool(causal), q.fmt),
+                dict(q=q, k=k, v=v, out=o, lse=lse, scale=scale), arrays.stream_of(q, stream),
+                dev)
     return o.obj, lse.obj
 
 
@@ -147,7 +172,8 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     ``dq=``, ``dk=``, ``dv=`` take caller buffers. Bitwise deterministic (no atomics). The
     backward runs on CUDA cores (``simt``) for every backend choice but an explicit ``tc``.
     """
-    q, k, v, scale, _ = _check_attention(q, k, v, causal, softmax_scale, backend)
+    dev = device.current()
+    q, k, v, scale, _ = _check_attention(q, k, v, causal, softmax_scale, backend, dev)
     if backend == "tc":
         raise ValueError("backend: the backward has no tensor-core ('tc') kernels; "
                          "use 'simt' or 'auto'")
@@ -157,7 +183,6 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
             raise ValueError(f"{t.name}: shape {t.shape} differs from q's {q.shape}")
     _same_format(q, dout, out)
     b, sq, hq, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
     lse = arrays.adapt(lse, "lse")
     if lse.shape != (b, hq, sq) or lse.fmt != "float32":
         raise ValueError(f"lse: expected shape {(b, hq, sq)} of float32, "
@@ -167,21 +192,12 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     dv = _out_buffer(dv, q, k.shape, q.fmt, "dv")
     delta = arrays.empty(q, (b, hq, sq), "float32", "delta")  # D_i = rowsum(dout * out)
     stream = arrays.stream_of(q, stream)
-    sizes = (np.int32(sq), np.int32(sk))
-    scales = (np.float32(scale), np.float32(scale * math.log2(math.e)))
-    group = np.int32(hq // hk)
-
-    kernel, tiles = launch.simt_backward_kernel("preprocess", d, False, q.fmt)
-    launch.launch(kernel, (launch.cdiv(sq, tiles.BLOCK_M), b * hq), tiles.threads, stream,
-                  tiles.shared_bytes, out, dout, delta, np.int32(sq), np.int32(hq))
-    kernel, tiles = launch.simt_backward_kernel("dkdv", d, bool(causal), q.fmt)
-    launch.launch(kernel, (launch.cdiv(sk, tiles.BLOCK_N), b * hk), tiles.threads, stream,
-                  tiles.shared_bytes, q, k, v, dout, lse, delta, dk, dv, *sizes, np.int32(hk),
-                  group, *scales)
-    kernel, tiles = launch.simt_backward_kernel("dq", d, bool(causal), q.fmt)
-    launch.launch(kernel, (launch.cdiv(sq, tiles.BLOCK_M), b * hq), tiles.threads, stream,
-                  tiles.shared_bytes, q, k, v, dout, lse, delta, dq, *sizes, np.int32(hq), group,
-                  *scales)
+    problem = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv,
+                   scale=scale)
+    config = simt_backward.DKDV.Config(d, bool(causal), q.fmt)
+    simt_backward.PREPROCESS.launch(config._replace(causal=False), problem, stream, dev)
+    simt_backward.DKDV.launch(config, problem, stream, dev)
+    simt_backward.DQ.launch(config, problem, stream, dev)
     return dq.obj, dk.obj, dv.obj
 
 
@@ -191,6 +207,26 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False,
     return (out, lse) if return_lse else out
 
 
+def naive_attention(q, k, v, causal=False, softmax_scale=None):
+    """Exact attention by the three-kernel baseline (``kernels/naive.py``: S = QK^T to global
+    memory, softmax, O = PV). Returns ``(out, lse)`` like ``flash_attn_fwd``: same arguments and
+    checks (no ``backend``, ``out`` or ``stream``: launched on q's library stream); allocates
+    B * Hq * Sq * Sk float32 of scratch. Not part of the public API: the benchmarks' and the
+    IO measurement's baseline."""
+    dev = device.current()
+    q, k, v, scale, _ = _check_attention(q, k, v, causal, softmax_scale, "simt", dev)
+    b, sq, hq, d = q.shape
+    problem = dict(q=q, k=k, v=v, scale=scale,
+                   scores=arrays.empty(q, (b, hq, sq, k.shape[1]), "float32", "scores"),
+                   out=arrays.empty(q, q.shape, q.fmt, "out"),
+                   lse=arrays.empty(q, (b, hq, sq), "float32", "lse"))
+    stream = arrays.stream_of(q)
+    config = naive.SCORES.Config(bool(causal), q.fmt)
+    for spec in (naive.SCORES, naive.SOFTMAX, naive.OUTPUT):
+        spec.launch(config, problem, stream, dev)
+    return problem["out"].obj, problem["lse"].obj
+
+
 # ----------------------------------------------------------------------------- paged MLA decode
 
 def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_sms=None):
@@ -198,7 +234,7 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_sm
 
     ``cache_seqlens (b,)`` int32 on the device; ``num_q_tokens_per_head_k = s_q * h_q // h_kv``;
     ``num_heads_k = h_kv``; ``num_sms`` defaults to the device's SM count (under the simulator,
-    which has no device to ask, to ``launch.SIMULATED_SMS = 8``). The plan is made on the host
+    which has no device to ask, to ``device.SIMULATED.sms = 8``). The plan is made on the host
     (``scheduler.plan_mla``, after copying the lengths there). Returns
     ``(tile_scheduler_metadata (num_sm_parts, 8), num_splits (b + 1,))``, int32 device arrays in
     cache_seqlens's library.
@@ -209,7 +245,7 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_sm
     if not SIMULATOR:
         stream.synchronize()
     if num_sms is None:
-        num_sms = launch.device_limits()[0]
+        num_sms = device.current().sms
     plan = scheduler.plan_mla(host, num_q_tokens_per_head_k, num_heads_k, num_sms)
     result = []
     for values, name in zip(plan, ("tile_scheduler_metadata", "num_splits")):
@@ -233,10 +269,11 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     cache slots at or past ``seqlen`` are never read. Only the device can see the lengths, so
     they are not checked against the table; the metadata must be the plan for these lengths.
     """
+    dev = device.current()
     q, k_cache = _tensor(q, "q", 4), _tensor(k_cache, "k_cache", 4)
     _same_format(q, k_cache)
     b, s_q, h_q, d = q.shape
-    page_size, h_kv = k_cache.shape[1], k_cache.shape[2]
+    h_kv = k_cache.shape[2]
     if k_cache.shape[3] != d:
         raise ValueError(f"k_cache: head dim {k_cache.shape[3]} differs from q's {d}")
     if d % 8 != 0 or d > MAX_MLA_HEAD_DIM:
@@ -254,25 +291,22 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     num_splits = _index_array(num_splits, "num_splits", (b + 1,))
     _check_causal(causal)
     scale = _scale(softmax_scale, d)
-    resolve_backend(backend, q.fmt)
+    resolve_backend(backend, q.fmt, dev)
     if backend == "tc":
         raise ValueError("backend: the MLA decode has no tensor-core kernel; use 'simt' or 'auto'")
 
     dv = int(head_dim_v)
-    parts, group = metadata.shape[0], h_q // h_kv
+    parts = metadata.shape[0]
     o = _out_buffer(out, q, (b, s_q, h_q, dv), q.fmt)
-    lse = arrays.empty(q, (b, h_q, s_q), "float32", "lse")
     # Split requests: one slot per piece, at most b + parts - 1 of them (see scheduler.py).
-    o_acc = arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc")
-    lse_acc = arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc")
+    problem = dict(q=q, k_cache=k_cache, block_table=block_table, cache_seqlens=cache_seqlens,
+                   metadata=metadata, num_splits=num_splits, out=o, scale=scale,
+                   lse=arrays.empty(q, (b, h_q, s_q), "float32", "lse"),
+                   o_acc=arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc"),
+                   lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
     stream = arrays.stream_of(q, stream)
-    kernel, tiles = launch.simt_mla_decode_kernel(s_q * group, d, dv, bool(causal) and s_q > 1,
-                                                  q.fmt, launch.mla_copies_16_bytes(k_cache))
-    launch.launch(kernel, (parts, h_kv, launch.cdiv(s_q * group, tiles.BLOCK_M)), tiles.threads,
-                  stream, tiles.shared_bytes, q, k_cache, block_table, cache_seqlens, metadata,
-                  num_splits, o, lse, o_acc, lse_acc, np.int32(s_q), np.int32(group),
-                  np.int32(page_size), np.float32(scale * math.log2(math.e)))
-    kernel, tiles = launch.simt_mla_combine_kernel(dv, q.fmt)
-    launch.launch(kernel, (b, launch.cdiv(s_q * h_q, tiles.BLOCK_M)), tiles.threads, stream, 0,
-                  o_acc, lse_acc, num_splits, o, lse)
-    return o.obj, lse.obj
+    decode = simt_mla_decode.SPEC
+    decode.launch(decode.Config(s_q * (h_q // h_kv), d, dv, bool(causal) and s_q > 1, q.fmt,
+                                simt_mla_decode.copies_16_bytes(k_cache)), problem, stream, dev)
+    simt_combine.SPEC.launch(simt_combine.SPEC.Config(dv, q.fmt), problem, stream, dev)
+    return o.obj, problem["lse"].obj

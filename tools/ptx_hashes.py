@@ -25,7 +25,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TESTS_TC = ROOT / "tests" / "kernels" / "tc"
+TEST_KERNELS = ROOT / "tests" / "kernels" / "ptx"
 SM80, SM90, SM90A = (8, 0), (9, 0), (9, 0, "a")
 A100_SHARED, H100_SHARED = 163 * 1024, 227 * 1024
 FMTS16 = ("float16", "bfloat16")
@@ -33,95 +33,109 @@ FMTS16 = ("float16", "bfloat16")
 
 def specializations():
     """``[(key, target, cc, args)]``: ``target`` names a function ``module:function`` (or
-    ``file.py:function``) returning ``(pyfunc, signature[, options])`` for ``*args``."""
+    ``file.py:function``) returning ``(pyfunc, signature[, options])`` for ``*args``; kernels
+    are built from their specs (``runtime.ptxcheck.spec_build``: module, config, tile entry,
+    device)."""
     jobs = []
+    build = "numba_flash.runtime.ptxcheck:spec_build"
 
-    def add(key, target, ccs, *args):
+    def add(key, ccs, module, config, entry=None, device=None):
         for cc in ccs:
-            jobs.append((f"{key} sm_{''.join(map(str, cc))}", target, cc, args))
+            jobs.append((f"{key} sm_{''.join(map(str, cc))}", build, cc,
+                         (f"numba_flash.kernels.{module}", config, entry, device)))
 
-    naive = "numba_flash.launch:naive_spec"
     for fmt in ("float16", "bfloat16", "float32"):
-        add(f"naive scores {fmt}", naive, (SM80, SM90), "scores", False, fmt)
-        add(f"naive output {fmt}", naive, (SM80, SM90), "output", False, fmt)
+        add(f"naive scores {fmt}", (SM80, SM90), "naive:SCORES", [False, fmt])
+        add(f"naive output {fmt}", (SM80, SM90), "naive:OUTPUT", [False, fmt])
     for causal in (False, True):
-        add(f"naive softmax causal={causal}", naive, (SM80, SM90), "softmax", causal, "float32")
+        add(f"naive softmax causal={causal}", (SM80, SM90), "naive:SOFTMAX", [causal, "float32"])
 
-    fwd = "numba_flash.launch:forward_spec"
     for d in (64, 128, 256):
         for causal in (False, True):
             for fmt in ("float16", "bfloat16", "float32"):
-                add(f"simt fwd d={d} causal={causal} {fmt}", fwd, (SM80, SM90),
-                    "simt", d, causal, fmt)
-    add("simt fwd d=8 causal=True bfloat16", fwd, (SM80, SM90), "simt", 8, True, "bfloat16")
-    add("simt fwd d=72 causal=False bfloat16", fwd, (SM80, SM90), "simt", 72, False, "bfloat16")
+                add(f"simt fwd d={d} causal={causal} {fmt}", (SM80, SM90), "simt.forward",
+                    [d, causal, fmt])
+    add("simt fwd d=8 causal=True bfloat16", (SM80, SM90), "simt.forward", [8, True, "bfloat16"])
+    add("simt fwd d=72 causal=False bfloat16", (SM80, SM90), "simt.forward",
+        [72, False, "bfloat16"])
 
-    bwd = "numba_flash.launch:simt_backward_spec"
     for d in (64, 128, 256):
         for kernel in ("dkdv", "dq"):
             for causal in (False, True):
-                add(f"simt bwd {kernel} d={d} causal={causal} bfloat16", bwd, (SM80, SM90),
-                    kernel, d, causal, "bfloat16")
-        add(f"simt bwd dkdv d={d} causal=False float32", bwd, (SM80, SM90),
-            "dkdv", d, False, "float32")
+                add(f"simt bwd {kernel} d={d} causal={causal} bfloat16", (SM80, SM90),
+                    f"simt.backward:{kernel.upper()}", [d, causal, "bfloat16"])
+        add(f"simt bwd dkdv d={d} causal=False float32", (SM80, SM90), "simt.backward:DKDV",
+            [d, False, "float32"])
     for fmt in ("float16", "bfloat16", "float32"):
-        add(f"simt bwd preprocess d=256 {fmt}", bwd, (SM80, SM90), "preprocess", 256, False, fmt)
+        add(f"simt bwd preprocess d=256 {fmt}", (SM80, SM90), "simt.backward:PREPROCESS",
+            [256, False, fmt])
 
-    mla = "numba_flash.launch:simt_mla_decode_spec"
+    def gpu(cc, shared):
+        return {"cc": list(cc), "sms": 132, "shared_per_block": shared}
+
     for q_rows in (1, 2, 4, 8, 16, 128):
         for causal in (False, True):
-            add(f"simt mla q_rows={q_rows} causal={causal} bfloat16 limit=227K", mla, (SM90,),
-                q_rows, 576, 512, causal, "bfloat16", H100_SHARED)
+            add(f"simt mla q_rows={q_rows} causal={causal} bfloat16 limit=227K", (SM90,),
+                "simt.mla_decode", [q_rows, 576, 512, causal, "bfloat16", True], None,
+                gpu(SM90, H100_SHARED))
     for q_rows, causal in ((1, False), (8, True), (128, False)):
-        add(f"simt mla q_rows={q_rows} causal={causal} float32 limit=163K", mla, (SM80,),
-            q_rows, 576, 512, causal, "float32", A100_SHARED)
-    add("simt mla q_rows=16 causal=False bfloat16 limit=227K unaligned", mla, (SM90,),
-        16, 576, 512, False, "bfloat16", H100_SHARED, False)
+        add(f"simt mla q_rows={q_rows} causal={causal} float32 limit=163K", (SM80,),
+            "simt.mla_decode", [q_rows, 576, 512, causal, "float32", True], None,
+            gpu(SM80, A100_SHARED))
+    add("simt mla q_rows=16 causal=False bfloat16 limit=227K unaligned", (SM90,),
+        "simt.mla_decode", [16, 576, 512, False, "bfloat16", False], None, gpu(SM90, H100_SHARED))
 
-    combine = "numba_flash.launch:simt_mla_combine_spec"
     for fmt in ("float16", "bfloat16", "float32"):
-        add(f"simt mla combine dv=512 {fmt}", combine, (SM80, SM90), 512, fmt)
+        add(f"simt mla combine dv=512 {fmt}", (SM80, SM90), "simt.combine", [512, fmt])
 
     mma = [(64, (128, 64, 4, 0)), (128, (128, 64, 4, 0)), (128, (128, 32, 4, 0)),
            (256, (64, 32, 4, 0)), (16, (32, 16, 2, 0))]
     for d, tiles in mma:
         for causal in (False, True):
             for fmt in FMTS16:
-                add(f"tc mma fwd d={d} tiles={tiles} causal={causal} {fmt}", fwd, (SM80, SM90),
-                    "tc", d, causal, fmt, tiles, "mma")
-    add("tc mma fwd d=8 causal=True float16", fwd, (SM80, SM90), "tc", 8, True, "float16",
-        None, "mma")
+                add(f"tc mma fwd d={d} tiles={tiles} causal={causal} {fmt}", (SM80, SM90),
+                    "tc.forward_mma", [d, causal, fmt], list(tiles))
+    add("tc mma fwd d=8 causal=True float16", (SM80, SM90), "tc.forward_mma",
+        [8, True, "float16"])
 
     wgmma = [(64, (128, 64, 8, 0)), (128, (128, 128, 8, 0)), (256, (64, 64, 4, 0)),
              (8, (192, 32, 12, 0))]
     for d, tiles in wgmma:
         for causal in (False, True):
             for fmt in FMTS16:
-                add(f"tc wgmma fwd d={d} tiles={tiles} causal={causal} {fmt}", fwd, (SM90A,),
-                    "tc", d, causal, fmt, tiles, "wgmma")
+                add(f"tc wgmma fwd d={d} tiles={tiles} causal={causal} {fmt}", (SM90A,),
+                    "tc.forward_wgmma", [d, causal, fmt], list(tiles))
 
-    probe = f"{TESTS_TC / '_ptx_kernels.py'}:probe"
+    def test_kernel(key, target, ccs, *args):
+        for cc in ccs:
+            jobs.append((f"{key} sm_{''.join(map(str, cc))}", target, cc, args))
+
+    probe = f"{TEST_KERNELS / '_ptx_kernels.py'}:probe"
     for fmt in FMTS16:
-        add(f"test probe tiles {fmt}", probe, (SM80, SM90), "tiles", fmt)
-    add("test probe conversions", probe, (SM90,), "conversions")
-    chain = f"{TESTS_TC / '_wgmma_kernels.py'}:chain"
+        test_kernel(f"test probe tiles {fmt}", probe, (SM80, SM90), "tiles", fmt)
+    test_kernel("test probe conversions", probe, (SM90,), "conversions")
+    chain = f"{TEST_KERNELS / '_wgmma_kernels.py'}:chain"
     for args in (("float16", 64, False, 0), ("bfloat16", 128, True, 1)):
-        add(f"test wgmma chain {args}", chain, (SM90A,), *args)
+        test_kernel(f"test wgmma chain {args}", chain, (SM90A,), *args)
     return jobs
 
 
 _MANGLED = re.compile(r"_Z\w+?(?=_param_\d+\b|\b)")
+_SHARED = re.compile(r"_cudapy_smem_\d+")
 
 
 def normalized(ptx):
-    """``ptx`` with every mangled name replaced by ``F<n>``, n its order of first appearance."""
-    names = {}
-    return _MANGLED.sub(lambda m: names.setdefault(m.group(0), f"F{len(names)}"), ptx)
+    """``ptx`` with every mangled name replaced by ``F<n>`` and every shared array's name by
+    ``S<n>``, n its order of first appearance (Numba numbers shared arrays with one counter per
+    process, so the names depend on what the process compiled before)."""
+    names, arrays = {}, {}
+    ptx = _MANGLED.sub(lambda m: names.setdefault(m.group(0), f"F{len(names)}"), ptx)
+    return _SHARED.sub(lambda m: arrays.setdefault(m.group(0), f"S{len(arrays)}"), ptx)
 
 
 def _child(jobs):
     """Child side: compile each ``(key, target, cc, args)`` and print its hashes."""
-    from numba_flash import ptxcheck
+    from numba_flash.runtime import ptxcheck
 
     for key, target, cc, args in jobs:
         built = ptxcheck._load_target(target)(*args)

@@ -50,11 +50,15 @@ Limits
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, types
 
-from . import primitives as prim
+from ..runtime.launcher import cdiv
+from ..runtime.spec import KernelSpec, Tiles
+
+from .common import constants, formats
 
 TILE = 64            # rows and columns of one tile of S (or of O) per product block
 STEP = 16            # reduction columns staged in shared memory per step of a product
@@ -86,7 +90,7 @@ def _make_product_step():
 @lru_cache(maxsize=None)
 def make_scores_kernel(FMT):
     """Kernel 1: S[b, h] = Q[b, :, h] K[b, :, h // group]^T * scale, written in full."""
-    load = prim.loader(FMT)
+    load = formats.loader(FMT)
     product_step = _make_product_step()
     ZERO = float32(0.0)
 
@@ -139,7 +143,7 @@ def make_scores_kernel(FMT):
 @lru_cache(maxsize=None)
 def make_softmax_kernel(CAUSAL):
     """Kernel 2: P = softmax(S) row by row, in place, and lse (natural log)."""
-    LOG2E, NEG_INF, POS_INF = prim.LOG2E, prim.NEG_INF, prim.POS_INF
+    LOG2E, NEG_INF, POS_INF = constants.LOG2E, constants.NEG_INF, constants.POS_INF
     ZERO, ONE = float32(0.0), float32(1.0)
     LEVELS = int(math.log2(SOFTMAX_THREADS))
     assert 1 << LEVELS == SOFTMAX_THREADS
@@ -198,7 +202,7 @@ def make_softmax_kernel(CAUSAL):
 @lru_cache(maxsize=None)
 def make_output_kernel(FMT):
     """Kernel 3: O[b, :, h] = P[b, h] V[b, :, h // group]."""
-    load, store = prim.loader(FMT), prim.storer(FMT)
+    load, store = formats.loader(FMT), formats.storer(FMT)
     product_step = _make_product_step()
     ZERO = float32(0.0)
 
@@ -250,30 +254,106 @@ def make_output_kernel(FMT):
     return naive_output
 
 
-def attention(q, k, v, causal=False, softmax_scale=None):
-    """Exact attention by the three kernels above. Returns ``(out, lse)`` like ``flash_attn_fwd``.
+# ----------------------------------------------------------------------------- specs
 
-    Same arguments and checks as ``numba_flash.flash_attn_fwd`` (no ``backend``, ``out`` or
-    ``stream``: launched on q's library stream); allocates B * Hq * Sq * Sk float32 of scratch.
-    """
-    from .. import api, arrays, launch
+class Config(NamedTuple):
+    causal: bool
+    fmt: str
 
-    q, k, v, scale, _ = api._check_attention(q, k, v, causal, softmax_scale, "simt")
-    b, sq, hq, d = q.shape
-    sk, group = k.shape[1], hq // k.shape[2]
-    scores = arrays.empty(q, (b, hq, sq, sk), "float32", "scores")
-    out = arrays.empty(q, q.shape, q.fmt, "out")
-    lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
-    stream = arrays.stream_of(q)
-    scores_k, softmax_k, output_k = (launch.naive_kernel(name, bool(causal), q.fmt)
-                                     for name in launch.NAIVE_KERNELS)
-    sq32, sk32, hq32, group32 = np.int32(sq), np.int32(sk), np.int32(hq), np.int32(group)
-    launch.launch(scores_k, (launch.cdiv(sk, TILE), launch.cdiv(sq, TILE), b * hq),
-                  GEMM_THREADS, stream, 0, q, k, scores,
-                  sq32, sk32, hq32, group32, np.float32(scale))
-    launch.launch(softmax_k, (sq, b * hq), SOFTMAX_THREADS, stream, 0,
-                  scores, lse, sq32, sk32)
-    launch.launch(output_k, (launch.cdiv(d, TILE), launch.cdiv(sq, TILE), b * hq),
-                  GEMM_THREADS, stream, 0, scores, v, out,
-                  sq32, sk32, hq32, group32)
-    return out.obj, lse.obj
+
+class _Spec(KernelSpec):
+    """The three kernels' tiles are fixed by their thread mapping; shared memory is static.
+    Problem: q, k, v, scores (B, Hq, Sq, Sk) float32, out, lse, scale."""
+
+    Config = Config
+
+    def entry(self, config, device):
+        return TILE
+
+    def tiles(self, config, entry):
+        return Tiles(entry, entry, GEMM_THREADS, 0)
+
+    @staticmethod
+    def sizes(p):
+        q, k = p["q"], p["k"]
+        return (np.int32(q.shape[1]), np.int32(k.shape[1]), np.int32(q.shape[2]),
+                np.int32(q.shape[2] // k.shape[2]))
+
+
+class Scores(_Spec):
+    """S = Q K^T * scale: (q, k, s, Sq, Sk, Hq, group, scale); grid (Sk, Sq, B * Hq) in tiles."""
+
+    name = "naive_scores"
+
+    def code_key(self, config, tiles):
+        return config.fmt
+
+    def make(self, config, tiles):
+        return make_scores_kernel(config.fmt)
+
+    def signature(self, config):
+        t = types.Array(formats.storage_type(config.fmt), 4, "A")
+        f4 = types.Array(types.float32, 4, "A")
+        i32 = types.int32
+        return types.void(t, t, f4, i32, i32, i32, i32, types.float32)
+
+    def grid(self, config, tiles, p):
+        b, sq, hq, _ = p["q"].shape
+        return (cdiv(p["k"].shape[1], TILE), cdiv(sq, TILE), b * hq)
+
+    def arguments(self, config, p):
+        return (p["q"], p["k"], p["scores"], *self.sizes(p), np.float32(p["scale"]))
+
+
+class Softmax(_Spec):
+    """P = softmax(S) in place, lse: (s, lse, Sq, Sk); grid (Sq, B * Hq), a block per row."""
+
+    name = "naive_softmax"
+
+    def tiles(self, config, entry):
+        return Tiles(1, 0, SOFTMAX_THREADS, 0)
+
+    def code_key(self, config, tiles):
+        return config.causal
+
+    def make(self, config, tiles):
+        return make_softmax_kernel(config.causal)
+
+    def signature(self, config):
+        f4, f3 = types.Array(types.float32, 4, "A"), types.Array(types.float32, 3, "A")
+        return types.void(f4, f3, types.int32, types.int32)
+
+    def grid(self, config, tiles, p):
+        b, sq, hq, _ = p["q"].shape
+        return (sq, b * hq)
+
+    def arguments(self, config, p):
+        return p["scores"], p["lse"], np.int32(p["q"].shape[1]), np.int32(p["k"].shape[1])
+
+
+class Output(_Spec):
+    """O = P V: (p, v, out, Sq, Sk, Hq, group); grid (D, Sq, B * Hq) in tiles."""
+
+    name = "naive_output"
+
+    def code_key(self, config, tiles):
+        return config.fmt
+
+    def make(self, config, tiles):
+        return make_output_kernel(config.fmt)
+
+    def signature(self, config):
+        t = types.Array(formats.storage_type(config.fmt), 4, "A")
+        f4 = types.Array(types.float32, 4, "A")
+        i32 = types.int32
+        return types.void(f4, t, t, i32, i32, i32, i32)
+
+    def grid(self, config, tiles, p):
+        b, sq, hq, d = p["q"].shape
+        return (cdiv(d, TILE), cdiv(sq, TILE), b * hq)
+
+    def arguments(self, config, p):
+        return (p["scores"], p["v"], p["out"], *self.sizes(p))
+
+
+SCORES, SOFTMAX, OUTPUT = Scores(), Softmax(), Output()

@@ -67,8 +67,12 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from .. import primitives as prim
-from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_kv_end, make_tile_loader, place,
+from ...runtime.spec import Tiles
+from ..attention import DkdvSpec, DqSpec, PreprocessSpec
+from ..common import constants, formats
+from ..common.masks import make_kv_end
+from ..instructions import sync
+from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, place,
                     row_pad)
 
 
@@ -129,9 +133,9 @@ def _make_score_products(ROWS, COLS, HEAD_DIM, STRIDE):
 def make_preprocess_kernel(HEAD_DIM, FMT):
     """Kernel writing ``delta[b, h, i] = D_i = sum_d dout[b, i, h, d] * out[b, i, h, d]``."""
     TD = HEAD_DIM // LANES_PER_ROW
-    SCRATCH = prim.scratch_size(THREADS)
-    load = prim.loader(FMT)
-    shfl_xor = prim.shfl_xor
+    SCRATCH = sync.scratch_size(THREADS)
+    load = formats.loader(FMT)
+    shfl_xor = sync.shfl_xor
     ZERO = float32(0.0)
 
     def flash_bwd_preprocess_simt(out, dout, delta, seqlen_q, n_heads_q):
@@ -173,8 +177,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     load_kv = make_tile_loader(BLOCK_N, HEAD_DIM, STRIDE, 1, FMT)
     load_q = make_tile_loader(BLOCK_M, HEAD_DIM, STRIDE, 1, FMT)
     score_products = _make_score_products(TN, TM, HEAD_DIM, STRIDE)
-    store = prim.storer(FMT)
-    LOG2E = prim.LOG2E
+    store = formats.storer(FMT)
+    LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dkdv_simt(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
@@ -224,16 +228,18 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 score_products(smem, K_OFF, Q_OFF, V_OFF, DO_OFF, row0, lane, S, dP)
 
                 # P_ij^T = exp2(S^T * scale_log2 - lse_i), dS_ij^T = P^T (dP^T - D_i) -> shared.
-                needs_mask = ragged
+                # The tile test of common/masks.py, written out: through the inline helper
+                # NVVM schedules this loop's address arithmetic differently.
+                masked = ragged
                 if CAUSAL:
-                    needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
+                    masked = masked or n0 + BLOCK_N - 1 > m0 + diag
                 for j in range(TM):
                     c = lane + LANES_PER_ROW * j
                     lse_c = smem[LSE_OFF + c]
                     D_c = smem[DELTA_OFF + c]
                     for i in range(TN):
                         key = n0 + row0 + i
-                        visible = not needs_mask or (
+                        visible = not masked or (
                             key < seqlen_k and (not CAUSAL or key <= m0 + c + diag))
                         p = ZERO
                         if visible:
@@ -280,8 +286,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     load_kv = make_tile_loader(BLOCK_N, HEAD_DIM, STRIDE, 1, FMT)
     score_products = _make_score_products(TM, TN, HEAD_DIM, STRIDE)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
-    store = prim.storer(FMT)
-    LOG2E = prim.LOG2E
+    store = formats.storer(FMT)
+    LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dq_simt(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
@@ -325,13 +331,13 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             score_products(smem, Q_OFF, K_OFF, DO_OFF, V_OFF, row0, lane, S, dP)
 
             # dS_ij = P_ij (dP_ij - D_i) with P_ij = exp2(S * scale_log2 - lse_i) -> shared.
-            needs_mask = n0 + BLOCK_N > seqlen_k
+            masked = n0 + BLOCK_N > seqlen_k  # common/masks.py's tile test, written out (above)
             if CAUSAL:
-                needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
+                masked = masked or n0 + BLOCK_N - 1 > m0 + diag
             for i in range(TM):
                 for j in range(TN):
                     key = n0 + lane + LANES_PER_ROW * j
-                    visible = not needs_mask or (
+                    visible = not masked or (
                         key < seqlen_k and (not CAUSAL or key <= m0 + row0 + i + diag))
                     p = ZERO
                     if visible:
@@ -354,3 +360,61 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                     dq[b, r, h, lane + LANES_PER_ROW * jd] = store(dQ_i[i, jd] * scale)
 
     return flash_bwd_dq_simt
+
+
+# ----------------------------------------------------------------------------- specs
+
+# By head dim: (BLOCK_M, BLOCK_N) of the dK/dV kernel (BLOCK_N keys held, BLOCK_M queries
+# streamed) and of the dQ kernel (BLOCK_M queries held, BLOCK_N keys streamed). The register
+# accumulators grow as HEAD_DIM / 8 per owned row, so larger head dims own fewer rows (dQ at 256
+# with 32 query rows needs ~250 registers, at the edge of spilling). No spills on sm_80 / sm_90
+# (at most ~210 registers, the PTX test checks); shared memory <= 106 KiB, so an A100 fits.
+TILES = ((64, (32, 64), (64, 32)), (128, (32, 32), (64, 32)), (256, (32, 16), (16, 32)))
+
+
+class Preprocess(PreprocessSpec):
+    """ROW_GROUPS query rows of D per block; no tiles, no shared memory."""
+
+    name = "flash_bwd_preprocess_simt"
+
+    def entry(self, config, device):
+        return ROW_GROUPS
+
+    def tiles(self, config, entry):
+        return Tiles(entry, 0, THREADS, 0)
+
+    def make(self, config, tiles):
+        return make_preprocess_kernel(config.head_dim, config.fmt)
+
+
+class Dkdv(DkdvSpec):
+    name = "flash_bwd_dkdv_simt"
+
+    def entry(self, config, device):
+        return next(t for t in TILES if config.head_dim <= t[0])[1]
+
+    def tiles(self, config, entry):
+        bm, bn = entry
+        return Tiles(bm, bn, THREADS, 4 * dkdv_shared_layout(bm, bn, config.head_dim)["words"])
+
+    def make(self, config, tiles):
+        return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
+                                config.fmt)
+
+
+class Dq(DqSpec):
+    name = "flash_bwd_dq_simt"
+
+    def entry(self, config, device):
+        return next(t for t in TILES if config.head_dim <= t[0])[2]
+
+    def tiles(self, config, entry):
+        bm, bn = entry
+        return Tiles(bm, bn, THREADS, 4 * dq_shared_layout(bm, bn, config.head_dim)["words"])
+
+    def make(self, config, tiles):
+        return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
+                              config.fmt)
+
+
+PREPROCESS, DKDV, DQ = Preprocess(), Dkdv(), Dq()

@@ -29,10 +29,14 @@ Limits
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
-from numba import cuda, float32, uint64
+from numba import cuda, float32, types, uint64
 
-from .. import primitives as prim
+from ...runtime.launcher import cdiv
+from ...runtime.spec import KernelSpec, Tiles
+
+from ..common import constants, formats
 
 THREADS = 128
 ROWS = THREADS // 32  # query rows per CTA, one per warp
@@ -43,8 +47,8 @@ def make_combine_kernel(HEAD_DIM_V, FMT):
     """Python kernel function specialised for one configuration (compile with launch.compile)."""
     TD = -(-HEAD_DIM_V // 32)  # columns per lane
     DV_EXACT = HEAD_DIM_V % 32 == 0
-    store = prim.storer(FMT)
-    NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
+    store = formats.storer(FMT)
+    NEG_INF, POS_INF, LN2 = constants.NEG_INF, constants.POS_INF, constants.LN2
     ZERO = float32(0.0)
 
     def mla_combine_simt(o_acc, lse_acc, num_splits, out, lse):
@@ -86,3 +90,42 @@ def make_combine_kernel(HEAD_DIM_V, FMT):
             lse[req, h, t] = G * LN2  # +inf stays +inf
 
     return mla_combine_simt
+
+
+# ----------------------------------------------------------------------------- spec
+
+class Config(NamedTuple):
+    head_dim_v: int
+    fmt: str
+
+
+class Spec(KernelSpec):
+    """(o_acc, lse_acc, num_splits, out, lse); grid (b, ceil(s_q * h_q / ROWS)): ROWS query
+    rows (one per warp) per CTA, no shared memory."""
+
+    name = "mla_combine_simt"
+    Config = Config
+
+    def entry(self, config, device):
+        return ROWS
+
+    def tiles(self, config, entry):
+        return Tiles(entry, 0, THREADS, 0)
+
+    def make(self, config, tiles):
+        return make_combine_kernel(config.head_dim_v, config.fmt)
+
+    def signature(self, config):
+        t = types.Array(formats.storage_type(config.fmt), 4, "A")
+        f3, f4 = types.Array(types.float32, 3, "A"), types.Array(types.float32, 4, "A")
+        return types.void(f4, f3, types.Array(types.int32, 1, "A"), t, f3)
+
+    def grid(self, config, tiles, p):
+        b, s_q, h_q, _ = p["out"].shape
+        return (b, cdiv(s_q * h_q, tiles.BLOCK_M))
+
+    def arguments(self, config, p):
+        return p["o_acc"], p["lse_acc"], p["num_splits"], p["out"], p["lse"]
+
+
+SPEC = Spec()

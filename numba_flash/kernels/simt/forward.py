@@ -51,8 +51,13 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from .. import primitives as prim
-from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_kv_end, make_tile_loader, place,
+from ...runtime.spec import Tiles
+from ..attention import ForwardSpec
+from ..common import constants, formats
+from ..common.epilogue import lse_of
+from ..common.masks import make_kv_end, make_needs_mask
+from ..instructions import sync
+from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, place,
                     row_pad)
 
 
@@ -77,12 +82,13 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
     Q_OFF, K_OFF, V_OFF, P_OFF = lay["q_off"], lay["k_off"], lay["v_off"], lay["p_off"]
     Q_STRIDE, K_STRIDE, P_STRIDE = lay["q_stride"], lay["k_stride"], lay["p_stride"]
-    SCRATCH = prim.scratch_size(THREADS)
+    SCRATCH = sync.scratch_size(THREADS)
     load_qt = make_tile_loader(BLOCK_M, HEAD_DIM, 1, Q_STRIDE, FMT)  # Q^T: row stride 1
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
-    load, store = prim.loader(FMT), prim.storer(FMT)
-    shfl_xor = prim.shfl_xor
-    NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
+    needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
+    load, store = formats.loader(FMT), formats.storer(FMT)
+    shfl_xor = sync.shfl_xor
+    NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_fwd_simt(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
@@ -138,11 +144,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                     for j in range(TN):
                         S[i, j] += a * smem[K_OFF + d * K_STRIDE + lane + LANES_PER_ROW * j]
 
-            # Mask only tiles that cross the ragged end or the causal diagonal.
-            needs_mask = n0 + BLOCK_N > seqlen_k
-            if CAUSAL:
-                needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
-            if needs_mask:
+            if needs_mask(n0, m0, diag, seqlen_k):  # the tile crosses the ragged end or diagonal
                 for i in range(TM):
                     for j in range(TN):
                         col = n0 + lane + LANES_PER_ROW * j
@@ -190,6 +192,32 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 for jd in range(TD):
                     out[b, r, h, lane + LANES_PER_ROW * jd] = store(O_i[i, jd] * inv)
                 if lane == 0:
-                    lse[b, h, r] = (m_i[i] + math.log2(l)) * LN2 if l > ZERO else POS_INF
+                    lse[b, h, r] = lse_of(m_i[i], l)
 
     return flash_fwd_simt
+
+
+# ----------------------------------------------------------------------------- spec
+
+# (BLOCK_M, BLOCK_N) by head dim, set by hand; the grid they run
+# is the nf-simt column of bench/results/2026-11-29-NVIDIA-H200/attention_fwd_37e5ad0.csv. Larger head dims trade
+# BLOCK_N (shared memory, S registers) for the O_i micro-tile, which grows as HEAD_DIM / 8.
+TILES = ((64, (64, 64)), (128, (64, 32)), (256, (32, 32)))
+
+
+class Spec(ForwardSpec):
+    name = "flash_fwd_simt"
+
+    def entry(self, config, device):
+        return next(t for limit, t in TILES if config.head_dim <= limit)
+
+    def tiles(self, config, entry):
+        bm, bn = entry
+        return Tiles(bm, bn, THREADS, 4 * shared_layout(bm, bn, config.head_dim)["words"])
+
+    def make(self, config, tiles):
+        return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
+                                   config.fmt)
+
+
+SPEC = Spec()

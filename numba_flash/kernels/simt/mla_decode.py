@@ -115,18 +115,21 @@ Limits
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, float32, int32, uint32, uint64
+from numba import cuda, float32, types, uint32, uint64
 
-from ... import scheduler
-from .. import primitives as prim
-from ..tc import ptx
-from ..tc.ptx import SHARED_ALIGN
+from ...runtime.device import SIMULATOR
+from ...runtime.spec import KernelSpec, Tiles
 
+from ..common import constants, formats
+from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk
+from ..instructions import convert, memory, sync
+
+SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 THREADS = 256  # per CTA on a GPU (the simulator runs fewer: see launch.MLA_THREADS)
 MAX_HEAD_DIM = 576
-SCHED_BLOCK = scheduler.BLOCK_N  # keys per scheduling block (64)
 NSTAGES = 3  # cache tiles in the shared ring: two in flight while one is computed
 NARROW_ROWS = 2  # BLOCK_M up to this runs the narrow (key-split) variant
 
@@ -221,84 +224,21 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
     DP, VP, TPR = lay["DP"], lay["VP"], lay["TPR"]
     KV_STRIDE, RING_OFF, SLOT = lay["kv_stride"], lay["ring_off"], lay["slot"]
     PACKED = FMT != "float32"  # a pair is one 32-bit word
-    CHUNK = ptx.CP_ASYNC_BYTES // lay["item"]  # elements per 16-byte copy
-    CHUNKS = _cdiv(HEAD_DIM // CHUNK, TPR)  # copies per thread and tile
-    CHUNKS_EXACT = (HEAD_DIM // CHUNK) % TPR == 0
-    ELEMS = _cdiv(HEAD_DIM, TPR)  # elements per thread and tile (VEC = False)
-    ELEMS_EXACT = HEAD_DIM % TPR == 0
     WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
     COLS = _cdiv(HEAD_DIM, 32)  # query columns a lane loads per row
     COLS_EXACT = HEAD_DIM % 32 == 0
-    SCRATCH = prim.scratch_size(THREADS)
-    STORAGE = prim.storage_type(FMT)
+    SCRATCH = sync.scratch_size(THREADS)
+    STORAGE = formats.storage_type(FMT)
     ZERO_BITS = np.float32(0) if FMT == "float32" else np.uint16(0)  # +0.0 in every format
-    load, store = prim.loader(FMT), prim.storer(FMT)
-    unpack = ptx.unpack(FMT if PACKED else "bfloat16")  # (never called for float32)
-    shfl_xor = prim.shfl_xor
-    NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
+    load = formats.loader(FMT)
+    unpack = convert.unpack(FMT if PACKED else "bfloat16")  # (never called for float32)
+    shfl_xor = sync.shfl_xor
+    NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
-    BEGIN_REQ, END_REQ, BEGIN_BLOCK, END_BLOCK = (scheduler.BEGIN_REQ, scheduler.END_REQ,
-                                                  scheduler.BEGIN_BLOCK, scheduler.END_BLOCK)
-    BEGIN_SPLIT, FIRST_SPLIT, LAST_SPLIT = (scheduler.BEGIN_SPLIT, scheduler.FIRST_SPLIT,
-                                            scheduler.LAST_SPLIT)
+    cta_work, piece_of, row_source, copy_row, put, put_lse = make_paged_kv_walk(
+        HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
 
     # ---- shared by both variants -----------------------------------------------------------
-
-    @cuda.jit(device=True, inline="always")
-    def cta_work(metadata):
-        """(part, KV head, first packed query row, first and last request) of this CTA; a part
-        whose first request is past the batch is idle."""
-        part = cuda.blockIdx.x
-        return (part, cuda.blockIdx.y, cuda.blockIdx.z * BLOCK_M, metadata[part, BEGIN_REQ],
-                metadata[part, END_REQ])
-
-    @cuda.jit(device=True, inline="always")
-    def piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req):
-        """The piece of ``req`` this part handles (scheduler.part_pieces, on the device):
-        keys [n_lo, n_hi), the request's length, whether it is split and its slot."""
-        first = req == begin_req
-        last = req == end_req
-        seqlen = cache_seqlens[req]
-        blk_lo = metadata[part, BEGIN_BLOCK] if first else 0
-        blk_hi = metadata[part, END_BLOCK] if last else (max(seqlen - 1, 0) // SCHED_BLOCK + 1)
-        piece = metadata[part, BEGIN_SPLIT] if first else 0
-        split = metadata[part, FIRST_SPLIT] if first else (
-            metadata[part, LAST_SPLIT] if last else 0)
-        return (blk_lo * SCHED_BLOCK, min(blk_hi * SCHED_BLOCK, seqlen), seqlen, split,
-                num_splits[req] + piece)
-
-    @cuda.jit(device=True, inline="always")
-    def row_source(block_table, req, pos, n_end, page_size):
-        """(page, slot, valid) of cache row ``pos``; a row at or past n_end reads no table
-        entry and gets page 0, slot 0 (an address inside the cache, never read)."""
-        page = int32(0)
-        slot = int32(0)
-        valid = pos < n_end
-        if valid:  # 32-bit division (a 64-bit one is a subroutine call)
-            pos32 = int32(pos)
-            blk = pos32 // page_size
-            page = block_table[req, blk]
-            slot = pos32 - blk * page_size
-        return page, slot, valid
-
-    @cuda.jit(device=True, inline="always")
-    def copy_row(tile, at, k_cache, hk, page, slot, valid, rl):
-        """This thread's share of one cache row -> tile[at ...] (storage elements): 16-byte
-        cp.async chunks (zero-filled when not valid) or, for unaligned views, elements."""
-        if VEC:
-            for i in range(CHUNKS):
-                col = (rl + TPR * i) * CHUNK
-                if CHUNKS_EXACT or col < HEAD_DIM:
-                    ptx.cp_async_16_zfill(tile, uint64(at + col), k_cache,
-                                          (page, slot, hk, uint64(col)), valid)
-        else:
-            for i in range(ELEMS):
-                col = rl + TPR * i
-                if ELEMS_EXACT or col < HEAD_DIM:
-                    x = ZERO_BITS
-                    if valid:
-                        x = k_cache[page, slot, hk, uint64(col)]
-                    tile[uint64(at + col)] = x
 
     @cuda.jit(device=True, inline="always")
     def pair(words, floats, p):
@@ -306,22 +246,6 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
         if PACKED:
             return unpack(words[uint64(p)])
         return floats[uint64(2 * p)], floats[uint64(2 * p + 1)]
-
-    @cuda.jit(device=True, inline="always")
-    def put(out, o_acc, split, req, slot, t, h, col, x):
-        if split:
-            o_acc[slot, t, h, uint64(col)] = x
-        else:
-            out[req, t, h, uint64(col)] = store(x)
-
-    @cuda.jit(device=True, inline="always")
-    def put_lse(lse, lse_acc, split, req, slot, t, h, m, l):
-        """Base-2 partial lse (split) or the final natural-log lse of a row (m_i, l_i)."""
-        lse2 = m + math.log2(l) if l > ZERO else NEG_INF
-        if split:
-            lse_acc[slot, h, t] = lse2
-        else:
-            lse[req, h, t] = lse2 * LN2 if l > ZERO else POS_INF
 
     # ---- narrow: the warps split the keys ---------------------------------------------------
 
@@ -372,7 +296,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                         page, pslot, ok = row_source(block_table, req, n0 + row, n_hi, page_size)
                         copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk,
                                  page, pslot, ok, rl)
-                    ptx.cp_async_commit()
+                    memory.cp_async_commit()
                 page, pslot, ok = row_source(block_table, req,
                                              n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi,
                                              page_size)
@@ -414,13 +338,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
                 rd = 0  # ring slot of the tile computed now
                 for n0 in range(n_lo, n_hi, BLOCK_N):
-                    ptx.cp_async_wait(WAIT)
+                    memory.cp_async_wait(WAIT)
                     cuda.syncthreads()  # tile n0 has landed; the slot written next is read
                     wr = rd - 1 if rd > 0 else NSTAGES - 1
                     if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:
                         copy_row(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, hk,
                                  page, pslot, ok, rl)
-                    ptx.cp_async_commit()
+                    memory.cp_async_commit()
                     page, pslot, ok = row_source(block_table, req,
                                                  n0 + NSTAGES * BLOCK_N + row, n_hi, page_size)
 
@@ -473,7 +397,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     rd = rd + 1 if rd + 1 < NSTAGES else 0
 
                 # Merge the warps' partial results through the (now idle) ring.
-                ptx.cp_async_wait_all()
+                memory.cp_async_wait_all()
                 cuda.syncthreads()
                 for m in range(BLOCK_M):
                     at = (warp * BLOCK_M + m)
@@ -572,7 +496,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     page, pslot, ok = row_source(block_table, req, n0 + row, n_hi, page_size)
                     copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk, page,
                              pslot, ok, rl)
-                ptx.cp_async_commit()
+                memory.cp_async_commit()
             page, pslot, ok = row_source(block_table, req, n_lo + (NSTAGES - 1) * BLOCK_N + row,
                                          n_hi, page_size)
             # Q_i -> shared as storage bits; padding rows are zeros.
@@ -603,13 +527,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
-                ptx.cp_async_wait(WAIT)
+                memory.cp_async_wait(WAIT)
                 cuda.syncthreads()  # tile n0 has landed; the slot written next, P, are read
                 wr = rd - 1 if rd > 0 else NSTAGES - 1
                 if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:
                     copy_row(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, hk, page,
                              pslot, ok, rl)
-                ptx.cp_async_commit()
+                memory.cp_async_commit()
                 page, pslot, ok = row_source(block_table, req, n0 + NSTAGES * BLOCK_N + row,
                                              n_hi, page_size)
                 kv_at = RING_P + rd * SLOT_P  # the tile's first pair
@@ -710,3 +634,97 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                                 floats[uint64(M_OFF + r)], l)
 
     return mla_decode_wide
+
+
+# ----------------------------------------------------------------------------- spec
+
+# BLOCK_N (cache rows per tile) by BLOCK_M (packed query rows, a power of two up to 16). One or
+# two rows run the narrow variant (warps split the keys): 32-row tiles, 4 keys per warp, a
+# three-tile cp.async ring of 108 KiB in 16 bits. More rows are bound by arithmetic and need their
+# registers for the O_i micro-tile (BLOCK_M * HEAD_DIM_V / 256 floats per thread) and the S
+# micro-tile, so they take shallower tiles. 128 query rows (h_q = 128) run as eight tiles of 16:
+# BLOCK_M = 32 (O_i of 64 floats per thread) spills on sm_80. While a configuration exceeds the
+# device's shared memory (float32 tiles), BLOCK_N halves down to the warp count, but a wide tile
+# never below BLOCK_M (float32 16 x 8 spills on sm_80), then BLOCK_M halves.
+# Checked by the PTX test (HEAD_DIM 576): no spills on sm_80 / sm_90.
+BLOCK_N_BY_ROWS = ((8, 32), (16, 16))
+# Threads per CTA: 256 (8 warps) on a GPU. The simulator runs every thread as a Python thread and
+# a barrier among 256 of them costs ~8x one among 64, so simulated runs use 64 (the layouts are
+# parametric in it; one test runs the GPU's 256).
+LAUNCH_THREADS = 64 if SIMULATOR else THREADS
+
+
+class Config(NamedTuple):
+    q_rows: int       # s_q * h_q / h_kv: the packed query rows of one kv head
+    head_dim: int
+    head_dim_v: int
+    causal: bool      # and s_q > 1
+    fmt: str
+    vec: bool         # the cache may be copied in 16-byte chunks (copies_16_bytes)
+
+
+def copies_16_bytes(k_cache):
+    """Whether the kernel may copy the cache (an ``arrays.Tensor`` of shape (num_blocks, page,
+    h_kv, d)) in 16-byte chunks: data pointer, rows and every stride multiples of 16 bytes."""
+    size = k_cache.itemsize
+    return all(x % 16 == 0 for x in (k_cache.ptr, k_cache.shape[3] * size,
+                                     *(s * size for s in k_cache.strides[:3])))
+
+
+class Spec(KernelSpec):
+    """(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse, o_acc, lse_acc,
+    s_q, group, page_size, scale_log2); grid (metadata rows, h_kv, ceil(q_rows / BLOCK_M))."""
+
+    name = "mla_decode"
+    Config = Config
+
+    def entry(self, config, device):
+        """(BLOCK_M, BLOCK_N, threads): see BLOCK_N_BY_ROWS."""
+        def nbytes(bm, bn):
+            return layout(bm, bn, config.head_dim, config.head_dim_v, config.fmt,
+                          LAUNCH_THREADS)["bytes"]
+
+        limit = device.shared_per_block
+        bm = min(BLOCK_N_BY_ROWS[-1][0], 1 << (config.q_rows - 1).bit_length())
+        while True:
+            bn = next(n for rows, n in BLOCK_N_BY_ROWS if bm <= rows)
+            least = max(LAUNCH_THREADS // 32, 1 if bm <= NARROW_ROWS else bm)
+            while nbytes(bm, bn) > limit and bn > least:
+                bn //= 2
+            if nbytes(bm, bn) <= limit or bm == 1:
+                return bm, bn, LAUNCH_THREADS
+            bm //= 2
+
+    def tiles(self, config, entry):
+        bm, bn, threads = entry
+        return Tiles(bm, bn, threads, layout(bm, bn, config.head_dim, config.head_dim_v,
+                                             config.fmt, threads)["bytes"])
+
+    def code_key(self, config, tiles):
+        return config._replace(q_rows=0)  # the tiles hold what q_rows decides
+
+    def make(self, config, tiles):
+        return make_mla_decode_kernel(config.head_dim, config.head_dim_v, tiles.BLOCK_M,
+                                      tiles.BLOCK_N, tiles.threads, config.causal, config.fmt,
+                                      config.vec)
+
+    def signature(self, config):
+        t = types.Array(formats.storage_type(config.fmt), 4, "A")
+        i1, i2 = types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A")
+        f3, f4 = types.Array(types.float32, 3, "A"), types.Array(types.float32, 4, "A")
+        i32 = types.int32
+        return types.void(t, t, i2, i1, i2, i1, t, f3, f4, f3, i32, i32, i32, types.float32)
+
+    def grid(self, config, tiles, p):
+        return (p["metadata"].shape[0], p["k_cache"].shape[2],
+                _cdiv(config.q_rows, tiles.BLOCK_M))
+
+    def arguments(self, config, p):
+        s_q, h_q = p["q"].shape[1:3]
+        return (p["q"], p["k_cache"], p["block_table"], p["cache_seqlens"], p["metadata"],
+                p["num_splits"], p["out"], p["lse"], p["o_acc"], p["lse_acc"], np.int32(s_q),
+                np.int32(h_q // p["k_cache"].shape[2]), np.int32(p["k_cache"].shape[1]),
+                np.float32(p["scale"] * math.log2(math.e)))
+
+
+SPEC = Spec()

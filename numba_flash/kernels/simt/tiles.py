@@ -14,15 +14,11 @@ Tile loading
 Padding
     ``row_pad`` is the rule that keeps the row groups of a warp on different banks when they read
     (one word each) or write (8 consecutive words each) a shared tile scattered over their lanes.
-
-Causal key range
-    ``make_kv_end``: where the keys a query tile may see end under the bottom-right aligned mask
-    (the kernels that stream key tiles for a query tile stop there).
 """
 
 from numba import cuda, float32
 
-from .. import primitives as prim
+from ..common import formats
 
 THREADS = 128
 LANES_PER_ROW = 8  # threads sharing one row of a micro-tile
@@ -52,7 +48,7 @@ def make_tile_loader(ROWS, HEAD_DIM, ROW_STRIDE, COL_STRIDE, FMT):
     ``(r, d)`` of ``x[b, row0:row0 + ROWS, h, :]``, times ``scale``, goes to ``smem[offset + r *
     ROW_STRIDE + d * COL_STRIDE]`` (row-major: ``COL_STRIDE = 1``; transposed: ``ROW_STRIDE =
     1``); rows at or past ``seqlen`` are zeros. Every thread of the block takes part."""
-    load = prim.loader(FMT)
+    load = formats.loader(FMT)
     ZERO = float32(0.0)
 
     @cuda.jit(device=True, inline="always")
@@ -66,18 +62,3 @@ def make_tile_loader(ROWS, HEAD_DIM, ROW_STRIDE, COL_STRIDE, FMT):
             smem[offset + r * ROW_STRIDE + d * COL_STRIDE] = val
 
     return load_tile
-
-
-def make_kv_end(BLOCK_M, CAUSAL):
-    """Device function ``kv_end(m0, diag, seqlen_k)``: the end of the keys that the query tile
-    ``m0 .. m0 + BLOCK_M - 1`` may see: all of them, or (causal, query r sees keys j <= r + diag)
-    those up to the diagonal of its last row. Key tiles from there on are skipped."""
-
-    @cuda.jit(device=True, inline="always")
-    def kv_end(m0, diag, seqlen_k):
-        end = seqlen_k
-        if CAUSAL:
-            end = min(seqlen_k, m0 + BLOCK_M + diag)
-        return end
-
-    return kv_end

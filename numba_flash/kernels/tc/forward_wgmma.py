@@ -3,7 +3,7 @@
 What it computes
     The same function as ``forward.py`` (the ``mma.sync`` kernel; read it first: the online
     softmax with lazy rescaling, the causal rules and the epilogue are the same), with both
-    products issued as ``wgmma`` (wgmma.py): a warpgroup of 4 warps multiplies its 64 query rows
+    products issued as ``wgmma`` (ptx/wgmma.py): a warpgroup of 4 warps multiplies its 64 query rows
     by a whole K or V tile in one chain of asynchronous instructions that read the tiles straight
     from shared memory, where ``mma.sync`` made each warp load every K/V fragment into its own
     registers first. On an H200 that is the difference between ~2/3 of the tensor cores' rate
@@ -28,10 +28,11 @@ Memory pipeline
     K/V tiles go global -> shared with ``cp.async`` (16 bytes per instruction), double buffered,
     one barrier per tile: tile j + 1 is in flight while tile j is computed. wgmma reads shared
     memory through the "async proxy", so every tile is published by wait -> proxy fence ->
-    barrier (wgmma.py, "Ordering").
+    barrier (kernels/ptx/wgmma.py, "Ordering").
 
-Shared memory (16-bit elements; every tile in wgmma.py's 128-byte-swizzle layout: column blocks
-of 64 elements, no padding, bank-conflict free for cp.async writes, wgmma reads and the epilogue)
+Shared memory (16-bit elements; every tile in kernels/ptx/wgmma.py's 128-byte-swizzle layout:
+column blocks of 64 elements, no padding, bank-conflict free for cp.async writes, wgmma reads
+and the epilogue)
     Q   BLOCK_M x DPAD          staged once; at the end it stages O
     K   2 x BLOCK_N x DPAD      double buffer
     V   2 x BLOCK_N x DPAD      double buffer
@@ -44,16 +45,19 @@ Limits
     exists on Hopper only; launch.py runs ``forward.py`` elsewhere).
 """
 
-import math
 from functools import lru_cache
 
 from numba import cuda, float32, int32, uint16, uint32, uint64
 
-from .. import primitives as prim
-from ..simt.tiles import make_kv_end
-from . import ptx, wgmma
-from .forward import make_softmax_step
-from .ptx import SHARED_ALIGN
+from ...runtime.spec import Tiles
+from ..attention import ForwardSpec
+from ..common import constants
+from ..instructions import convert, memory, sync, wgmma
+from ..common.epilogue import lse_of, store_chunk
+from ..common.masks import make_kv_end
+from ..common.softmax import make_softmax_step
+
+SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 
 WARPGROUP = 128  # threads
 
@@ -84,20 +88,20 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     V_OFF = K_OFF + 2 * BLOCK_N * DPAD
     TILE = BLOCK_N * DPAD        # elements of one K (or V) buffer
     SCRATCH = wgmma.scratch_size(THREADS)
-    SHFL_SCRATCH = prim.scratch_size(THREADS)
+    SHFL_SCRATCH = sync.scratch_size(THREADS)
     mma_s = wgmma.mma_ss(FMT, BLOCK_N, 0)   # S = Q K^T, K read K-major
     mma_o = wgmma.mma_rs(FMT, DPAD, 1)      # O += P V, V read MN-major
-    pack = ptx.pack(FMT)
-    copy16 = ptx.cp_async_16_zfill
-    shfl_xor = prim.shfl_xor
+    pack = convert.pack(FMT)
+    copy16 = memory.cp_async_16_zfill
+    shfl_xor = sync.shfl_xor
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(1, NT, DT, BLOCK_N, CAUSAL)
-    NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
+    NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
-    # Descriptor arithmetic, in 16-byte units (wgmma.py, "Shared-memory operands"): a k-step of
-    # a K-major operand moves 32 bytes along its row, or to the next 64-column block; a k-step of
-    # V moves 16 rows of 128 bytes; a buffer is TILE elements.
+    # Descriptor arithmetic, in 16-byte units (kernels/ptx/wgmma.py, "Shared-memory operands"):
+    # a k-step of a K-major operand moves 32 bytes along its row, or to the next 64-column block;
+    # a k-step of V moves 16 rows of 128 bytes; a buffer is TILE elements.
     SBO = 8 * wgmma.SWIZZLE_BYTES
     V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
     BUF_STEP = TILE * 2 // 16
@@ -145,9 +149,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         copy_c = tid & (CHUNK_SLOTS - 1)
         base = wgmma.aligned_base(smem)  # the tiles start on a 1024-byte boundary
         m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
-        b = int32(ptx.div_u32(cuda.blockIdx.y, n_heads_q))  # 32-bit: no division subroutine
+        b = int32(convert.div_u32(cuda.blockIdx.y, n_heads_q))  # 32-bit: no division subroutine
         h = cuda.blockIdx.y - b * n_heads_q
-        hk = int32(ptx.div_u32(h, group))
+        hk = int32(convert.div_u32(h, group))
 
         diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
@@ -158,7 +162,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         if n_tiles > 0:
             load_tile(smem, base + K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
             load_tile(smem, base + V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
-        ptx.cp_async_commit()
+        memory.cp_async_commit()
 
         # Descriptors of this warpgroup's Q rows and of the first K and V buffers.
         desc_q = wgmma.descriptor(smem, base + Q_OFF + (tid >> 7) * 64 * wgmma.BLOCK_COLS, 16, SBO)
@@ -181,16 +185,16 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 
         for j in range(n_tiles):
             n0 = j * BLOCK_N
-            ptx.cp_async_wait(0)   # tile j has landed (for this thread's copies) ...
-            wgmma.proxy_fence()    # ... is visible to wgmma reads ...
-            cuda.syncthreads()     # ... for every thread; every warpgroup is done with tile j - 1
+            memory.cp_async_wait(0)  # tile j has landed (for this thread's copies) ...
+            sync.proxy_fence()       # ... is visible to wgmma reads ...
+            cuda.syncthreads()       # ... for every thread; every warpgroup is done with tile j - 1
             if j + 1 < n_tiles:
                 nxt = TILE - (j & 1) * TILE
                 load_tile(smem, base + K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
                           copy_r0, copy_c)
                 load_tile(smem, base + V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
                           copy_r0, copy_c)
-                ptx.cp_async_commit()
+                memory.cp_async_commit()
             buf = uint64((j & 1) * BUF_STEP)
 
             # S_ij = Q_i K_j^T: one chain of KSTEPS wgmma, the first overwriting S.
@@ -219,7 +223,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 
         # Epilogue, as in forward.py: O_i / l_i staged through the Q tile (its swizzle makes
         # both the fragment writes and the 16-byte row reads conflict-free), lse_i.
-        ptx.cp_async_wait(0)  # Q's copy, where no key tile waited for it (causal, Sq > Sk)
+        memory.cp_async_wait(0)  # Q's copy, where no key tile waited for it (causal, Sq > Sk)
         cuda.syncthreads()    # every warpgroup's wgmma reads of Q are behind us
         for mask in (1, 2):
             for half in range(2):
@@ -236,11 +240,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 l = l_i[0, half]
                 row = row_g + 8 * half
                 if row < seqlen_q:
-                    lse[b, h, row] = (m_i[0, half] * scale_log2 + math.log2(l)) * LN2 \
-                        if l > ZERO else POS_INF
+                    lse[b, h, row] = lse_of(m_i[0, half] * scale_log2, l)
         cuda.syncthreads()
         w_row0 = m0 + 16 * warp  # global row of the warp's first output row
-        out_w = ptx.global_address(out, (b, w_row0, h, 0))
+        out_w = memory.global_address(out, (b, w_row0, h, 0))
         row_bytes = uint64(out.strides[1])
         aligned = (out_w | row_bytes) & ALIGN_MASK == 0  # else an out= view of odd alignment
         full = aligned and w_row0 + 16 <= seqlen_q
@@ -252,11 +255,45 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 dst = out_w + uint64(r) * row_bytes + uint64(16 * c)
                 src = base + Q_OFF + wgmma.tile_offset(16 * warp + r, 8 * c, BLOCK_M)
                 if full:
-                    ptx.st_global_16(dst, smem, src)
+                    memory.st_global_16(dst, smem, src)
                 elif w_row0 + r < seqlen_q:
-                    if aligned:
-                        ptx.st_global_16(dst, smem, src)
-                    else:
-                        ptx.st_global_16_unaligned(dst, smem, src)
+                    store_chunk(dst, smem, src, aligned)
 
     return flash_fwd_wgmma
+
+
+# ----------------------------------------------------------------------------- spec
+
+# (BLOCK_M, BLOCK_N, warps, register cap) by head dim, non-causal and causal: BLOCK_M = 64 per
+# warpgroup, warps = BLOCK_M / 16. Measured by bench/tune_tc_forward.py --family wgmma on an H200
+# (bench/results/2026-11-30-NVIDIA-H200/: tune_tc_wgmma.csv for D = 128, runs r1 and r3 of
+# tune_tc_wgmma_1867622.csv for D = 64; TFLOP/s fp16 at N = 1k / 4k / 16k):
+#   D = 128: 128 x 128 (161 KiB, one block per SM): 392 / 428 / 437 non-causal, 313 / 398 / 443
+#            causal; 192 x 64 and 128 x 64 were 3-20% slower;
+#   D = 64:  128 x 64 (49 KiB, 98 registers: two blocks per SM): 357 / 389 / 400 non-causal,
+#            276 / 358 / 391 causal, against 128 x 128 at 321 / 363 / 372 and 235 / 316 / 349.
+#            ptxas' schedule is sensitive to the kernel's branch layout: re-sweep after changing
+#            the kernel;
+#   D = 256: 64 x 64 (248 registers), correct on the GPU tests, not swept.
+TILES = ((64, ((128, 64, 8, 0), (128, 64, 8, 0))),
+         (128, ((128, 128, 8, 0), (128, 128, 8, 0))),
+         (256, ((64, 64, 4, 0), (64, 64, 4, 0))))
+
+
+class Spec(ForwardSpec):
+    name = "flash_fwd_wgmma"
+    unroll_loops = True
+
+    def entry(self, config, device):
+        return next(t for limit, t in TILES if config.head_dim <= limit)[int(config.causal)]
+
+    def tiles(self, config, entry):
+        bm, bn, warps, regs = entry
+        return Tiles(bm, bn, 32 * warps, 2 * shared_elements(bm, bn, config.head_dim), regs)
+
+    def make(self, config, tiles):
+        return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
+                                   config.fmt)
+
+
+SPEC = Spec()

@@ -1,8 +1,8 @@
-"""The warpgroup instructions of kernels/tc/wgmma.py: swizzled shared layout, descriptors, wgmma.
+"""The warpgroup instructions of kernels/ptx/wgmma.py: swizzled shared layout, descriptors, wgmma.
 
 Every check is against an independent NumPy construction from the PTX ISA ("Asynchronous
 Warpgroup Level Matrix Shared Memory Layout", "Register Fragments"): the 128-byte swizzle and the
-accumulator layout are written out here, not taken from wgmma.py. Simulator: the emulations; a
+accumulator layout are written out here, not taken from kernels/ptx. Simulator: the emulations; a
 Hopper GPU: the real instructions. Any machine: the PTX for sm_90a, checked for wgmma, no spills
 and no serialization warning.
 """
@@ -20,7 +20,7 @@ from numba_flash import ptxcheck
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import _wgmma_kernels as W  # noqa: E402  (beside this file)
-from test_ptx import FMTS, assert_f32_product, frag_a, from_bits, to_bits  # noqa: E402
+from _fragments import FMTS, assert_f32_product, frag_a, from_bits, to_bits  # noqa: E402
 
 
 def hopper():

@@ -4,7 +4,7 @@ What it computes
     The same function as ``kernels/simt/forward.py`` (read that one first: the algorithm, the
     online softmax and the causal rules are identical), but both matrix products run on the
     tensor cores as ``mma.sync.m16n8k16`` (16-bit inputs, float32 accumulation) issued through
-    inline PTX (``ptx.py``).
+    inline PTX (``kernels/ptx/mma.py``).
     One refinement over the textbook online softmax: m_i moves only when a row maximum exceeds
     it by more than 8 in base-2 units, a factor 256 in P (lazy rescaling, ``make_softmax_step``,
     which forward_wgmma.py shares), which skips the O_i rescale on almost every tile.
@@ -26,7 +26,8 @@ Grid / block mapping
 
     Row maxima and sums need only the 4 lanes of a quad (``shfl_xor`` 1 and 2). P never leaves
     the registers: the C fragments of two adjacent 8-column tiles of S, rounded to 16 bits and
-    packed in pairs, *are* the A fragment of the next product O += P V (ptx.py explains why).
+    packed in pairs, *are* the A fragment of the next product O += P V (kernels/ptx/mma.py
+    explains why).
     These arrays stay in registers only because every loop that indexes them is unrolled
     completely: the kernel is compiled with ``unroll_loops`` (``launch.mark_loops_for_unrolling``,
     CUDA C++'s ``#pragma unroll``); NVVM's own budget stops at about 32 mma per loop nest.
@@ -56,18 +57,23 @@ Limits
     past this kernel: warpgroup MMA reading K and V straight from shared memory).
 """
 
-import math
 from functools import lru_cache
 
 from numba import cuda, float32, uint16, uint32, uint64
 
-from .. import primitives as prim
-from ..simt.tiles import make_kv_end
-from . import ptx
-from .ptx import SHARED_ALIGN
+from ...runtime.device import SHARED_RESERVED_PER_BLOCK
+from ...runtime.spec import Tiles
+from ..attention import ForwardSpec
+from ..common import constants
+from ..instructions import convert, memory, sync
+from ..instructions import mma as mma_sync
+from ..common.epilogue import lse_of, store_chunk
+from ..common.masks import make_kv_end
+from ..common.softmax import make_softmax_step
+
+SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 
 PAD = 8  # elements of row padding in shared memory (16 bytes)
-RESCALE_LOG2 = 8.0  # growth of a row maximum (base 2) that moves m_i: P stays below 2^8
 
 
 def padded_head_dim(head_dim):
@@ -78,92 +84,6 @@ def shared_elements(BLOCK_M, BLOCK_N, HEAD_DIM):
     """16-bit elements of shared memory the kernel uses."""
     stride = padded_head_dim(HEAD_DIM) + PAD
     return (BLOCK_M + 4 * BLOCK_N) * stride
-
-
-def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL):
-    """The per-tile step both tc kernels share, as an inline device function: mask S_ij where a
-    tile crosses the ragged end or the causal diagonal, then the online softmax with lazy
-    rescaling. S (MT, NT, 4) holds the thread's C fragments of S_ij and leaves holding P_ij
-    (float32); m_i, l_i, m_tile (MT, 2) and O_i (MT, DT, 4) follow the C-fragment row ownership
-    (rows ``row_g + 16 mt`` and ``+ 8``, columns ``t2, t2 + 1`` of each 8-column tile)."""
-    shfl_xor = prim.shfl_xor
-    exp2 = ptx.exp2_approx  # ex2.approx.ftz: no special-case selects around it
-    NEG_INF = prim.NEG_INF
-    ZERO = float32(0.0)
-    RESCALE = float32(RESCALE_LOG2)
-
-    @cuda.jit(device=True, inline="always")
-    def softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, scale_log2,
-                     shfl_scratch, tid):
-        # Mask only the tiles that cross the ragged end or the causal diagonal.
-        needs_mask = n0 + BLOCK_N > seqlen_k
-        if CAUSAL:
-            needs_mask = needs_mask or n0 + BLOCK_N - 1 > m0 + diag
-        if needs_mask:
-            # Element (mt, nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 16 mt +
-            # 8 (e >> 1). Row r sees columns < min(Sk, r + diag + 1): relative to the
-            # thread's first column that is a limit per row, and each test is a compare of
-            # that limit with a constant.
-            for mt in range(MT):
-                for half in range(2):
-                    limit = seqlen_k
-                    if CAUSAL:
-                        limit = min(limit, row_g + 16 * mt + 8 * half + diag + 1)
-                    limit -= n0 + t2
-                    for nt in range(NT):
-                        for e in range(2 * half, 2 * half + 2):
-                            if 8 * nt + (e & 1) >= limit:
-                                S[mt, nt, e] = NEG_INF
-
-        # Online softmax; the quad (4 lanes) shares each row. m_i is kept in raw
-        # score units (the scale is positive, so maxima commute with it) and the scale rides
-        # in each exponent: exp(scale (s - m)) = exp2(s * scale_log2 - m * scale_log2), one
-        # FFMA and one ex2 per element.
-        # Lazy rescaling: m_i only moves when the row maximum has grown by more than
-        # RESCALE_LOG2 (base 2). Any m_i works as long as O_i and l_i share it; a stale one
-        # just lets P reach 2^RESCALE_LOG2, harmless in fp32 and in 16-bit P. The rescale of
-        # O_i (HEAD_DIM / 4 multiplies per row per tile) then runs for a few early tiles only.
-        # The row maxima first, all rows together: their quad shuffles are independent, so
-        # their latencies overlap, and one branch covers the rescale of all the thread's rows.
-        for mt in range(MT):
-            for half in range(2):
-                mx = max(S[mt, 0, 2 * half], S[mt, 0, 2 * half + 1])
-                for nt in range(1, NT):
-                    mx = max(mx, max(S[mt, nt, 2 * half], S[mt, nt, 2 * half + 1]))
-                m_tile[mt, half] = mx
-        for mask in (1, 2):
-            for mt in range(MT):
-                for half in range(2):
-                    mx = m_tile[mt, half]
-                    m_tile[mt, half] = max(mx, shfl_xor(mx, mask, shfl_scratch, tid))
-        grow = False
-        for mt in range(MT):
-            for half in range(2):  # false while both are -inf
-                grow |= (m_tile[mt, half] - m_i[mt, half]) * scale_log2 > RESCALE
-        if grow:
-            for mt in range(MT):
-                for half in range(2):
-                    m_old, mx = m_i[mt, half], m_tile[mt, half]
-                    if (mx - m_old) * scale_log2 > RESCALE:
-                        alpha = exp2((m_old - mx) * scale_log2)
-                        m_i[mt, half] = mx
-                        l_i[mt, half] *= alpha
-                        for dt in range(DT):
-                            O_i[mt, dt, 2 * half] *= alpha
-                            O_i[mt, dt, 2 * half + 1] *= alpha
-        for mt in range(MT):
-            for half in range(2):
-                m = m_i[mt, half]
-                base = m * scale_log2 if m != NEG_INF else ZERO  # nothing visible yet
-                row_sum = ZERO
-                for nt in range(NT):
-                    for e in range(2 * half, 2 * half + 2):
-                        p = exp2(S[mt, nt, e] * scale_log2 - base)
-                        S[mt, nt, e] = p
-                        row_sum += p
-                l_i[mt, half] += row_sum
-
-    return softmax_step
 
 
 @lru_cache(maxsize=None)
@@ -184,15 +104,15 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     K_OFF = BLOCK_M * STRIDE
     V_OFF = K_OFF + 2 * BLOCK_N * STRIDE
     TILE = BLOCK_N * STRIDE      # elements of one K (or V) buffer
-    SCRATCH = ptx.scratch_size(THREADS)          # words the emulated warp instructions exchange
-    SHFL_SCRATCH = prim.scratch_size(THREADS)     # floats the emulated shuffles exchange
-    mma, pack = ptx.mma(FMT), ptx.pack(FMT)
-    ldsm_x4, ldsm_x4_t = ptx.ldmatrix_x4, ptx.ldmatrix_x4_trans
-    copy16 = ptx.cp_async_16_zfill
-    shfl_xor = prim.shfl_xor
+    SCRATCH = mma_sync.scratch_size(THREADS)  # words the emulated warp instructions exchange
+    SHFL_SCRATCH = sync.scratch_size(THREADS)  # floats the emulated shuffles exchange
+    mma, pack = mma_sync.mma(FMT), convert.pack(FMT)
+    ldsm_x4, ldsm_x4_t = mma_sync.ldmatrix_x4, mma_sync.ldmatrix_x4_trans
+    copy16 = memory.cp_async_16_zfill
+    shfl_xor = sync.shfl_xor
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL)
-    NEG_INF, POS_INF, LN2 = prim.NEG_INF, prim.POS_INF, prim.LN2
+    NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
     # Copy geometry: a row of DPAD elements is CHUNKS 16-byte chunks; each thread always copies
@@ -244,8 +164,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         # Masked, tid's range is known to the compiler: tests on the copy slot fold away.
         copy_r0 = (tid & (THREADS - 1)) // CHUNK_SLOTS
         copy_c = (tid & (CHUNK_SLOTS - 1)) * 8
-        a_row, a_col = ptx.ldmatrix_a_rowcol(lane)
-        b_row, b_col = ptx.ldmatrix_b_rowcol(lane)
+        a_row, a_col = mma_sync.ldmatrix_a_rowcol(lane)
+        b_row, b_col = mma_sync.ldmatrix_b_rowcol(lane)
         # Each lane's ldmatrix row address, up to a compile-time offset: one add per load.
         k_lane = K_OFF + b_row * STRIDE + b_col
         v_lane = V_OFF + a_row * STRIDE + a_col
@@ -264,8 +184,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         if n_tiles > 0:
             load_tile(smem, K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
             load_tile(smem, V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
-        ptx.cp_async_commit()
-        ptx.cp_async_wait(0)
+        memory.cp_async_commit()
+        memory.cp_async_wait(0)
         cuda.syncthreads()
 
         q_lane = Q_OFF + (16 * MT * warp + a_row) * STRIDE + a_col
@@ -289,7 +209,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         for j in range(n_tiles):
             n0 = j * BLOCK_N
             buf = (j & 1) * TILE
-            ptx.cp_async_wait(0)  # tile j, the only copy in flight, has landed ...
+            memory.cp_async_wait(0)  # tile j, the only copy in flight, has landed ...
             cuda.syncthreads()     # ... for every thread, and every warp is done with tile j - 1,
             if j + 1 < n_tiles:    # so its buffer can take tile j + 1 while tile j is computed
                 nxt = TILE - buf
@@ -297,7 +217,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                           copy_r0, copy_c)
                 load_tile(smem, V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
                           copy_r0, copy_c)
-                ptx.cp_async_commit()
+                memory.cp_async_commit()
             k_tile = k_lane + buf
             v_tile = v_lane + buf
 
@@ -346,7 +266,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         # whole 16-byte chunks of rows (one instruction writes 512 contiguous-by-row bytes,
         # where straight from the fragments it would write 8 bytes to each of 8 rows).
         # Addresses are formed once and advanced by constants: unsigned shared indices skip
-        # Numba's negative-index fix-up, and global ones are byte addresses (ptx.global_address),
+        # Numba's negative-index fix-up, and global ones are byte addresses (global_address),
         # which took this epilogue from ~4.4 to ~1.8 us of a ~51 us block (D = 128, N = 1024).
         cuda.syncthreads()  # every ldmatrix of Q is behind us
         # All rows' sums first: their quad shuffles are independent, so their latencies overlap.
@@ -370,11 +290,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                     l = l_i[mt, half]
                     row = row_g + 16 * mt + 8 * half
                     if row < seqlen_q:
-                        lse[b, h, row] = (m_i[mt, half] * scale_log2 + math.log2(l)) * LN2 \
-                            if l > ZERO else POS_INF
+                        lse[b, h, row] = lse_of(m_i[mt, half] * scale_log2, l)
         cuda.syncthreads()  # a warp reads only its own rows; the simulator has no syncwarp
         w_row0 = m0 + 16 * MT * warp  # global row of the warp's first output row
-        out_w = ptx.global_address(out, (b, w_row0, h, 0))
+        out_w = memory.global_address(out, (b, w_row0, h, 0))
         row_bytes = uint64(out.strides[1])
         aligned = (out_w | row_bytes) & ALIGN_MASK == 0  # else an out= view of odd alignment
         if aligned and w_row0 + 16 * MT <= seqlen_q:
@@ -385,7 +304,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                 if OUT_CHUNKS % 32 == 0 or i < OUT_CHUNKS:
                     r = i // ROW_CHUNKS
                     c = i - r * ROW_CHUNKS
-                    ptx.st_global_16(out_w + uint64(r) * row_bytes + uint64(16 * c), smem,
+                    memory.st_global_16(out_w + uint64(r) * row_bytes + uint64(16 * c), smem,
                                      w_row + r * STRIDE + 8 * c)
         else:  # a ragged last query tile, or an out= view of odd alignment
             for step in range((OUT_CHUNKS + 31) // 32):
@@ -394,11 +313,48 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                     r = i // ROW_CHUNKS
                     c = i - r * ROW_CHUNKS
                     if w_row0 + r < seqlen_q:
-                        dst = out_w + uint64(r) * row_bytes + uint64(16 * c)
-                        src = w_row + r * STRIDE + 8 * c
-                        if aligned:
-                            ptx.st_global_16(dst, smem, src)
-                        else:
-                            ptx.st_global_16_unaligned(dst, smem, src)
+                        store_chunk(out_w + uint64(r) * row_bytes + uint64(16 * c), smem,
+                                    w_row + r * STRIDE + 8 * c, aligned)
 
     return flash_fwd_tc
+
+
+# ----------------------------------------------------------------------------- spec
+
+# (BLOCK_M, BLOCK_N, warps, register cap) by head dim, best first, from the tile sweep
+# bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/: tune_tc_forward.csv for the
+# warp counts, tune_tc_forward_d69e4f6.csv for 64 against 32 keys at D = 128); every entry compiles without spills for
+# sm_80 and sm_90 (the PTX test checks both). 4 warps of 32 query rows each (MT = 2), up to 255
+# registers: every K and V fragment from ldmatrix feeds two mma, and the per-tile costs (barrier,
+# copies, row reductions) are shared by twice the work; 8-warp blocks of 16 rows under a
+# 128-register cap ran 8-18% slower (D = 64: 272 vs 294 TFLOP/s, D = 128: 273 vs 323,
+# non-causal, N = 4096). A head dim takes the first entry of which two blocks fit in one SM's
+# shared memory (two blocks per SM is what the registers allow; one block of 4 warps cannot keep
+# the tensor cores busy). At D = 128, 64 keys (102 KiB) need a Hopper's 228 KiB per SM (310 /
+# 332 / 333 TFLOP/s non-causal at N = 1k / 4k / 16k against 308 / 325 / 330 with 32 keys); an
+# A100 (164 KiB) or an sm_86/89 part takes 32 keys (68 KiB).
+TILES = ((64, ((128, 64, 4, 0),)), (128, ((128, 64, 4, 0), (128, 32, 4, 0))),
+         (256, ((64, 32, 4, 0),)))
+
+
+class Spec(ForwardSpec):
+    name = "flash_fwd_tc"
+    unroll_loops = True
+
+    def entry(self, config, device):
+        options = next(t for limit, t in TILES if config.head_dim <= limit)
+        per_sm = device.shared_per_sm if device is not None else None
+        fits = [t for t in options if per_sm is None
+                or 2 * (self.tiles(config, t).shared_bytes + SHARED_RESERVED_PER_BLOCK) <= per_sm]
+        return (fits or options[-1:])[0]
+
+    def tiles(self, config, entry):
+        bm, bn, warps, regs = entry
+        return Tiles(bm, bn, 32 * warps, 2 * shared_elements(bm, bn, config.head_dim), regs)
+
+    def make(self, config, tiles):
+        return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
+                                   config.fmt, tiles.threads // 32)
+
+
+SPEC = Spec()

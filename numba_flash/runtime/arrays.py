@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
-SIMULATOR = bool(config.ENABLE_CUDASIM)
+from .device import SIMULATOR
 
 FLOAT_FORMATS = ("float16", "bfloat16", "float32")
 

@@ -35,18 +35,19 @@ _FINAL = re.compile(r"(\d+) stack, (\d+) bytes smem, .* (\d+) bytes lmem")
 
 
 def compile_ptx(pyfunc, signature, cc=(9, 0), **options):
-    """PTX text of a kernel for compute capability ``cc``, compiled the way ``launch`` compiles
-    it (``launch.kernel_library``). ``pyfunc`` is the Python function or a ``@cuda.jit``
-    dispatcher (its ``py_func`` is used); ``options``: ``launch.COMPILE_OPTIONS`` and the like."""
+    """PTX text of a kernel for compute capability ``cc``, compiled the way the runtime compiles
+    it (``compiler.kernel_library``). ``pyfunc`` is the Python function or a ``@cuda.jit``
+    dispatcher (its ``py_func`` is used); ``options``: ``compiler.COMPILE_OPTIONS`` and the
+    like."""
     from numba import config
 
     if config.ENABLE_CUDASIM:
         raise RuntimeError("compile_ptx needs the real CUDA target: NUMBA_ENABLE_CUDASIM is set "
                            "(use compile_report_isolated)")
-    from . import launch
+    from .compiler import kernel_library
 
     pyfunc = getattr(pyfunc, "py_func", pyfunc)
-    return launch.kernel_library(pyfunc, signature, cc, options).get_asm_str(cc=cc)
+    return kernel_library(pyfunc, signature, cc, options).get_asm_str(cc=cc)
 
 
 def assemble_report(ptx, cc=(9, 0), max_registers=0):
@@ -129,6 +130,26 @@ def compile_report(pyfunc, signature, cc=(9, 0), max_registers=0, **options):
     return ptx, assemble_report(ptx, cc=cc, max_registers=max_registers)
 
 
+def spec_build(module, config, entry=None, device=None):
+    """Target for the isolated compiles: ``module.SPEC`` (or ``module:NAME`` for a module with
+    several specs) built for ``config`` (a list of the spec's ``Config`` fields) with tile entry
+    ``entry`` or the table's entry for ``device`` (``Device`` fields as a dict)."""
+    import importlib
+
+    from .device import Device
+
+    where, _, name = module.partition(":")
+    spec = getattr(importlib.import_module(where), name or "SPEC")
+    config = spec.Config(*config)
+    entry = _tuples(entry) if entry is not None else None
+    device = Device(**dict(device, cc=tuple(device["cc"]))) if device is not None else None
+    return spec.build(config, entry, device)
+
+
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+
+
 _MODULES = {}
 
 
@@ -176,9 +197,9 @@ def compile_reports_isolated(jobs, timeout=600):
     jobs = [(str(spec), list(cc), list(args)) for spec, cc, args in jobs]
     env = dict(os.environ)
     env["NUMBA_ENABLE_CUDASIM"] = "0"
-    root = str(pathlib.Path(__file__).resolve().parents[1])
+    root = str(pathlib.Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    code = "import sys; from numba_flash import ptxcheck; ptxcheck._child(sys.argv[1])"
+    code = "import sys; from numba_flash.runtime import ptxcheck; ptxcheck._child(sys.argv[1])"
     n = max(1, min(os.cpu_count() or 1, len(jobs)))
     shares = [jobs[i::n] for i in range(n)]
 

@@ -1,4 +1,5 @@
-"""Small kernels exercising every instruction of ``numba_flash.kernels.tc.ptx``.
+"""Small kernels exercising the instructions of ``kernels/ptx`` ``mma``, ``memory`` and ``convert``
+(through ``kernels/instructions.py``: the PTX on a GPU, the emulations under the simulator).
 
 Each factory returns ``(python_function, signature)``: the tests run them through ``cuda.jit``
 (simulator or GPU), and ``ptxcheck.compile_report_isolated`` compiles the same functions to PTX
@@ -7,15 +8,18 @@ in a process without the simulator (``"<this file>:probe"``).
 
 from numba import cuda, float32, types, uint16, uint32
 
-from numba_flash.kernels.tc import ptx
-from numba_flash.kernels.tc.ptx import SHARED_ALIGN
+from numba_flash.kernels.instructions import convert, memory
+from numba_flash.kernels.instructions import mma as mma_sync
+from numba_flash.runtime.device import SIMULATOR
+
+SHARED_ALIGN = memory.SHARED_ALIGN
 
 THREADS = 64  # two warps: the emulations must keep warps apart
 WARPS = THREADS // 32
 STRIDE = 24  # padded shared row stride (elements): 48-byte rows keep 16-byte alignment
 TILE = 16 * STRIDE  # one 16x16 tile in shared memory
 SMEM = 3 * WARPS * TILE  # a, kt, v tiles of every warp
-SCRATCH = ptx.scratch_size(THREADS)
+SCRATCH = mma_sync.scratch_size(THREADS)
 
 _u16_3d = types.Array(types.uint16, 3, "C")
 _u32_2d = types.Array(types.uint32, 2, "C")
@@ -25,7 +29,7 @@ _f32_3d = types.Array(types.float32, 3, "C")
 
 def fragment_mma(fmt):
     """d[tid] = mma(a_words[tid], b_words[tid], c[tid]): fragments in, fragments out."""
-    mma = ptx.mma(fmt)
+    mma = mma_sync.mma(fmt)
 
     def kernel(a_words, b_words, c, d):
         tid = cuda.threadIdx.x
@@ -57,9 +61,9 @@ def tiles(fmt):
     ``pv = round(s) @ v`` with ``s`` packed in registers as the A operand. ``regs`` receives the
     raw ldmatrix registers: x4 of a, kt, v (trans), then x2 of kt and x2.trans of v.
     """
-    mma = ptx.mma(fmt)
-    pack = ptx.pack(fmt)
-    store_c = cuda.jit(device=True)(_store_c) if ptx.SIMULATOR else cuda.jit(
+    mma = mma_sync.mma(fmt)
+    pack = convert.pack(fmt)
+    store_c = cuda.jit(device=True)(_store_c) if SIMULATOR else cuda.jit(
         device=True, inline="always")(_store_c)
     chunks_per_thread = 3 * WARPS * 32 // THREADS
 
@@ -80,10 +84,10 @@ def tiles(fmt):
             col = (chunk & 1) * 8
             dst = (which * WARPS + w) * TILE + row * STRIDE + col
             if which == 0:
-                ptx.cp_async_16(smem, dst, a, (w, row, col))
+                memory.cp_async_16(smem, dst, a, (w, row, col))
             elif which == 1:
-                ptx.cp_async_16(smem, dst, kt, (w, row, col))
-        ptx.cp_async_commit()
+                memory.cp_async_16(smem, dst, kt, (w, row, col))
+        memory.cp_async_commit()
         for i in range(chunks_per_thread):
             chunk = tid + THREADS * i
             which = chunk // (WARPS * 32)
@@ -92,23 +96,23 @@ def tiles(fmt):
             col = (chunk & 1) * 8
             dst = (which * WARPS + w) * TILE + row * STRIDE + col
             if which == 2:
-                ptx.cp_async_16_zfill(smem, dst, v, (w, row, col), row < valid_rows)
-        ptx.cp_async_commit()
-        ptx.cp_async_wait(1)
-        ptx.cp_async_wait(0)
-        ptx.cp_async_wait_all()
+                memory.cp_async_16_zfill(smem, dst, v, (w, row, col), row < valid_rows)
+        memory.cp_async_commit()
+        memory.cp_async_wait(1)
+        memory.cp_async_wait(0)
+        memory.cp_async_wait_all()
         cuda.syncthreads()
 
         base_a = warp * TILE
         base_k = (WARPS + warp) * TILE
         base_v = (2 * WARPS + warp) * TILE
-        ra, ca = ptx.ldmatrix_a_rowcol(lane)
-        rb, cb = ptx.ldmatrix_b_rowcol(lane)
-        fa = ptx.ldmatrix_x4(smem, base_a + ra * STRIDE + ca, scratch, tid)
-        fk = ptx.ldmatrix_x4(smem, base_k + rb * STRIDE + cb, scratch, tid)
-        fv = ptx.ldmatrix_x4_trans(smem, base_v + ra * STRIDE + ca, scratch, tid)
-        fk2 = ptx.ldmatrix_x2(smem, base_k + (lane & 7) * STRIDE + (lane & 8), scratch, tid)
-        fv2 = ptx.ldmatrix_x2_trans(smem, base_v + (lane & 15) * STRIDE, scratch, tid)
+        ra, ca = mma_sync.ldmatrix_a_rowcol(lane)
+        rb, cb = mma_sync.ldmatrix_b_rowcol(lane)
+        fa = mma_sync.ldmatrix_x4(smem, base_a + ra * STRIDE + ca, scratch, tid)
+        fk = mma_sync.ldmatrix_x4(smem, base_k + rb * STRIDE + cb, scratch, tid)
+        fv = mma_sync.ldmatrix_x4_trans(smem, base_v + ra * STRIDE + ca, scratch, tid)
+        fk2 = mma_sync.ldmatrix_x2(smem, base_k + (lane & 7) * STRIDE + (lane & 8), scratch, tid)
+        fv2 = mma_sync.ldmatrix_x2_trans(smem, base_v + (lane & 15) * STRIDE, scratch, tid)
 
         zero = (float32(0), float32(0), float32(0), float32(0))
         s0 = mma(fa, (fk[0], fk[1]), zero, scratch, tid)  # columns 0..7
@@ -146,17 +150,17 @@ def conversions():
     def kernel(x, f16, bf16, unpacked, xe, e2):
         i = cuda.grid(1)
         while i < x.shape[0]:
-            p = ptx.pack_f16x2(x[i, 0], x[i, 1])
-            q = ptx.pack_bf16x2(x[i, 0], x[i, 1])
+            p = convert.pack_f16x2(x[i, 0], x[i, 1])
+            q = convert.pack_bf16x2(x[i, 0], x[i, 1])
             f16[i] = p
             bf16[i] = q
-            u = ptx.unpack_f16x2(p)
-            w = ptx.unpack_bf16x2(q)
+            u = convert.unpack_f16x2(p)
+            w = convert.unpack_bf16x2(q)
             unpacked[i, 0] = u[0]
             unpacked[i, 1] = u[1]
             unpacked[i, 2] = w[0]
             unpacked[i, 3] = w[1]
-            e2[i] = ptx.exp2_approx(xe[i])
+            e2[i] = convert.exp2_approx(xe[i])
             i += cuda.gridsize(1)
 
     f32_1d = types.Array(types.float32, 1, "C")

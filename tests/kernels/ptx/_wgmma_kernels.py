@@ -1,4 +1,4 @@
-"""A kernel exercising every instruction of ``numba_flash.kernels.tc.wgmma``.
+"""A kernel exercising every instruction of ``kernels/ptx/wgmma.py`` (and ``sync.proxy_fence``).
 
 ``chain(fmt, n, a_regs, trans_b)`` returns ``(python_function, signature)``: one warpgroup
 computes ``D = A B (+ C)`` for A 64 x 64 and B 64 x n as a chain of four wgmma k-steps, with A
@@ -9,8 +9,9 @@ run it through ``cuda.jit`` (simulator or GPU) and ``ptxcheck`` compiles it for 
 
 from numba import cuda, float32, types, uint16, uint32, uint64
 
-from numba_flash.kernels.tc import wgmma
-from numba_flash.kernels.tc.ptx import SHARED_ALIGN
+from numba_flash.kernels.instructions import memory, sync, wgmma
+
+SHARED_ALIGN = memory.SHARED_ALIGN
 
 THREADS = 128  # one warpgroup
 K = 64         # columns of A, rows of B: four k-steps of 16
@@ -45,7 +46,7 @@ def chain(fmt, n, a_regs, trans_b):
         acc = cuda.local.array(regs, float32)
         for i in range(regs):
             acc[i] = c[tid, i]
-        wgmma.proxy_fence()
+        sync.proxy_fence()
         cuda.syncthreads()
         desc_a = wgmma.descriptor(smem, base, 16, 8 * wgmma.SWIZZLE_BYTES)
         desc_b = wgmma.descriptor(smem, base + A_ELEMS, b_lbo, 8 * wgmma.SWIZZLE_BYTES)

@@ -1,0 +1,129 @@
+"""The host side the attention kernels share: what decides their code, their signatures, and
+how the grid and argument list of a launch follow from the problem.
+
+Every forward kernel (``simt/forward.py``, ``tc/forward_mma.py``, ``tc/forward_wgmma.py``) takes
+
+    q, k, v, out (B, S, H, D) in 16-bit bits or float32, lse (B, Hq, Sq) float32,
+    Sq, Sk, Hq, group = Hq / Hk (int32), scale_log2 = softmax_scale * log2(e) (float32)
+
+on a grid of one CTA per BLOCK_M query rows of one (batch, query head): ``(ceil(Sq /
+BLOCK_M), B * Hq)``. The backward is three kernels, each a ``KernelSpec`` base below that a
+family's module completes with its tiles and factory: the preprocess ``D_i = rowsum(dO_i *
+O_i)``, dK/dV (one CTA per BLOCK_N keys of one kv head) and dQ (one CTA per BLOCK_M queries).
+The problem is a dict of adapted arrays (``arrays.Tensor``) and the softmax scale.
+"""
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import types
+
+from ..runtime.launcher import cdiv
+from ..runtime.spec import KernelSpec
+from .common.formats import storage_type
+
+LOG2E = math.log2(math.e)
+I32, F32 = types.int32, types.float32
+F32_3D = types.Array(types.float32, 3, "A")
+
+
+class AttentionConfig(NamedTuple):
+    """What decides an attention kernel's code (with its tiles)."""
+
+    head_dim: int
+    causal: bool
+    fmt: str  # storage format of q, k, v and the outputs
+
+
+def tensor_type(fmt, ndim=4):
+    """The kernel argument type of an array in storage format ``fmt``: 16-bit floats arrive as
+    their ``uint16`` bits (``arrays.Tensor.view``), so one kernel serves float16 and bfloat16."""
+    return types.Array(storage_type(fmt), ndim, "A")
+
+
+def _sizes(p):
+    """Sq, Sk, Hq, group of the problem ``p``, as the kernels take them."""
+    q, k = p["q"], p["k"]
+    return (np.int32(q.shape[1]), np.int32(k.shape[1]), np.int32(q.shape[2]),
+            np.int32(q.shape[2] // k.shape[2]))
+
+
+class ForwardSpec(KernelSpec):
+    """The forward kernels' signature, grid and arguments (problem: q, k, v, out, lse, scale)."""
+
+    Config = AttentionConfig
+
+    def signature(self, config):
+        t = tensor_type(config.fmt)
+        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32)
+
+    def grid(self, config, tiles, p):
+        b, sq, hq, _ = p["q"].shape
+        return (cdiv(sq, tiles.BLOCK_M), b * hq)
+
+    def arguments(self, config, p):
+        return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
+                np.float32(p["scale"] * LOG2E))
+
+
+class PreprocessSpec(KernelSpec):
+    """``D_i = rowsum(dO_i * O_i)``: (out, dout, delta, Sq, Hq); grid (ceil(Sq / BLOCK_M), B *
+    Hq). Problem: out, dout, delta."""
+
+    Config = AttentionConfig
+
+    def signature(self, config):
+        t = tensor_type(config.fmt)
+        return types.void(t, t, F32_3D, I32, I32)
+
+    def grid(self, config, tiles, p):
+        b, sq, hq, _ = p["out"].shape
+        return (cdiv(sq, tiles.BLOCK_M), b * hq)
+
+    def arguments(self, config, p):
+        _, sq, hq, _ = p["out"].shape
+        return p["out"], p["dout"], p["delta"], np.int32(sq), np.int32(hq)
+
+
+def _scales(p):
+    return np.float32(p["scale"]), np.float32(p["scale"] * LOG2E)
+
+
+class DkdvSpec(KernelSpec):
+    """dK_j, dV_j: (q, k, v, dout, lse, delta, dk, dv, Sq, Sk, Hk, group, scale, scale_log2);
+    grid (ceil(Sk / BLOCK_N), B * Hk)."""
+
+    Config = AttentionConfig
+
+    def signature(self, config):
+        t = tensor_type(config.fmt)
+        return types.void(t, t, t, t, F32_3D, F32_3D, t, t, I32, I32, I32, I32, F32, F32)
+
+    def grid(self, config, tiles, p):
+        b, sk, hk, _ = p["k"].shape
+        return (cdiv(sk, tiles.BLOCK_N), b * hk)
+
+    def arguments(self, config, p):
+        sq, sk, _, group = _sizes(p)
+        return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dk"], p["dv"],
+                sq, sk, np.int32(p["k"].shape[2]), group, *_scales(p))
+
+
+class DqSpec(KernelSpec):
+    """dQ_i: (q, k, v, dout, lse, delta, dq, Sq, Sk, Hq, group, scale, scale_log2); grid
+    (ceil(Sq / BLOCK_M), B * Hq)."""
+
+    Config = AttentionConfig
+
+    def signature(self, config):
+        t = tensor_type(config.fmt)
+        return types.void(t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32)
+
+    def grid(self, config, tiles, p):
+        b, sq, hq, _ = p["q"].shape
+        return (cdiv(sq, tiles.BLOCK_M), b * hq)
+
+    def arguments(self, config, p):
+        return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dq"], *_sizes(p),
+                *_scales(p))

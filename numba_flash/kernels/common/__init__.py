@@ -1,0 +1,1 @@
+"""What every kernel family shares above the instructions: storage formats and constants."""

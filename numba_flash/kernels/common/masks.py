@@ -1,0 +1,42 @@
+"""Causal limits and masks: which keys a query tile sees, and which tiles need a mask at all.
+
+The mask is aligned bottom-right (FlashAttention's convention): with ``diag = Sk - Sq``, query
+row r sees keys j <= r + diag, so the last query row sees every key and, for Sq > Sk, the first
+Sq - Sk rows see none (their lse is +inf). A query tile m0 .. m0 + BLOCK_M - 1 therefore needs
+no key past ``m0 + BLOCK_M + diag`` (``make_kv_end``: the kernels stop their key loop there),
+and a key tile n0 .. n0 + BLOCK_N - 1 needs masking only where it crosses the ragged end of the
+keys or the diagonal of the tile's first row (``make_needs_mask``); every other tile is computed
+unmasked.
+"""
+
+from numba import cuda
+
+
+def make_kv_end(BLOCK_M, CAUSAL):
+    """Device function ``kv_end(m0, diag, seqlen_k)``: the end of the keys that the query tile
+    ``m0 .. m0 + BLOCK_M - 1`` may see: all of them, or (causal, query r sees keys j <= r + diag)
+    those up to the diagonal of its last row. Key tiles from there on are skipped."""
+
+    @cuda.jit(device=True, inline="always")
+    def kv_end(m0, diag, seqlen_k):
+        end = seqlen_k
+        if CAUSAL:
+            end = min(seqlen_k, m0 + BLOCK_M + diag)
+        return end
+
+    return kv_end
+
+
+def make_needs_mask(BLOCK_N, CAUSAL):
+    """Device function ``needs_mask(n0, m0, diag, seqlen_k)``: whether the key tile ``n0 ..
+    n0 + BLOCK_N - 1`` crosses the ragged end of the keys or (causal) the diagonal of query row
+    ``m0``, the first of its tile."""
+
+    @cuda.jit(device=True, inline="always")
+    def needs_mask(n0, m0, diag, seqlen_k):
+        crosses = n0 + BLOCK_N > seqlen_k
+        if CAUSAL:
+            crosses = crosses or n0 + BLOCK_N - 1 > m0 + diag
+        return crosses
+
+    return needs_mask

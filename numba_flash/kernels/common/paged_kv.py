@@ -1,0 +1,127 @@
+"""The paged-KV walk of the MLA decode: which piece of which request a CTA computes, where a
+cache row lives, how it is copied into shared memory, and where a finished row goes.
+
+A FlashMLA plan (``scheduler.py``) deals every request's keys out to ``num_sm_parts`` parts in
+blocks of ``SCHED_BLOCK`` = 64 rows: metadata row ``part`` says which requests the part
+touches (``BEGIN_REQ .. END_REQ``), where in the first and last it starts and stops
+(``BEGIN_BLOCK``, ``END_BLOCK``), and the split slots of the pieces (``BEGIN_SPLIT``,
+``FIRST_SPLIT``, ``LAST_SPLIT``). A request's keys sit in pages of ``page_size`` rows behind
+its row of the block table: row ``pos`` is ``k_cache[block_table[req, pos // page_size], pos %
+page_size]``. A piece that is a whole request writes the output (and the natural-log lse); a
+split piece writes float32 partials and a base-2 lse to its slot of ``o_acc`` / ``lse_acc``,
+which the combine kernel merges.
+
+``make_paged_kv_walk`` returns the device functions, specialised for one decode configuration:
+
+    cta_work(metadata)                       -> part, kv head, first packed row, first/last req
+    piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req)
+                                             -> n_lo, n_hi, seqlen, split, slot
+    row_source(block_table, req, pos, n_end, page_size) -> page, slot, valid
+    copy_row(tile, at, k_cache, hk, page, slot, valid, rl)   (this thread's share of a row)
+    put(out, o_acc, split, req, slot, t, h, col, x)          (one output element)
+    put_lse(lse, lse_acc, split, req, slot, t, h, m, l)      (a row's lse from m_i, l_i)
+"""
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int32, uint64
+
+from ... import scheduler
+from ..instructions import memory
+from . import constants, formats
+
+SCHED_BLOCK = scheduler.BLOCK_N  # keys per scheduling block (64)
+
+
+def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
+    """The walk's device functions for tiles of BLOCK_M packed query rows, TPR threads per
+    copied cache row (``VEC``: 16-byte cp.async chunks, else element copies)."""
+    item = 4 if FMT == "float32" else 2
+    CHUNK = memory.CP_ASYNC_BYTES // item  # elements per 16-byte copy
+    CHUNKS = -(-(HEAD_DIM // CHUNK) // TPR)  # copies per thread and row
+    CHUNKS_EXACT = (HEAD_DIM // CHUNK) % TPR == 0
+    ELEMS = -(-HEAD_DIM // TPR)  # elements per thread and row (VEC = False)
+    ELEMS_EXACT = HEAD_DIM % TPR == 0
+    ZERO_BITS = np.float32(0) if FMT == "float32" else np.uint16(0)  # +0.0 in every format
+    store = formats.storer(FMT)
+    NEG_INF, POS_INF, LN2 = constants.NEG_INF, constants.POS_INF, constants.LN2
+    ZERO = float32(0.0)
+    BEGIN_REQ, END_REQ, BEGIN_BLOCK, END_BLOCK = (scheduler.BEGIN_REQ, scheduler.END_REQ,
+                                                  scheduler.BEGIN_BLOCK, scheduler.END_BLOCK)
+    BEGIN_SPLIT, FIRST_SPLIT, LAST_SPLIT = (scheduler.BEGIN_SPLIT, scheduler.FIRST_SPLIT,
+                                            scheduler.LAST_SPLIT)
+
+    @cuda.jit(device=True, inline="always")
+    def cta_work(metadata):
+        """(part, KV head, first packed query row, first and last request) of this CTA; a part
+        whose first request is past the batch is idle."""
+        part = cuda.blockIdx.x
+        return (part, cuda.blockIdx.y, cuda.blockIdx.z * BLOCK_M, metadata[part, BEGIN_REQ],
+                metadata[part, END_REQ])
+
+    @cuda.jit(device=True, inline="always")
+    def piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req):
+        """The piece of ``req`` this part handles (scheduler.part_pieces, on the device):
+        keys [n_lo, n_hi), the request's length, whether it is split and its slot."""
+        first = req == begin_req
+        last = req == end_req
+        seqlen = cache_seqlens[req]
+        blk_lo = metadata[part, BEGIN_BLOCK] if first else 0
+        blk_hi = metadata[part, END_BLOCK] if last else (max(seqlen - 1, 0) // SCHED_BLOCK + 1)
+        piece = metadata[part, BEGIN_SPLIT] if first else 0
+        split = metadata[part, FIRST_SPLIT] if first else (
+            metadata[part, LAST_SPLIT] if last else 0)
+        return (blk_lo * SCHED_BLOCK, min(blk_hi * SCHED_BLOCK, seqlen), seqlen, split,
+                num_splits[req] + piece)
+
+    @cuda.jit(device=True, inline="always")
+    def row_source(block_table, req, pos, n_end, page_size):
+        """(page, slot, valid) of cache row ``pos``; a row at or past n_end reads no table
+        entry and gets page 0, slot 0 (an address inside the cache, never read)."""
+        page = int32(0)
+        slot = int32(0)
+        valid = pos < n_end
+        if valid:  # 32-bit division (a 64-bit one is a subroutine call)
+            pos32 = int32(pos)
+            blk = pos32 // page_size
+            page = block_table[req, blk]
+            slot = pos32 - blk * page_size
+        return page, slot, valid
+
+    @cuda.jit(device=True, inline="always")
+    def copy_row(tile, at, k_cache, hk, page, slot, valid, rl):
+        """This thread's share of one cache row -> tile[at ...] (storage elements): 16-byte
+        cp.async chunks (zero-filled when not valid) or, for unaligned views, elements."""
+        if VEC:
+            for i in range(CHUNKS):
+                col = (rl + TPR * i) * CHUNK
+                if CHUNKS_EXACT or col < HEAD_DIM:
+                    memory.cp_async_16_zfill(tile, uint64(at + col), k_cache,
+                                          (page, slot, hk, uint64(col)), valid)
+        else:
+            for i in range(ELEMS):
+                col = rl + TPR * i
+                if ELEMS_EXACT or col < HEAD_DIM:
+                    x = ZERO_BITS
+                    if valid:
+                        x = k_cache[page, slot, hk, uint64(col)]
+                    tile[uint64(at + col)] = x
+
+    @cuda.jit(device=True, inline="always")
+    def put(out, o_acc, split, req, slot, t, h, col, x):
+        if split:
+            o_acc[slot, t, h, uint64(col)] = x
+        else:
+            out[req, t, h, uint64(col)] = store(x)
+
+    @cuda.jit(device=True, inline="always")
+    def put_lse(lse, lse_acc, split, req, slot, t, h, m, l):
+        """Base-2 partial lse (split) or the final natural-log lse of a row (m_i, l_i)."""
+        lse2 = m + math.log2(l) if l > ZERO else NEG_INF
+        if split:
+            lse_acc[slot, h, t] = lse2
+        else:
+            lse[req, h, t] = lse2 * LN2 if l > ZERO else POS_INF
+
+    return cta_work, piece_of, row_source, copy_row, put, put_lse

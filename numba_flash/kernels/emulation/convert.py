@@ -1,0 +1,98 @@
+"""The simulator's ``convert``: 16-bit <-> float32 conversions, packing, ex2 and 32-bit division
+(``kernels/ptx/convert.py`` has the instructions and the API), computed with NumPy.
+
+Rounding matches the GPU's: float32 -> float16 through NumPy's (nearest even) cast, float32 ->
+bfloat16 by the integer rounding ``cvt.rn.bf16.f32`` performs, NaN staying a quiet NaN. Only
+``exp2_approx`` differs, by design: it is correctly rounded here (``ex2.approx`` is within 2 ulp)
+and flushes subnormal results to zero like ``.ftz``.
+
+Simulator device functions must go through ``cuda.jit`` so that ``cuda`` inside them is the
+simulator's module.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+
+# ---- one 16-bit value <-> float32 --------------------------------------------------------------
+
+@cuda.jit(device=True)
+def f16_to_f32(bits):
+    return float32(np.array(bits, dtype=np.uint16).view(np.float16))
+
+
+@cuda.jit(device=True)
+def bf16_to_f32(bits):
+    return float32(np.array(np.uint32(bits) << np.uint32(16), dtype=np.uint32).view(np.float32))
+
+
+@cuda.jit(device=True)
+def f32_to_f16(x):
+    return np.array(np.float16(np.float32(x))).view(np.uint16)[()]
+
+
+@cuda.jit(device=True)
+def f32_to_bf16(x):
+    u = int(np.array(np.float32(x)).view(np.uint32))
+    if (u & 0x7FFFFFFF) > 0x7F800000:  # NaN stays a (quiet) NaN
+        return np.uint16((u >> 16) | 0x40)
+    u += 0x7FFF + ((u >> 16) & 1)  # round to nearest, ties to even
+    return np.uint16((u >> 16) & 0xFFFF)
+
+
+# ---- two 16-bit values in one register ---------------------------------------------------------
+
+@cuda.jit(device=True)
+def pack_f16x2(lo, hi):
+    """Round two float32 to float16 (nearest even) and pack them: ``lo`` in bits 0-15."""
+    return np.uint32(int(f32_to_f16(lo)) | (int(f32_to_f16(hi)) << 16))
+
+
+@cuda.jit(device=True)
+def pack_bf16x2(lo, hi):
+    """Round two float32 to bfloat16 (nearest even) and pack them: ``lo`` in bits 0-15."""
+    return np.uint32(int(f32_to_bf16(lo)) | (int(f32_to_bf16(hi)) << 16))
+
+
+@cuda.jit(device=True)
+def unpack_f16x2(r):
+    """The two float16 of a packed register as float32: (bits 0-15, bits 16-31)."""
+    r = int(r)
+    return f16_to_f32(np.uint16(r & 0xFFFF)), f16_to_f32(np.uint16(r >> 16))
+
+
+@cuda.jit(device=True)
+def unpack_bf16x2(r):
+    """The two bfloat16 of a packed register as float32: (bits 0-15, bits 16-31)."""
+    r = int(r)
+    return bf16_to_f32(np.uint16(r & 0xFFFF)), bf16_to_f32(np.uint16(r >> 16))
+
+
+def pack(fmt):
+    """The float32-pair packing device function for ``fmt`` (``"float16"`` or ``"bfloat16"``)."""
+    return {"float16": pack_f16x2, "bfloat16": pack_bf16x2}[fmt]
+
+
+def unpack(fmt):
+    """The packed-pair -> two float32 device function for ``fmt``."""
+    return {"float16": unpack_f16x2, "bfloat16": unpack_bf16x2}[fmt]
+
+
+# ---- arithmetic --------------------------------------------------------------------------------
+
+@cuda.jit(device=True)
+def exp2_approx(x):
+    """2**x in float32 (correctly rounded here; ``ex2.approx.ftz.f32`` on a GPU)."""
+    with np.errstate(over="ignore", under="ignore"):
+        y = np.float32(np.exp2(np.float32(x)))
+    if math.isfinite(y) and abs(y) < np.float32(1.1754944e-38):
+        y = np.float32(0.0)  # .ftz: subnormal results flush to zero
+    return y
+
+
+@cuda.jit(device=True)
+def div_u32(a, b):
+    """``a // b`` of two non-negative 32-bit integers."""
+    return np.uint32(int(a) // int(b))

@@ -1,0 +1,196 @@
+"""Number conversions and the two pieces of arithmetic the kernels spell out, as inline PTX.
+
+16-bit storage. Kernels see float16 and bfloat16 tensors as ``uint16`` bit patterns
+(``arrays.py`` makes the views), so one kernel body serves both formats: a load widens the bits
+to float32 and a store rounds float32 to nearest-even bits. Each conversion is one ``cvt``
+instruction, or a shift for bfloat16 -> float32, whose bits are the top half of a float32
+(``common/formats.py`` picks them by format).
+
+Pairs. Tensor-core operands hold two 16-bit values per 32-bit register, the lower column (or k)
+in bits 0-15. ``cvt.rn.f16x2.f32 d, hi, lo`` rounds two float32 into one such register (its
+*first* source goes to the upper half), and unpacking is two shifts or truncations.
+
+Arithmetic. ``ex2.approx.ftz.f32`` is the special-function unit's 2**x (2 ulp, subnormal
+results flushed to zero), without the range checks ``math.exp2`` compiles to. ``div.u32`` is a
+32-bit division: Numba divides integers in 64 bits, which ptxas turns into a call to a
+subroutine, and a kernel with a call in it gets its wgmma serialized (ptxas warning C7509).
+
+API (``fmt`` is ``"float16"`` or ``"bfloat16"``):
+
+    f16_to_f32(bits), bf16_to_f32(bits)                  uint16 -> float32
+    f32_to_f16(x), f32_to_bf16(x)                        float32 -> uint16 (nearest even)
+    pack_f16x2(lo, hi) / pack_bf16x2(lo, hi) / pack(fmt) two float32 -> uint32
+    unpack_f16x2(r) / unpack_bf16x2(r) / unpack(fmt)     uint32 -> (lo, hi) float32
+    exp2_approx(x)                                       ex2.approx.ftz.f32
+    div_u32(a, b)                                        32-bit a // b (a, b >= 0)
+"""
+
+from llvmlite import ir
+from numba import cuda, float32, types
+from numba.cuda.extending import intrinsic
+
+from .codegen import F32, I16, I32, is_int
+
+
+# ---- one 16-bit value <-> float32 --------------------------------------------------------------
+
+@intrinsic
+def f16_to_f32(typingctx, bits):
+    if not isinstance(bits, types.Integer) or bits.bitwidth != 16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        asm = ir.InlineAsm(ir.FunctionType(ir.FloatType(), [ir.IntType(16)]),
+                           "cvt.f32.f16 $0, $1;", "=f,h")
+        return builder.call(asm, args)
+
+    return float32(bits), codegen
+
+
+@intrinsic
+def bf16_to_f32(typingctx, bits):
+    if not isinstance(bits, types.Integer) or bits.bitwidth != 16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return float32(bits), codegen
+
+
+def _f32_to_16(instruction):
+    @intrinsic
+    def convert(typingctx, x):
+        if not isinstance(x, types.Float) or x.bitwidth != 32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(16), [ir.FloatType()]),
+                               instruction + " $0, $1;", "=h,f")
+            return builder.call(asm, args)
+
+        return types.uint16(x), codegen
+
+    return convert
+
+
+f32_to_f16 = _f32_to_16("cvt.rn.f16.f32")
+f32_to_bf16 = _f32_to_16("cvt.rn.bf16.f32")
+
+
+# ---- two 16-bit values in one register ---------------------------------------------------------
+
+def _make_pack(instruction):
+    @intrinsic
+    def pack_asm(typingctx, lo, hi):
+        if not (isinstance(lo, (types.Float, types.Integer))
+                and isinstance(hi, (types.Float, types.Integer))):
+            return None
+
+        def codegen(context, builder, sig, args):
+            lo32 = context.cast(builder, args[0], sig.args[0], types.float32)
+            hi32 = context.cast(builder, args[1], sig.args[1], types.float32)
+            # The first source goes to the upper half of the destination.
+            asm = ir.InlineAsm(ir.FunctionType(I32, [F32, F32]),
+                               instruction + " $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [hi32, lo32])
+
+        return types.uint32(lo, hi), codegen
+
+    return pack_asm
+
+
+pack_f16x2 = _make_pack("cvt.rn.f16x2.f32")
+pack_f16x2.__doc__ = ("Round two float32 to float16 (nearest even) and pack them into one "
+                      "uint32, ``lo`` in bits 0-15 (``cvt.rn.f16x2.f32``).")
+pack_bf16x2 = _make_pack("cvt.rn.bf16x2.f32")
+pack_bf16x2.__doc__ = ("Round two float32 to bfloat16 (nearest even) and pack them into one "
+                       "uint32, ``lo`` in bits 0-15 (``cvt.rn.bf16x2.f32``).")
+
+
+@intrinsic
+def _f16_pair_to_f32(typingctx, r):
+    if not is_int(r):
+        return None
+    retty = types.UniTuple(types.float32, 2)
+
+    def codegen(context, builder, sig, args):
+        word = context.cast(builder, args[0], sig.args[0], types.uint32)
+        halves = [builder.trunc(word, I16),
+                  builder.trunc(builder.lshr(word, ir.Constant(I32, 16)), I16)]
+        return context.make_tuple(builder, retty, [
+            builder.fpext(builder.bitcast(h, ir.HalfType()), F32) for h in halves])
+
+    return retty(r), codegen
+
+
+@cuda.jit(device=True, inline="always")
+def unpack_f16x2(r):
+    """The two float16 of a packed register as float32: (bits 0-15, bits 16-31)."""
+    return _f16_pair_to_f32(r)
+
+
+@intrinsic
+def _bf16_pair_to_f32(typingctx, r):
+    if not is_int(r):
+        return None
+    retty = types.UniTuple(types.float32, 2)
+
+    def codegen(context, builder, sig, args):
+        word = context.cast(builder, args[0], sig.args[0], types.uint32)
+        lo = builder.shl(word, ir.Constant(I32, 16))
+        hi = builder.and_(word, ir.Constant(I32, 0xFFFF0000))
+        return context.make_tuple(builder, retty,
+                                  [builder.bitcast(lo, F32), builder.bitcast(hi, F32)])
+
+    return retty(r), codegen
+
+
+@cuda.jit(device=True, inline="always")
+def unpack_bf16x2(r):
+    """The two bfloat16 of a packed register as float32: (bits 0-15, bits 16-31)."""
+    return _bf16_pair_to_f32(r)
+
+
+def pack(fmt):
+    """The float32-pair packing device function for ``fmt`` (``"float16"`` or ``"bfloat16"``)."""
+    return {"float16": pack_f16x2, "bfloat16": pack_bf16x2}[fmt]
+
+
+def unpack(fmt):
+    """The packed-pair -> two float32 device function for ``fmt``."""
+    return {"float16": unpack_f16x2, "bfloat16": unpack_bf16x2}[fmt]
+
+
+# ---- arithmetic --------------------------------------------------------------------------------
+
+@intrinsic
+def exp2_approx(typingctx, x):
+    """2**x in float32 with ``ex2.approx.ftz.f32`` (max 2 ulp error, subnormals -> 0)."""
+    if not isinstance(x, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x32 = context.cast(builder, args[0], sig.args[0], types.float32)
+        asm = ir.InlineAsm(ir.FunctionType(F32, [F32]), "ex2.approx.ftz.f32 $0, $1;",
+                           "=f,f")
+        return builder.call(asm, [x32])
+
+    return types.float32(x), codegen
+
+
+@intrinsic
+def div_u32(typingctx, a, b):
+    """``a // b`` of two non-negative 32-bit integers with ``div.u32``. Numba divides in 64
+    bits, which ptxas turns into a call to a subroutine; a kernel with a call in it gets its
+    wgmma serialized (ptxas warning C7509)."""
+    if not (is_int(a) and is_int(b)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a32 = context.cast(builder, args[0], sig.args[0], types.uint32)
+        b32 = context.cast(builder, args[1], sig.args[1], types.uint32)
+        return builder.udiv(a32, b32)
+
+    return types.uint32(a, b), codegen

@@ -1,0 +1,133 @@
+"""What a kernel module declares to the runtime, and the cache of compiled kernels.
+
+Every kernel module holds its factory and a ``SPEC``: an instance of a ``KernelSpec`` subclass
+that says, in one place,
+
+- ``Config``: the values of a call that decide the code (a NamedTuple: head dim, causal,
+  storage format, ...);
+- its tile table, ``entry(config, device)`` (the entry a device runs) and ``tiles(config,
+  entry)`` (an entry as ``Tiles``: sizes, threads, dynamic shared bytes, register cap);
+- ``make(config, tiles)``: the Python kernel function, ``signature(config)``: its argument
+  types, ``unroll_loops`` and the tiles' register cap: its compile options;
+- ``grid(config, tiles, problem)`` and ``arguments(config, problem)``: how a launch follows from
+  the problem, a dict of the adapted arrays (``arrays.Tensor``) and numbers the API passes.
+
+The runtime compiles each (code, tiles, compute capability) once: ``compiled`` caches by
+``code_key(config, tiles)`` (the config, unless a kernel's code depends on less of it), the
+tiles and the device's compute capability, so two GPUs of different architectures in one
+process each get their own build, and a forced tile entry (tests, the tile tuner) is a
+different key rather than a stale cache.
+"""
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from . import launcher
+from .compiler import compile_kernel, compile_options
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One kernel configuration: tile sizes, threads per block and dynamic shared bytes."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    threads: int
+    shared_bytes: int
+    max_registers: int = 0  # a per-thread register cap (0: the compiler's choice)
+
+
+class KernelSpec:
+    """A kernel's contract with the runtime (see the module docstring); subclasses implement the
+    methods that raise ``NotImplementedError``."""
+
+    name = None            # the kernel function's name, as profilers show it
+    unroll_loops = False   # mark every constant-trip loop for full unrolling (compiler.py)
+
+    def __init__(self):
+        self._forced = None
+        self._tiles = {}
+        self._kernels = {}
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- declared by each kernel
+
+    def entry(self, config, device):
+        """The tile-table entry ``config`` runs with on ``device``."""
+        raise NotImplementedError
+
+    def tiles(self, config, entry):
+        """``entry`` (a tile-table entry) as ``Tiles`` for ``config``."""
+        raise NotImplementedError
+
+    def make(self, config, tiles):
+        """The Python kernel function of ``config`` with ``tiles``."""
+        raise NotImplementedError
+
+    def signature(self, config):
+        """The kernel's ``void(...)`` signature."""
+        raise NotImplementedError
+
+    def grid(self, config, tiles, problem):
+        """The launch grid for ``problem``."""
+        raise NotImplementedError
+
+    def arguments(self, config, problem):
+        """The launch arguments for ``problem``, in the signature's order."""
+        raise NotImplementedError
+
+    def code_key(self, config, tiles):
+        """What besides the tiles decides the code (the whole config by default)."""
+        return config
+
+    # ---------------------------------------------------------------- provided
+
+    def options(self, tiles):
+        return compile_options(tiles.max_registers, self.unroll_loops)
+
+    def choose(self, config, device):
+        """The ``Tiles`` of ``config`` on ``device``: the forced entry, else the table's."""
+        key = (config, device, self._forced)
+        tiles = self._tiles.get(key)
+        if tiles is None:
+            entry = self._forced if self._forced is not None else self.entry(config, device)
+            tiles = self._tiles[key] = self.tiles(config, entry)
+        return tiles
+
+    def build(self, config, entry=None, device=None):
+        """``(pyfunc, signature, compile options)`` of ``config`` with tile entry ``entry``
+        (default: the table's for ``device``): the form ``ptxcheck`` compiles."""
+        tiles = self.tiles(config, entry) if entry is not None else self.choose(config, device)
+        return self.make(config, tiles), self.signature(config), self.options(tiles)
+
+    def compiled(self, config, device):
+        """``(kernel, tiles)`` of ``config`` on ``device``, compiled on first use."""
+        tiles = self.choose(config, device)
+        key = (self.code_key(config, tiles), tiles, device.cc)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            with self._lock:  # one compile per key, however many threads ask
+                kernel = self._kernels.get(key)
+                if kernel is None:
+                    kernel = self._kernels[key] = compile_kernel(
+                        self.make(config, tiles), self.signature(config), tiles.shared_bytes,
+                        device.cc, self.options(tiles))
+        return kernel, tiles
+
+    def launch(self, config, problem, stream, device):
+        """Compile if needed, then launch ``config`` for ``problem`` on ``stream``."""
+        kernel, tiles = self.compiled(config, device)
+        launcher.launch(kernel, self.grid(config, tiles, problem), tiles.threads, stream,
+                        tiles.shared_bytes, *self.arguments(config, problem))
+        return tiles
+
+    @contextmanager
+    def forcing(self, entry):
+        """Run with tile entry ``entry`` instead of the table's (tests, the tile tuner; not
+        thread-safe)."""
+        previous, self._forced = self._forced, entry
+        try:
+            yield self
+        finally:
+            self._forced = previous
