@@ -90,9 +90,9 @@ def _triton():
 
 
 def _naive():
-    from numba_flash.kernels import naive
+    from numba_flash import api
 
-    return lambda q, k, v, causal: naive.attention(q, k, v, causal=causal)[0], None
+    return lambda q, k, v, causal: api.naive_attention(q, k, v, causal=causal)[0], None
 
 
 def _works(make_call):

@@ -52,15 +52,15 @@ def run_once(kernel, n, head_dim, batch, heads=1, fmt="float16", seed=0):
     from numba import cuda
 
     import numba_flash as nf
-    from numba_flash import arrays
-    from numba_flash.kernels import naive
+    from numba_flash import api
+    from numba_flash.runtime import arrays
 
     rng = np.random.default_rng(seed)
     dtype = arrays.numpy_dtype(fmt)
     q, k, v = (cuda.to_device(rng.standard_normal((batch, n, heads, head_dim), dtype=np.float32)
                               .astype(dtype)) for _ in range(3))
     if kernel == "naive":
-        out = naive.attention(q, k, v)
+        out = api.naive_attention(q, k, v)
     else:
         out = nf.flash_attn_fwd(q, k, v, backend="simt")
     cuda.synchronize()
@@ -131,9 +131,10 @@ def fit_scale(measured, model):
 
 def flash_shared_words(head_dim):
     """M of the chapter for the flash kernel: its shared memory, in float32 words."""
-    from numba_flash import launch
+    from numba_flash.kernels.simt import forward
 
-    return launch.simt_forward_tiles(head_dim).shared_bytes // 4
+    config = forward.SPEC.Config(head_dim, False, "float32")
+    return forward.SPEC.choose(config, None).shared_bytes // 4
 
 
 def add_fits(rows, head_dim, m_words):

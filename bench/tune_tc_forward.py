@@ -1,6 +1,7 @@
 """Tile sweep for the tensor-core forward: times tile candidates (BLOCK_M x BLOCK_N x warps x
 register cap) of one kernel family (``mma`` or ``wgmma``, default: the device's) on one problem
-per head dim and prints TFLOP/s, so launch.py's tables are set by measurement. Each candidate's
+per head dim and prints TFLOP/s, so the tile tables (``TILES`` of kernels/tc/forward_mma.py and
+forward_wgmma.py) are set by measurement. Each candidate's
 output is compared with torch SDPA's first (err_vs_sdpa).
 
     python bench/tune_tc_forward.py --head-dims 64,128 --seqlens 1024,4096
@@ -9,7 +10,6 @@ output is compared with torch SDPA's first (err_vs_sdpa).
 
 import argparse
 import itertools
-import math
 import sys
 
 import common
@@ -39,7 +39,7 @@ def main(argv=None):
     p.add_argument("--candidates", default=None, help="BMxBNxWARPSxREGS,... (default: per head dim)")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--family", choices=("mma", "wgmma"), default=None,
-                   help="tc kernel family (default: the device's, launch.tc_family)")
+                   help="tc kernel family (default: the device's, api.tc_family)")
     p.add_argument("--out-dir", default=None)
     args = p.parse_args(argv)
 
@@ -47,20 +47,22 @@ def main(argv=None):
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from numba_flash import arrays, launch
+    from numba_flash import api
+    from numba_flash.kernels.tc import forward_mma, forward_wgmma
+    from numba_flash.runtime import arrays, device, launcher
 
     out = common.results_dir(args.out_dir)
-    family = args.family or launch.tc_family(launch.device_cc())
+    dev = device.current()
+    family = args.family or api.tc_family(dev.cc)
+    spec = {"mma": forward_mma.SPEC, "wgmma": forward_wgmma.SPEC}[family]
     rows = []
     for d, causal in itertools.product([int(x) for x in args.head_dims.split(",")], (False, True)):
+        config = spec.Config(d, causal, args.dtype)
         kernels = []
         for cand in (args.candidates or CANDIDATES[family][d]).split(","):
-            tiles = tuple(int(x) for x in cand.split("x"))
-            t = launch.tc_forward_tiles(d, tiles, family=family)
-            pyfunc, signature, options = launch.forward_spec("tc", d, causal, args.dtype, tiles,
-                                                             family)
-            kernels.append((cand, t, launch.compile_kernel(pyfunc, signature, t.shared_bytes,
-                                                           options)))
+            with spec.forcing(tuple(int(x) for x in cand.split("x"))):
+                kernel, t = spec.compiled(config, dev)
+            kernels.append((cand, t, kernel))
         for n in (int(x) for x in args.seqlens.split(",")):
             b, h = max(32768 // n, 1), 2048 // d
             q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=getattr(torch, args.dtype))
@@ -77,11 +79,11 @@ def main(argv=None):
             # seconds of CPU time on an idle GPU, whose clock would still be low for the next
             # timing.
             checked = []
+            problem = dict(q=tq, k=tk, v=tv, out=o, lse=lse, scale=d ** -0.5)
             for cand, t, kernel in kernels:
-                def run(kernel=kernel, t=t):
-                    launch.launch(kernel, (launch.cdiv(n, t.BLOCK_M), b * h), t.threads, stream,
-                                  t.shared_bytes, tq, tk, tv, o, lse, n, n, h,
-                                  1, float(d ** -0.5 * math.log2(math.e)))
+                def run(kernel=kernel, t=t, grid=spec.grid(config, t, problem),
+                        arguments=spec.arguments(config, problem)):
+                    launcher.launch(kernel, grid, t.threads, stream, t.shared_bytes, *arguments)
                 run()
                 err = (o.obj.float() - ref.float()).abs().max().item()
                 checked.append((cand, t, kernel.library.get_cufunc().attrs, run, err))

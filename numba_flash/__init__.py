@@ -1,6 +1,6 @@
 """numba_flash: exact FlashAttention and FlashMLA-style paged decode in pure-Python numba.cuda.
 
-The public API (shared/API.md) is what this module exports; everything else is internal. The
+The public API (docs/api.md) is what this module exports; everything else is internal. The
 names are resolved lazily, so importing the package does not import Numba: ``python -m
 numba_flash`` and the test suite can still choose Numba's CUDA simulator when there is no GPU.
 """

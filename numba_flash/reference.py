@@ -1,7 +1,7 @@
 """Float64 NumPy references: the ground truth every kernel is tested against.
 
 They compute the same functions as the kernels, densely and in double precision, with the
-conventions of API.md: bottom-right causal alignment, GQA head mapping, natural-log lse, and
+conventions of docs/api.md: bottom-right causal alignment, GQA head mapping, natural-log lse, and
 rows with no key to attend giving ``out = 0`` and ``lse = +inf``.
 """
 
@@ -80,7 +80,7 @@ def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None):
 def attention_lowp(q, k, v, causal=False, softmax_scale=None):
     """Plain three-step attention with S, P and O each rounded to the inputs' dtype (float64 out).
 
-    DESIGN.md's tolerance rule compares a kernel's error with this one's: a flash kernel must be
+    The tolerance rule of docs/design.md compares a kernel's error with this one's: a flash kernel must be
     no worse than twice what the textbook algorithm loses in the same precision.
     """
     p = _probs_lowp(q, k, causal, softmax_scale)

@@ -125,7 +125,7 @@ def num_sm_parts(num_sms, num_heads_k, num_q_tokens_per_head_k):
     so that it holds about ``num_sms`` CTAs, one wave: ``max(num_sms // h_kv // ceil(q_rows /
     64), 1)`` (sequential integer divisions, as FlashMLA does). The SIMT decode kernel keeps
     this count (the metadata format is FlashMLA's) but its query tiles are smaller
-    (``launch.simt_mla_decode_tiles``), so its grid ``(num_sm_parts, h_kv, ceil(q_rows / BLOCK_M))``
+    (``kernels/simt/mla_decode.py``'s spec), so its grid ``(num_sm_parts, h_kv, ceil(q_rows / BLOCK_M))``
     can hold several waves for many heads.
     """
     for name, value in (("num_sms", num_sms), ("num_heads_k", num_heads_k),

@@ -5,7 +5,7 @@
     out.float().square().sum().backward()         # q.grad, k.grad, v.grad
 
 Import this module explicitly: the package itself never imports torch. Tensors go to the kernels
-zero-copy (arrays.py adapts torch CUDA tensors, and CPU tensors under the simulator); results
+zero-copy (runtime/arrays.py adapts torch CUDA tensors, and CPU tensors under the simulator); results
 are torch tensors on q's device, computed on torch's current stream. The forward saves ``out``
 and ``lse`` (not the attention matrix) for ``nf.flash_attn_bwd``.
 """

@@ -2,12 +2,24 @@
 
 The choice has to be made before numba.cuda is first imported (importing numba_flash does not
 import Numba, see its __init__).
+
+Random inputs come from the ``rng`` fixture: a fresh ``np.random.Generator`` per test, seeded
+with ``NUMBA_FLASH_TEST_SEED`` when that is set (every test then gets that seed), else with a
+fixed seed of the test's own (from ``BASE_SEED`` and a CRC-32 of its node id), so each test draws
+its own reproducible stream. A failing test prints its seed in an "rng seed" section of its
+report, as the command that reruns it with that seed::
+
+    NUMBA_FLASH_TEST_SEED=<seed> python -m pytest 'tests/test_api.py::test_name[param]'
 """
 
-import pathlib
+import os
 import sys
+import zlib
 
-from numba_flash._env import use_simulator_without_gpu
+import numpy as np
+import pytest
+
+from numba_flash.runtime.env import use_simulator_without_gpu
 
 SIMULATOR = use_simulator_without_gpu()
 
@@ -15,8 +27,35 @@ SIMULATOR = use_simulator_without_gpu()
 # barriers several times faster.
 sys.setswitchinterval(5e-4)
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
+BASE_SEED = 20240917
+SEED_ENV = "NUMBA_FLASH_TEST_SEED"
 
 
 def pytest_report_header(config):
     return "numba_flash: " + ("CUDA simulator (no GPU found)" if SIMULATOR else "real GPU kernels")
+
+
+def seed_of(nodeid):
+    """The seed of the test ``nodeid``: ``NUMBA_FLASH_TEST_SEED`` if set, else its default."""
+    if os.environ.get(SEED_ENV, "").strip():
+        return int(os.environ[SEED_ENV], 0)
+    return (BASE_SEED * 2**32 + zlib.crc32(nodeid.encode())) % 2**63
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh ``np.random.Generator`` for this test, seeded by ``seed_of``; the seed goes into
+    the report of a failing test."""
+    seed = seed_of(request.node.nodeid)
+    request.node.user_properties.append(("rng seed", seed))
+    return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.failed:
+        for name, seed in item.user_properties:
+            if name == "rng seed":
+                report.sections.append(
+                    ("rng seed", f"{SEED_ENV}={seed} python -m pytest {item.nodeid!r}"))

@@ -1,4 +1,5 @@
-"""Test helpers shared by the suite: device arrays, poisoning, and DESIGN.md's tolerance rules."""
+"""Test helpers shared by the suite: device arrays, poisoning, and the tolerance rules in
+docs/design.md."""
 
 import os
 
@@ -50,10 +51,10 @@ def f64(x):
 
 
 def assert_close_rule(out, ref, lowp_ref, fmt, factor=2.0, what="out"):
-    """DESIGN.md: max|out - ref| <= factor * max|lowp - ref| + 1e-5 for 16-bit inputs; 1e-4
-    relative Frobenius error for float32. The plain computation's error is floored at half a
-    unit in the last place of the largest reference value: on tiny random problems it can
-    land below the rounding that storing any result in the dtype costs."""
+    """The tolerance rule in docs/design.md: max|out - ref| <= factor * max|lowp - ref| + 1e-5
+    for 16-bit inputs; 1e-4 relative Frobenius error for float32. The plain computation's
+    error is floored at half a unit in the last place of the largest reference value: on tiny
+    random problems it can land below the rounding that storing any result in the dtype costs."""
     out = f64(out)
     assert not np.isnan(out).any(), f"{what}: NaN (unwritten or invalid) elements"
     if fmt == "float32":
@@ -78,7 +79,7 @@ def assert_lse(lse, ref):
 
 def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, softmax_scale=None):
     """Run flash_attn_fwd on fresh random inputs (out poisoned with NaN) and check out and lse
-    against the float64 reference with DESIGN.md's rule."""
+    against the float64 reference with the tolerance rule in docs/design.md."""
     import numba_flash as nf
     from numba_flash import reference as ref
 
@@ -96,15 +97,20 @@ def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, so
 CCS = ((8, 0), (9, 0))
 
 
-def assert_compiles_clean(spec, configs, must_contain=(), ccs=CCS, must_not_log=()):
-    """Compile ``spec(*config)`` for each of ``ccs`` (sm_80 and sm_90) in a child process without
-    the simulator (numba_flash.ptxcheck) and require zero spills, no local-memory traffic, the
-    given PTX instructions and none of the given ptxas messages (e.g. wgmma serialization)."""
-    from numba_flash import ptxcheck
+def assert_compiles_clean(module, configs, must_contain=(), ccs=CCS, must_not_log=()):
+    """Compile the spec of kernel ``module`` (``"simt.forward"``, or ``"simt.backward:DQ"`` for
+    a module with several specs) for each ``(config, tile entry)`` of ``configs`` (entry None:
+    the table's) and each of ``ccs`` (sm_80 and sm_90) in a child process without the simulator
+    (``runtime.ptxcheck``), and require zero spills, no local-memory traffic, the given PTX
+    instructions and none of the given ptxas messages (e.g. wgmma serialization)."""
+    from numba_flash.runtime import ptxcheck
 
-    jobs = [(spec, cc, tuple(config)) for config in configs for cc in ccs]
-    for (ptx, report), (_, cc, config) in zip(ptxcheck.compile_reports_isolated(jobs), jobs):
-        where = f"{spec}{tuple(config)} sm_{''.join(map(str, cc))}"
+    target = "numba_flash.runtime.ptxcheck:spec_build"
+    jobs = [(target, cc, (f"numba_flash.kernels.{module}", list(config),
+                          None if entry is None else list(entry)))
+            for config, entry in configs for cc in ccs]
+    for (ptx, report), (_, cc, args) in zip(ptxcheck.compile_reports_isolated(jobs), jobs):
+        where = f"{module}{tuple(args[1])} tiles {args[2]} sm_{''.join(map(str, cc))}"
         assert report["spill_stores"] == 0 and report["spill_loads"] == 0, f"{where}: spills"
         assert "ld.local" not in ptx and "st.local" not in ptx, f"{where}: local memory"
         for instruction in must_contain:

@@ -36,8 +36,7 @@ def _bad_forward_inputs(rng):
 @pytest.mark.parametrize("case", ["rank", "batch", "kv shapes differ", "head dim differs",
                                   "heads not a multiple", "head dim not /8", "head dim > 256",
                                   "dtype mismatch", "integer dtype", "strided last dim", "not an array"])
-def test_forward_refuses_bad_input_before_launch(case):
-    rng = np.random.default_rng()
+def test_forward_refuses_bad_input_before_launch(case, rng):
     good, cases = _bad_forward_inputs(rng)
     kwargs, exc, words = cases[case]
     out = nan_like(randn(rng, (1, 5, 2, 16), "float16"))
@@ -53,14 +52,13 @@ def test_forward_refuses_bad_input_before_launch(case):
     (dict(softmax_scale="0.1"), ValueError, "softmax_scale"),
     (dict(causal="yes"), TypeError, "causal"),
 ])
-def test_forward_refuses_bad_options(kwargs, exc, words):
-    q, k, v = _qkv(np.random.default_rng())
+def test_forward_refuses_bad_options(kwargs, exc, words, rng):
+    q, k, v = _qkv(rng)
     with pytest.raises(exc, match=words):
         nf.flash_attn_fwd(q, k, v, **kwargs)
 
 
-def test_forward_refuses_wrong_out_buffer():
-    rng = np.random.default_rng()
+def test_forward_refuses_wrong_out_buffer(rng):
     q, k, v = _qkv(rng)
     with pytest.raises(ValueError, match="out"):
         nf.flash_attn_fwd(q, k, v, out=nan_like(randn(rng, (1, 5, 2, 8), "float16")))
@@ -69,8 +67,7 @@ def test_forward_refuses_wrong_out_buffer():
 
 
 @pytest.mark.skipif(SIMULATOR, reason="host arrays are the accepted input under the simulator")
-def test_host_array_on_a_gpu_is_a_type_error():
-    rng = np.random.default_rng()
+def test_host_array_on_a_gpu_is_a_type_error(rng):
     q, k, v = _qkv(rng)
     with pytest.raises(TypeError, match="q: got a host NumPy array"):
         nf.flash_attn_fwd(randn(rng, (1, 5, 2, 16), "float16"), k, v)
@@ -106,8 +103,7 @@ BAD_BACKWARD = {
 
 
 @pytest.mark.parametrize("case", list(BAD_BACKWARD))
-def test_backward_refuses_bad_input_before_launch(case):
-    rng = np.random.default_rng()
+def test_backward_refuses_bad_input_before_launch(case, rng):
     q, k, v = _qkv(rng)
     good = dict(dout=_rand(rng, (1, 5, 2, 16)), q=q, k=k, v=v, out=_rand(rng, (1, 5, 2, 16)),
                 lse=_rand(rng, (1, 2, 5), "float32"))
@@ -183,8 +179,7 @@ BAD_MLA = {
 
 
 @pytest.mark.parametrize("case", list(BAD_MLA))
-def test_mla_decode_refuses_bad_input_before_launch(case):
-    rng = np.random.default_rng()
+def test_mla_decode_refuses_bad_input_before_launch(case, rng):
     good = _mla_good(rng)
     out = nan_like(randn(rng, (2, 1, 2, 8), "float16"))
     make, exc, words = BAD_MLA[case]
@@ -193,8 +188,7 @@ def test_mla_decode_refuses_bad_input_before_launch(case):
     assert np.isnan(to_host(out).astype(np.float32)).all(), "a refused call wrote to out"
 
 
-def test_mla_decode_refuses_wrong_out_buffer():
-    rng = np.random.default_rng()
+def test_mla_decode_refuses_wrong_out_buffer(rng):
     with pytest.raises(ValueError, match="^out"):
         nf.flash_mla_with_kvcache(**_mla_good(rng), out=nan_like(randn(rng, (2, 1, 2, 16),
                                                                        "float16")))
@@ -211,3 +205,16 @@ def test_mla_decode_refuses_wrong_out_buffer():
 def test_mla_metadata_refuses_bad_input(args, exc, words):
     with pytest.raises(exc, match=words):
         nf.get_mla_metadata(*args)
+
+
+def test_hopper_runs_the_wgmma_forward_and_every_other_gpu_the_mma_one():
+    from numba_flash import api
+    from numba_flash.kernels.tc import forward_mma, forward_wgmma
+    from numba_flash.runtime.device import SIMULATED
+
+    assert api.tc_family((9, 0)) == "wgmma"
+    assert {api.tc_family(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))} == {"mma"}
+    assert api._forward_spec("tc", SIMULATED) is forward_wgmma.SPEC
+    assert api._forward_spec("tc", SIMULATED.__class__(cc=(8, 0), sms=108,
+                                                         shared_per_block=163 * 1024)) \
+        is forward_mma.SPEC

@@ -29,8 +29,7 @@ def _leaf(x):
     (2, 1000, 1000, 8, 2, 64, True, "bfloat16"),
     (1, 513, 777, 4, 4, 128, False, "float16"),
 ])
-def test_loss_backward_matches_reference(B, Sq, Sk, Hq, Hk, D, causal, fmt):
-    rng = np.random.default_rng()
+def test_loss_backward_matches_reference(B, Sq, Sk, Hq, Hk, D, causal, fmt, rng):
     host = [randn(rng, s, fmt) for s in ((B, Sq, Hq, D), (B, Sk, Hk, D), (B, Sk, Hk, D))]
     dout = randn(rng, (B, Sq, Hq, D), "float32")
     q, k, v = (_leaf(x) for x in host)
@@ -45,9 +44,8 @@ def test_loss_backward_matches_reference(B, Sq, Sk, Hq, Hk, D, causal, fmt):
         assert_close_rule(to_host(t.grad), w, lp, fmt, factor=3.0, what=name)
 
 
-def test_sum_loss_has_zero_stride_gradient():
+def test_sum_loss_has_zero_stride_gradient(rng):
     """``out.sum()`` hands backward ones expanded with zero strides: made contiguous first."""
-    rng = np.random.default_rng()
     host = [randn(rng, (1, 4, 1, 8), "float32") for _ in range(3)]
     q, k, v = (_leaf(x) for x in host)
     flash_attn_func(q, k, v, backend="simt").sum().backward()

@@ -4,7 +4,7 @@ Every public call turns its array arguments into ``Tensor`` records first. A rec
 caller's object, the library it came from, the element format (``float16``, ``bfloat16``,
 ``float32`` or ``int32``), the shape, strides in elements, and a *storage view*: the Numba device
 array (a NumPy array under the simulator) that kernels receive. 16-bit floats are viewed as
-``uint16`` bits, so one kernel body serves float16 and bfloat16 (kernels/primitives.py converts).
+``uint16`` bits, so one kernel body serves float16 and bfloat16 (kernels/common/formats.py converts).
 Views share memory with the caller's array: nothing is copied, and strided views (say ``q`` sliced
 out of a packed ``qkv`` tensor) keep their strides. Only the last dimension must be contiguous.
 
@@ -12,7 +12,7 @@ Outputs are allocated in the library of a given input and launched on that libra
 stream, so CuPy code gets CuPy arrays back and torch code gets torch tensors on its own stream.
 
 On a GPU, kernels are launched from the record's device pointer, shape and strides
-(``launch.launch`` writes them into the kernel's parameter block), so the Numba device view is
+(``launcher.launch`` writes them into the kernel's parameter block), so the Numba device view is
 built only when something asks for it (``Tensor.view``: host copies, the simulator, tests). Going
 through each library's ``__cuda_array_interface__`` and Numba's ``as_cuda_array`` costs ~25 us
 per array, which for the ten arrays of one MLA decode call took longer than the decode kernel

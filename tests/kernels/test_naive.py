@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from numba_flash import arrays, launch, ptxcheck
+from numba_flash import api
 from numba_flash import reference as ref
-from numba_flash.kernels import naive
+from numba_flash.runtime import arrays, launcher, ptxcheck
 from helpers import DTYPES, SIMULATOR, assert_close_rule, assert_lse, randn, to_device, to_host
 
 # (B, Sq, Sk, Hq, Hk, D, causal, fmt)
@@ -43,56 +43,54 @@ def poisoned(monkeypatch):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_naive_matches_reference(case, poisoned):
+def test_naive_matches_reference(case, poisoned, rng):
     B, Sq, Sk, Hq, Hk, D, causal, fmt = case
-    rng = np.random.default_rng()
     q, k, v = (randn(rng, s, fmt) for s in ((B, Sq, Hq, D), (B, Sk, Hk, D), (B, Sk, Hk, D)))
-    o, lse = naive.attention(to_device(q), to_device(k), to_device(v), causal=causal)
+    o, lse = api.naive_attention(to_device(q), to_device(k), to_device(v), causal=causal)
     ro, rl = ref.attention_fwd_ref(q, k, v, causal)
     assert to_host(o).dtype == q.dtype and to_host(o).shape == q.shape
     assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal), fmt)
     assert_lse(lse, rl)
 
 
-def test_packed_qkv_views_and_scale(poisoned):
+def test_packed_qkv_views_and_scale(poisoned, rng):
     """Strided q, k, v sliced out of one (B, S, 3, H, D) tensor, and an explicit scale."""
-    rng = np.random.default_rng()
     B, S, H, D = (1, 6, 2, 16) if SIMULATOR else (2, 300, 4, 64)
     qkv = to_device(randn(rng, (B, S, 3, H, D), "float16"))
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    o, lse = naive.attention(q, k, v, causal=True, softmax_scale=0.3)
+    o, lse = api.naive_attention(q, k, v, causal=True, softmax_scale=0.3)
     hq, hk, hv = (to_host(x) for x in (q, k, v))
     ro, rl = ref.attention_fwd_ref(hq, hk, hv, True, 0.3)
     assert_close_rule(o, ro, ref.attention_lowp(hq, hk, hv, True, 0.3), "float16")
     assert_lse(lse, rl)
 
 
-def test_bad_input_is_refused_before_launch(monkeypatch):
+def test_bad_input_is_refused_before_launch(monkeypatch, rng):
     def no_launch(*args):
         raise AssertionError("launched")
 
-    monkeypatch.setattr(launch, "launch", no_launch)
-    rng = np.random.default_rng()
+    monkeypatch.setattr(launcher, "launch", no_launch)
     q = to_device(randn(rng, (1, 4, 2, 16), "float16"))
     k32 = to_device(randn(rng, (1, 4, 2, 16), "float32"))
     with pytest.raises(TypeError, match="k"):
-        naive.attention(q, k32, k32)
+        api.naive_attention(q, k32, k32)
     k3 = to_device(randn(rng, (1, 4, 3, 16), "float16"))
     with pytest.raises(ValueError, match="k"):
-        naive.attention(q, k3, k3)
+        api.naive_attention(q, k3, k3)
     with pytest.raises(ValueError, match="softmax_scale"):
-        naive.attention(q, q, q, softmax_scale=float("nan"))
+        api.naive_attention(q, q, q, softmax_scale=float("nan"))
 
 
 def test_ptx_compiles_without_spills():
     """The three kernels compile for sm_80 and sm_90 with no local memory at all."""
-    spec = "numba_flash.launch:naive_spec"
-    jobs = [(spec, (8, 0), ("scores", False, "bfloat16")),
-            (spec, (9, 0), ("scores", False, "float16")),
-            (spec, (8, 0), ("softmax", True, "float16")),
-            (spec, (9, 0), ("softmax", False, "float16")),
-            (spec, (8, 0), ("output", False, "float16")),
-            (spec, (9, 0), ("output", False, "float32"))]
+    build = "numba_flash.runtime.ptxcheck:spec_build"
+    jobs = [(build, cc, (f"numba_flash.kernels.naive:{kernel}", [causal, fmt]))
+            for kernel, cc, causal, fmt in (("SCORES", (8, 0), False, "bfloat16"),
+                                            ("SCORES", (9, 0), False, "float16"),
+                                            ("SOFTMAX", (8, 0), True, "float16"),
+                                            ("SOFTMAX", (9, 0), False, "float16"),
+                                            ("OUTPUT", (8, 0), False, "float16"),
+                                            ("OUTPUT", (9, 0), False, "float32"))]
     for (_, cc, args), (text, report) in zip(jobs, ptxcheck.compile_reports_isolated(jobs)):
         what = f"{args} at sm_{cc[0]}{cc[1]}"
         assert "ld.local" not in text and "st.local" not in text, what

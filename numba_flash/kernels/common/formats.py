@@ -1,6 +1,6 @@
 """Storage formats: how a kernel specialised for ``fmt`` stores its elements and reads them.
 
-Kernels see float16 and bfloat16 tensors as ``uint16`` bit patterns (``arrays.py`` makes the
+Kernels see float16 and bfloat16 tensors as ``uint16`` bit patterns (``runtime/arrays.py`` makes the
 views), so one kernel body serves both formats: a load widens the bits to float32 and a store
 rounds float32 to nearest-even bits, each one instruction (``instructions.convert``). float32
 storage needs no conversion at all.

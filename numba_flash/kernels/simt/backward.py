@@ -33,7 +33,7 @@ Grid / block mapping (128 threads = 16 row groups x 8 lanes, as in forward.py)
     dS (and P for dV) is scattered over the lanes of a row, so the second product of each step
     reads it back from shared memory, as the forward does with P.
 
-Shared memory (float32 words, dynamic; launch.simt_backward_tiles picks the tiles)
+Shared memory (float32 words, dynamic; the specs' TILES at the end)
     Q, dO, K, V tiles are row-major with a stride of HEAD_DIM + 1 words: an odd stride puts the
     column reads of the first product (8 different rows per row group) on 8 different banks,
     and the row reads of the second product (8 consecutive words) are conflict-free anyway.
@@ -42,7 +42,7 @@ Shared memory (float32 words, dynamic; launch.simt_backward_tiles picks the tile
     dQ     Q_i, dO_i: 2 BLOCK_M (HEAD_DIM + 1); K_j, V_j: 2 BLOCK_N (HEAD_DIM + 1);
            dS: BLOCK_M (BLOCK_N + pad).
     e.g. 66 KiB (dK/dV, HEAD_DIM = 64), 105 KiB (dQ, HEAD_DIM = 128): above the 48 KiB static
-    limit, hence the opt-in of launch.py; below the 163 KiB of an A100.
+    limit, hence the opt-in of runtime/launcher.py; below the 163 KiB of an A100.
 
 Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq)
     Tile pairs wholly above the diagonal are skipped (kernel 1 starts at the first query tile

@@ -44,7 +44,7 @@ ROWS = THREADS // 32  # query rows per CTA, one per warp
 
 @lru_cache(maxsize=None)
 def make_combine_kernel(HEAD_DIM_V, FMT):
-    """Python kernel function specialised for one configuration (compile with launch.compile)."""
+    """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
     TD = -(-HEAD_DIM_V // 32)  # columns per lane
     DV_EXACT = HEAD_DIM_V % 32 == 0
     store = formats.storer(FMT)

@@ -26,7 +26,7 @@ Grid / block mapping
     outputs reads TM + TN shared-memory words per step of the dot product: that ratio, not the
     FLOP count, is what limits a CUDA-core attention kernel.
 
-Shared memory (float32 words, dynamic, see launch.forward_config)
+Shared memory (float32 words, dynamic, see shared_layout)
     Q^T  HEAD_DIM x (BLOCK_M + 1)   transposed so a warp reads consecutive words; +1 pads the
                                     transposing writes off one bank
     K^T  HEAD_DIM x (BLOCK_N + 1)   idem
@@ -34,7 +34,7 @@ Shared memory (float32 words, dynamic, see launch.forward_config)
     P    BLOCK_M x (BLOCK_N + P_PAD) P is scattered over the threads of a row, so PV reads it
                                     back from shared memory; P_PAD keeps those reads conflict-free
     e.g. 64 KiB at HEAD_DIM = 64 (BLOCK_M = BLOCK_N = 64): above the 48 KiB static limit, hence
-    the opt-in in launch.py.
+    the opt-in in runtime/launcher.py.
 
 Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq)
     KV tiles wholly above the diagonal are never loaded; masking is applied only on tiles that
@@ -74,7 +74,7 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
-    """Python kernel function specialised for one configuration (compile with launch.compile)."""
+    """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS
     TN = BLOCK_N // LANES_PER_ROW

@@ -42,7 +42,7 @@ The cache stream (both variants below)
     its slot, which may be garbage, and its zeros keep ``P V`` finite.
 
     16-byte copies need 16-byte aligned chunks. The API honours any strides but the last, so
-    the host checks the cache (``launch.mla_copies_16_bytes``: data pointer and every stride a
+    the host checks the cache (``copies_16_bytes``: data pointer and every stride a
     multiple of 16 bytes) and compiles the same kernel with ``VEC = False`` for a view that is not
     aligned: its threads copy the same rows element by element with plain loads and stores (a
     slower stream, the same results).
@@ -94,7 +94,7 @@ Shared memory (dynamic; one buffer seen as storage elements, 32-bit words and fl
             S/P    DS planes of BLOCK_M x P_STRIDE float32 (the partial S of each d-lane; then P)
             alpha, l, m   3 x BLOCK_M float32
     e.g. HEAD_DIM 576, HEAD_DIM_V 512, bfloat16: 108 KiB (BLOCK_M 1 or 2, BLOCK_N 32), 149 KiB
-    (BLOCK_M 8, BLOCK_N 32), 104 KiB (BLOCK_M 16, BLOCK_N 16); launch.py picks the tiles (and
+    (BLOCK_M 8, BLOCK_N 32), 104 KiB (BLOCK_M 16, BLOCK_N 16); the spec picks the tiles (and
     halves BLOCK_N, for a wide tile not below BLOCK_M, then BLOCK_M, while a configuration
     exceeds the device's shared memory, as float32 may).
 
@@ -128,7 +128,7 @@ from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk
 from ..instructions import convert, memory, sync
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
-THREADS = 256  # per CTA on a GPU (the simulator runs fewer: see launch.MLA_THREADS)
+THREADS = 256  # per CTA on a GPU (the simulator runs fewer: see LAUNCH_THREADS)
 MAX_HEAD_DIM = 576
 NSTAGES = 3  # cache tiles in the shared ring: two in flight while one is computed
 NARROW_ROWS = 2  # BLOCK_M up to this runs the narrow (key-split) variant
@@ -217,8 +217,8 @@ def layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS):
 @lru_cache(maxsize=None)
 def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
                            VEC=True):
-    """Python kernel function specialised for one configuration (compile with launch.compile);
-    ``VEC``: the cache is 16-byte aligned (``launch.mla_copies_16_bytes``)."""
+    """Python kernel function specialised for one configuration (``SPEC`` compiles it);
+    ``VEC``: the cache is 16-byte aligned (``copies_16_bytes``)."""
     lay = layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
     WARPS = THREADS // 32
     DP, VP, TPR = lay["DP"], lay["VP"], lay["TPR"]

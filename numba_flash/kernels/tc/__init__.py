@@ -1,1 +1,1 @@
-"""Tensor-core kernels (mma.sync through inline PTX, see ``ptx.py``)."""
+"""Tensor-core kernels (mma.sync and Hopper's wgmma through inline PTX, see ``kernels/ptx``)."""

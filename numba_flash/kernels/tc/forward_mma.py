@@ -29,7 +29,7 @@ Grid / block mapping
     packed in pairs, *are* the A fragment of the next product O += P V (kernels/ptx/mma.py
     explains why).
     These arrays stay in registers only because every loop that indexes them is unrolled
-    completely: the kernel is compiled with ``unroll_loops`` (``launch.mark_loops_for_unrolling``,
+    completely: the kernel is compiled with ``unroll_loops`` (``runtime.compiler.mark_loops_for_unrolling``,
     CUDA C++'s ``#pragma unroll``); NVVM's own budget stops at about 32 mma per loop nest.
 
 Memory pipeline
@@ -48,7 +48,7 @@ ldmatrix fall in 8 different 16-byte bank groups)
     DPAD is HEAD_DIM rounded up to 16 (the k-step of mma); the padding columns are zero-filled.
     e.g. HEAD_DIM 128, BLOCK_M 128, BLOCK_N 64: 34 KiB + 2 x 2 x 17 KiB = 102 KiB, two blocks
     per SM on a Hopper (228 KiB; the ~254 registers of 128 threads allow two as well). Where
-    two do not fit, launch.py takes 32 keys (68 KiB).
+    two do not fit, the spec takes 32 keys (68 KiB).
 
 Limits
     float16 / bfloat16 only (the tensor cores' inputs); HEAD_DIM a multiple of 8 up to 256; any
@@ -88,7 +88,7 @@ def shared_elements(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
-    """Python kernel function for one configuration (compile with launch.compile_kernel).
+    """Python kernel function for one configuration (``SPEC`` compiles it).
     Each of the NWARPS warps owns MT = BLOCK_M / (16 NWARPS) m16 tiles of query rows: with
     MT = 2 every K/V fragment loaded by ldmatrix feeds two mma instead of one."""
     assert FMT in ("float16", "bfloat16") and BLOCK_N % 16 == 0 and BLOCK_M % (16 * NWARPS) == 0
@@ -322,9 +322,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
 # ----------------------------------------------------------------------------- spec
 
 # (BLOCK_M, BLOCK_N, warps, register cap) by head dim, best first, from the tile sweep
-# bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/: tune_tc_forward.csv for the
-# warp counts, tune_tc_forward_d69e4f6.csv for 64 against 32 keys at D = 128); every entry compiles without spills for
-# sm_80 and sm_90 (the PTX test checks both). 4 warps of 32 query rows each (MT = 2), up to 255
+# bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/: tune_tc_forward.csv
+# for the warp counts, tune_tc_forward_d69e4f6.csv for 64 against 32 keys at D = 128); every
+# entry compiles without spills for sm_80 and sm_90 (the PTX test checks both). 4 warps of 32 query rows each (MT = 2), up to 255
 # registers: every K and V fragment from ldmatrix feeds two mma, and the per-tile costs (barrier,
 # copies, row reductions) are shared by twice the work; 8-warp blocks of 16 rows under a
 # 128-register cap ran 8-18% slower (D = 64: 272 vs 294 TFLOP/s, D = 128: 273 vs 323,

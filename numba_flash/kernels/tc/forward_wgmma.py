@@ -1,7 +1,7 @@
 """FlashAttention forward on Hopper's warpgroup tensor cores: ``wgmma.mma_async`` from pure Python.
 
 What it computes
-    The same function as ``forward.py`` (the ``mma.sync`` kernel; read it first: the online
+    The same function as ``forward_mma.py`` (the ``mma.sync`` kernel; read it first: the online
     softmax with lazy rescaling, the causal rules and the epilogue are the same), with both
     products issued as ``wgmma`` (ptx/wgmma.py): a warpgroup of 4 warps multiplies its 64 query rows
     by a whole K or V tile in one chain of asynchronous instructions that read the tiles straight
@@ -13,7 +13,7 @@ Grid / block mapping
     grid = (ceil(Sq / BLOCK_M), B * Hq), causal query tiles numbered from the last; block = NWG
     warpgroups (128 threads each), BLOCK_M = 64 NWG. Warpgroup ``wg`` owns query rows ``64 wg ..
     64 wg + 63`` of the tile; warp ``w`` (of the block) the 16 rows from ``16 w``, with the
-    C-fragment ownership of ``forward.py`` (lane: rows ``g`` and ``g + 8``, columns ``2 t, 2 t
+    C-fragment ownership of ``forward_mma.py`` (lane: rows ``g`` and ``g + 8``, columns ``2 t, 2 t
     + 1`` of every 8-column tile). Per thread, in registers:
 
         S / P     BLOCK_N / 2 floats       this thread's part of S_ij = Q_i K_j^T (64 x BLOCK_N)
@@ -42,7 +42,7 @@ and the epilogue)
 Limits
     float16 / bfloat16; HEAD_DIM a multiple of 8 up to 256 (DPAD / 2 + BLOCK_N / 2 accumulator
     registers per thread bound the tiles); any Sq, Sk; compute capability 9.0 (sm_90a: wgmma
-    exists on Hopper only; launch.py runs ``forward.py`` elsewhere).
+    exists on Hopper only; the tc backend runs ``forward_mma.py`` elsewhere).
 """
 
 from functools import lru_cache
@@ -73,7 +73,7 @@ def shared_elements(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
-    """Python kernel function for one configuration (compile with launch.compile_kernel, for
+    """Python kernel function for one configuration (``SPEC`` compiles it, for
     sm_90a)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
     THREADS = BLOCK_M // 64 * WARPGROUP
@@ -169,7 +169,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         desc_k = wgmma.descriptor(smem, base + K_OFF, 16, SBO)
         desc_v = wgmma.descriptor(smem, base + V_OFF, V_LBO, SBO)
 
-        # The shapes of forward.py with one m16 tile per warp (MT = 1).
+        # The shapes of forward_mma.py with one m16 tile per warp (MT = 1).
         m_i = cuda.local.array((1, 2), float32)
         l_i = cuda.local.array((1, 2), float32)
         m_tile = cuda.local.array((1, 2), float32)  # row maxima of the current S tile
@@ -206,7 +206,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             wgmma.wait(0)
             wgmma.fence_operands(S, S_REGS)
 
-            # Mask and online softmax, as in forward.py (one m16 tile of rows per warp).
+            # Mask and online softmax, as in forward_mma.py (one m16 tile of rows per warp).
             softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, scale_log2,
                          shfl_scratch, tid)
 
@@ -221,7 +221,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             wgmma.wait(0)
             wgmma.fence_operands(O_i, O_REGS)
 
-        # Epilogue, as in forward.py: O_i / l_i staged through the Q tile (its swizzle makes
+        # Epilogue, as in forward_mma.py: O_i / l_i staged through the Q tile (its swizzle makes
         # both the fragment writes and the 16-byte row reads conflict-free), lse_i.
         memory.cp_async_wait(0)  # Q's copy, where no key tile waited for it (causal, Sq > Sk)
         cuda.syncthreads()    # every warpgroup's wgmma reads of Q are behind us

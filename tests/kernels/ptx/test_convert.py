@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numba_flash import ptxcheck
+from numba_flash.runtime import ptxcheck
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import _ptx_kernels as K  # noqa: E402  (beside this file)

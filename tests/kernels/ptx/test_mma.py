@@ -18,7 +18,7 @@ import pytest
 from numba import cuda
 
 from helpers import SIMULATOR
-from numba_flash import ptxcheck
+from numba_flash.runtime import ptxcheck
 from numba_flash.kernels.ptx import model
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -139,22 +139,6 @@ def test_ptx_compiles_without_spills():
         assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (what, report["log"])
         assert report["stack"] == 0, (what, report["log"])
         assert 0 < report["registers"] <= 128, (what, report["registers"])
-
-
-def test_parse_ptxas_log():
-    # (ptxcheck's own test; it sits beside the PTX checks that depend on it)
-    log = ("ptxas info    : 0 bytes gmem\n"
-           "ptxas info    : Compiling entry function '_Z1kPf' for 'sm_90'\n"
-           "ptxas info    : Function properties for _Z1kPf\n"
-           "ptxas         .     24 bytes stack frame, 16 bytes spill stores, 8 bytes spill loads\n"
-           "ptxas info    : Used 255 registers, used 1 barriers, 24 bytes cumulative stack size\n"
-           "info    : Function properties for '_Z1kPf':\n"
-           "info    : used 255 registers, used 1 barriers, 24 stack, 3072 bytes smem, "
-           "708 bytes cmem[0], 24 bytes lmem\n")
-    r = ptxcheck.parse_ptxas_log(log)
-    assert (r["registers"], r["spill_stores"], r["spill_loads"], r["stack"]) == (255, 16, 8, 24)
-    assert (r["barriers"], r["smem"], r["lmem"]) == (1, 3072, 24)
-    assert list(r["functions"]) == ["_Z1kPf"]
 
 
 # ---- GPU only: real instructions against the emulations on random inputs ---------------------

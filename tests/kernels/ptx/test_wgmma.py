@@ -16,7 +16,7 @@ import pytest
 from numba import cuda
 
 from helpers import SIMULATOR
-from numba_flash import ptxcheck
+from numba_flash.runtime import ptxcheck
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import _wgmma_kernels as W  # noqa: E402  (beside this file)

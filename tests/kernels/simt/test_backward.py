@@ -63,18 +63,18 @@ def _check(grads, dout, q, k, v, causal, fmt, softmax_scale=None):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_backward_matches_reference(case):
+def test_backward_matches_reference(case, rng):
     B, Sq, Sk, Hq, Hk, D, causal, fmt = case
-    dout, q, k, v = _inputs(np.random.default_rng(), B, Sq, Sk, Hq, Hk, D, fmt)
+    dout, q, k, v = _inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt)
     buffers = dict(dq=nan_like(q), dk=nan_like(k), dv=nan_like(v))  # poisoned: all must be written
     grads = _backward(dout, q, k, v, causal, **buffers)
     assert all(g is buffers[n] for g, n in zip(grads, ("dq", "dk", "dv")))
     _check(grads, dout, q, k, v, causal, fmt)
 
 
-def test_backward_is_bitwise_deterministic():
+def test_backward_is_bitwise_deterministic(rng):
     B, Sq, Sk, Hq, Hk, D = (1, 9, 23, 2, 1, 16) if SIMULATOR else (2, 1000, 1200, 16, 2, 64)
-    dout, q, k, v = _inputs(np.random.default_rng(), B, Sq, Sk, Hq, Hk, D, "bfloat16")
+    dout, q, k, v = _inputs(rng, B, Sq, Sk, Hq, Hk, D, "bfloat16")
     first = [to_host(g) for g in _backward(dout, q, k, v, True)]
     second = [to_host(g) for g in _backward(dout, q, k, v, True)]
     for a, b in zip(first, second):
@@ -82,14 +82,13 @@ def test_backward_is_bitwise_deterministic():
 
 
 @pytest.mark.parametrize("sign", [1, -1])
-def test_large_logits_stay_finite(sign):
+def test_large_logits_stay_finite(sign, rng):
     """Scores around +-100, past float32's exp range: P must be recomputed as exp(S - lse), and
     at -100 (lse ~ -100) the zero-padded keys past Sk must be masked, not computed as
     exp(0 - lse) = inf (not causal: only the ragged-end mask hides them). The scores share one
     large offset, so the softmax is not saturated. float16 and the 3x rule: dq = dS K cancels
     that offset (rows of dS sum to 0), which no float32 kernel can match to the 1e-4 relative
     bound of float32 inputs."""
-    rng = np.random.default_rng()
     B, Sq, Sk, H, D = (1, 9, 13, 1, 16) if SIMULATOR else (1, 600, 700, 2, 64)
     dout, q, k, v = _inputs(rng, B, Sq, Sk, H, H, D, "float16")
     offset = rng.standard_normal(D)
@@ -100,18 +99,17 @@ def test_large_logits_stay_finite(sign):
     _check(grads, dout, q, k, v, False, "float16", softmax_scale=1.0)
 
 
-def test_rows_without_keys_get_zero_dq():
+def test_rows_without_keys_get_zero_dq(rng):
     """Causal with Sq > Sk: the first Sq - Sk queries see no key (lse = +inf)."""
     B, Sq, Sk, H, D = (1, 7, 3, 1, 8) if SIMULATOR else (1, 300, 100, 2, 64)
-    dout, q, k, v = _inputs(np.random.default_rng(), B, Sq, Sk, H, H, D, "float16")
+    dout, q, k, v = _inputs(rng, B, Sq, Sk, H, H, D, "float16")
     grads = _backward(dout, q, k, v, True)
     assert (to_host(grads[0])[:, :Sq - Sk].astype(np.float32) == 0).all()
     _check(grads, dout, q, k, v, True, "float16")
 
 
-def test_packed_qkv_views_need_no_copy():
+def test_packed_qkv_views_need_no_copy(rng):
     """q, k, v (and dout, out) as strided views: honoured as they are, gradients correct."""
-    rng = np.random.default_rng()
     B, S, H, D = (1, 6, 2, 16) if SIMULATOR else (2, 300, 4, 64)
     qkv = to_device(randn(rng, (B, S, 3, H, D), "float16"))
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -126,7 +124,7 @@ def test_every_specialization_compiles_without_spills():
     """The largest head dim of each tile class (most registers) for both tiled kernels, one
     without causal masks in 32-bit storage, one with them in bfloat16; the preprocess once.
     (A sweep of head dims 8..256, all formats, both architectures: 127..207 registers.)"""
-    configs = [(kernel, d, causal, fmt) for d in (64, 128, 256)
-               for kernel, causal, fmt in (("dkdv", False, "float32"), ("dq", True, "bfloat16"))]
-    configs.append(("preprocess", 256, False, "float16"))
-    assert_compiles_clean("numba_flash.launch:simt_backward_spec", configs)
+    for kernel, causal, fmt in (("DKDV", False, "float32"), ("DQ", True, "bfloat16")):
+        assert_compiles_clean(f"simt.backward:{kernel}",
+                              [((d, causal, fmt), None) for d in (64, 128, 256)])
+    assert_compiles_clean("simt.backward:PREPROCESS", [((256, False, "float16"), None)])

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from numba_flash import arrays, launch, ptxcheck
+from numba_flash.kernels.simt import combine
+from numba_flash.runtime import arrays, device, ptxcheck
 from helpers import DTYPES, nan_like, to_device, to_host
 
 
@@ -37,9 +38,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_combine_merges_pieces(case):
+def test_combine_merges_pieces(case, rng):
     pieces, s_q, h_q, dv, fmt = case
-    rng = np.random.default_rng()
     b = len(pieces)
     num_splits = np.concatenate([[0], np.cumsum(pieces)]).astype(np.int32)
     slots = int(num_splits[-1]) + 2  # the decode allocates b + num_sm_parts slots
@@ -52,11 +52,11 @@ def test_combine_merges_pieces(case):
     out = nan_like(np.zeros((b, s_q, h_q, dv), DTYPES[fmt]))
     lse = nan_like(np.zeros((b, h_q, s_q), np.float32))
 
-    kernel, tiles = launch.simt_mla_combine_kernel(dv, fmt)
-    args = [arrays.adapt(to_device(x), "x") for x in (o_acc, lse_acc, num_splits)]
-    args += [arrays.adapt(x, "out") for x in (out, lse)]
-    launch.launch(kernel, (b, launch.cdiv(s_q * h_q, tiles.BLOCK_M)), tiles.threads,
-                  arrays.stream_of(args[-1]), 0, *args)
+    problem = {name: arrays.adapt(to_device(x), name) for name, x in
+               (("o_acc", o_acc), ("lse_acc", lse_acc), ("num_splits", num_splits))}
+    problem.update(out=arrays.adapt(out, "out"), lse=arrays.adapt(lse, "lse"))
+    combine.SPEC.launch(combine.Config(dv, fmt), problem, arrays.stream_of(problem["lse"]),
+                        device.current())
 
     ro, rl = combine_ref(o_acc, lse_acc, num_splits, s_q, h_q)
     got_o, got_l = to_host(out).astype(np.float64), to_host(lse)
@@ -75,6 +75,7 @@ def test_combine_merges_pieces(case):
 def test_combine_kernel_compiles_without_spills():
     for fmt, cc in (("bfloat16", (9, 0)), ("float32", (8, 0))):
         ptx, rep = ptxcheck.compile_report_isolated(
-            "numba_flash.launch:simt_mla_combine_spec", cc=cc, args=(512, fmt))
+            "numba_flash.runtime.ptxcheck:spec_build", cc=cc,
+            args=("numba_flash.kernels.simt.combine", [512, fmt]))
         assert rep["spill_stores"] == 0 and rep["spill_loads"] == 0, rep["log"]
         assert "ld.local" not in ptx

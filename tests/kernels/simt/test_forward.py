@@ -33,20 +33,19 @@ CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_forward_matches_reference(case):
-    check_forward(np.random.default_rng(), *case, backend="simt")
+def test_forward_matches_reference(case, rng):
+    check_forward(rng, *case, backend="simt")
 
 
-def test_large_logits_stay_finite():
+def test_large_logits_stay_finite(rng):
     """Scores in the hundreds: without the running max, exp would overflow float32."""
     B, S, H, D = (1, 9, 1, 16) if SIMULATOR else (1, 600, 2, 64)
-    check_forward(np.random.default_rng(), B, S, S, H, H, D, True, "float32", backend="simt",
+    check_forward(rng, B, S, S, H, H, D, True, "float32", backend="simt",
                   scale=8.0, softmax_scale=1.0)
 
 
-def test_packed_qkv_views_need_no_copy():
+def test_packed_qkv_views_need_no_copy(rng):
     """q, k, v sliced out of one (B, S, 3, H, D) tensor: strided views, honoured as they are."""
-    rng = np.random.default_rng()
     B, S, H, D = (1, 6, 2, 16) if SIMULATOR else (2, 300, 4, 64)
     qkv = to_device(randn(rng, (B, S, 3, H, D), "float16"))
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -57,8 +56,7 @@ def test_packed_qkv_views_need_no_copy():
     assert_lse(lse, rl)
 
 
-def test_fully_masked_rows_give_zero_and_inf():
-    rng = np.random.default_rng()
+def test_fully_masked_rows_give_zero_and_inf(rng):
     B, Sq, Sk, H, D = (1, 6, 2, 1, 8) if SIMULATOR else (1, 300, 100, 2, 64)
     q, k, v = randn(rng, (B, Sq, H, D), "float16"), randn(rng, (B, Sk, H, D), "float16"), \
         randn(rng, (B, Sk, H, D), "float16")
@@ -69,8 +67,7 @@ def test_fully_masked_rows_give_zero_and_inf():
     assert np.isfinite(to_host(lse)[:, :, empty:]).all()
 
 
-def test_flash_attn_func_returns_out_or_out_and_lse():
-    rng = np.random.default_rng()
+def test_flash_attn_func_returns_out_or_out_and_lse(rng):
     q, k, v = (randn(rng, (1, 4, 1, 8), "float32") for _ in range(3))
     out = nf.flash_attn_func(to_device(q), to_device(k), to_device(v))
     out2, lse = nf.flash_attn_func(to_device(q), to_device(k), to_device(v), return_lse=True)
@@ -82,7 +79,6 @@ def test_every_specialization_compiles_without_spills():
     """The largest head dim of each tile class (most registers), causal or not, 16- and 32-bit
     storage; bfloat16 (which differs from float16 only in its conversions) and the smallest
     head dims once."""
-    configs = [("simt", d, causal, fmt) for d in (64, 128, 256) for causal in (False, True)
-               for fmt in ("float16", "float32")] + [("simt", 8, True, "bfloat16"),
-                                                     ("simt", 72, False, "bfloat16")]
-    assert_compiles_clean("numba_flash.launch:forward_spec", configs)
+    configs = [(d, causal, fmt) for d in (64, 128, 256) for causal in (False, True)
+               for fmt in ("float16", "float32")] + [(8, True, "bfloat16"), (72, False, "bfloat16")]
+    assert_compiles_clean("simt.forward", [(config, None) for config in configs])

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import numba_flash as nf
-from numba_flash import arrays, launch, ptxcheck, scheduler
 from numba_flash import reference as ref
+from numba_flash import scheduler
+from numba_flash.kernels.simt import mla_decode
+from numba_flash.runtime import arrays, device, ptxcheck
 from helpers import (DTYPES, SIMULATOR, assert_close_rule, assert_lse, nan_like, randn, to_device,
                      to_host)
 
@@ -39,7 +41,8 @@ def paged_cache(rng, seqlens, page, h_kv, d, fmt, spare_pages=3, spare_columns=2
 
 
 def mla_lowp(q, k_cache, block_table, seqlens, head_dim_v, causal):
-    """DESIGN.md's same-dtype plain attention, one sequence at a time (float64 out)."""
+    """The same-dtype plain attention of the tolerance rule in docs/design.md, one sequence at
+    a time (float64 out)."""
     b, s_q, h_q, _ = q.shape
     page = k_cache.shape[1]
     out = np.zeros((b, s_q, h_q, head_dim_v))
@@ -63,7 +66,7 @@ def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, sp
         wide = np.zeros(k_cache.shape[:3] + (d + 1,), k_cache.dtype)
         wide[..., 1:] = k_cache
         dk_cache = to_device(wide)[..., 1:]
-        assert not launch.mla_copies_16_bytes(arrays.adapt(dk_cache, "k_cache"))
+        assert not mla_decode.copies_16_bytes(arrays.adapt(dk_cache, "k_cache"))
     q = randn(rng, (len(seqlens), s_q, h_q, d), fmt)
     metadata, num_splits = nf.get_mla_metadata(to_device(seqlens), s_q * h_q // h_kv, h_kv,
                                                num_sms=num_sms)
@@ -121,15 +124,15 @@ CASES_UNALIGNED = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[1:])))
-def test_decode_matches_reference(case):
-    run_case(np.random.default_rng(), *case)
+def test_decode_matches_reference(case, rng):
+    run_case(rng, *case)
 
 
 @pytest.mark.parametrize("case", CASES_UNALIGNED, ids=lambda c: "-".join(map(str, c[1:])))
-def test_unaligned_cache_copies_elements(case):
+def test_unaligned_cache_copies_elements(case, rng):
     """A cache view whose rows are not 16-byte aligned: the API picks the element-copy kernel
     (VEC = False), which must give the same results as the 16-byte copies of the other tests."""
-    run_case(np.random.default_rng(), *case, unaligned=True)
+    run_case(rng, *case, unaligned=True)
 
 
 def test_copies_are_16_bytes_checks_pointer_and_strides():
@@ -137,7 +140,7 @@ def test_copies_are_16_bytes_checks_pointer_and_strides():
     wider = to_device(np.zeros((3, 4, 2, 28), DTYPES["bfloat16"]))
 
     def copies_16(x):
-        return launch.mla_copies_16_bytes(arrays.adapt(x, "k_cache"))
+        return mla_decode.copies_16_bytes(arrays.adapt(x, "k_cache"))
 
     assert copies_16(cache)
     assert copies_16(cache[..., 8:])  # pointer + 16 bytes, rows of 32
@@ -148,18 +151,15 @@ def test_copies_are_16_bytes_checks_pointer_and_strides():
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="a GPU runs these layouts in every case")
-@pytest.mark.parametrize("h_q, seqlens, splits",
-                         [(2, [45, 0, 250], True), (8, [45, 0, 100], None)])
-def test_gpu_thread_count_under_the_simulator(h_q, seqlens, splits, monkeypatch):
+@pytest.mark.parametrize("h_q, seqlens, splits, tiles",
+                         [(2, [45, 0, 250], True, (2, 32, 256)),
+                          (8, [45, 0, 100], None, (8, 32, 256))])
+def test_gpu_thread_count_under_the_simulator(h_q, seqlens, splits, tiles, rng):
     """The GPU's 256 threads (8 warps; wide: 32-wide d-lanes) rather than the simulator's 64, in
-    both variants."""
-    monkeypatch.setattr(launch, "MLA_THREADS", 256)
-    launch.simt_mla_decode_kernel.cache_clear()
-    try:
-        run_case(np.random.default_rng(), seqlens, 1, h_q, 1, 72, 64, 16, False, "float16", 8,
+    both variants (the tiles the table gives these rows, with 256 threads)."""
+    with mla_decode.SPEC.forcing(tiles):
+        run_case(rng, seqlens, 1, h_q, 1, 72, 64, 16, False, "float16", 8,
                  splits)
-    finally:
-        launch.simt_mla_decode_kernel.cache_clear()
 
 
 def test_metadata_is_the_plan_in_the_callers_library():
@@ -171,12 +171,12 @@ def test_metadata_is_the_plan_in_the_callers_library():
         assert to_host(got).dtype == np.int32
         np.testing.assert_array_equal(to_host(got), expected)
     default, _ = nf.get_mla_metadata(to_device(seqlens), 16, 1)  # the device's SM count
-    assert to_host(default).shape[0] == launch.device_limits()[0]
+    assert to_host(default).shape[0] == device.current().sms
 
 
 # ----------------------------------------------------------------------------- PTX (no simulator)
 
-# (q_rows, fmt, causal, cc): both variants and each tile tier of launch._MLA_BLOCK_N (narrow
+# (q_rows, fmt, causal, cc): both variants and each tile tier of mla_decode.BLOCK_N_BY_ROWS (narrow
 # BLOCK_M 1, 2; wide 8, 16) in the DeepSeek decode shapes (h_q 1, 16, 128) in bfloat16 on
 # sm_90, and at their most registers (float32, sm_80's ptxas) on sm_80.
 PTX_SPECS = [(1, "bfloat16", False, (9, 0)), (2, "bfloat16", True, (9, 0)),
@@ -189,10 +189,12 @@ A100_SHARED, H100_SHARED = 163 * 1024, 227 * 1024
 def test_decode_kernel_compiles_without_spills():
     def report(spec):
         q_rows, fmt, causal, cc = spec
-        limit = H100_SHARED if cc >= (9, 0) else A100_SHARED
+        gpu = {"cc": list(cc), "sms": 132,
+               "shared_per_block": H100_SHARED if cc >= (9, 0) else A100_SHARED}
         ptx, rep = ptxcheck.compile_report_isolated(
-            "numba_flash.launch:simt_mla_decode_spec", cc=cc,
-            args=(q_rows, 576, 512, causal, fmt, limit))
+            "numba_flash.runtime.ptxcheck:spec_build", cc=cc,
+            args=("numba_flash.kernels.simt.mla_decode",
+                  [q_rows, 576, 512, causal, fmt, True], None, gpu))
         return spec, ptx, rep
 
     with ThreadPoolExecutor(max_workers=3) as pool:

@@ -51,9 +51,9 @@ def _run(device_fn, words, *args):
 
 @pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_tile_loader_places_scaled_rows_and_zero_fills_past_the_end(fmt, transposed):
+def test_tile_loader_places_scaled_rows_and_zero_fills_past_the_end(fmt, transposed, rng):
     rows, head_dim, offset, row0, seqlen, b, h = 24, 16, 5, 8, 27, 1, 2
-    x = randn(np.random.default_rng(), (2, 40, 3, head_dim), fmt)
+    x = randn(rng, (2, 40, 3, head_dim), fmt)
     # Transposed: element (r, d) at d * (rows + 1) + r; row-major: at r * (head_dim + 1) + d.
     row_stride, col_stride = (1, rows + 1) if transposed else (head_dim + 1, 1)
     words = offset + rows * head_dim + max(rows, head_dim) + 2  # room for the padding columns

@@ -1,4 +1,4 @@
-"""What both tc forward kernels (forward.py, forward_wgmma.py) are tested on: (B, Sq, Sk, Hq, Hk,
+"""What both tc forward kernels (forward_mma.py, forward_wgmma.py) are tested on: (B, Sq, Sk, Hq, Hk,
 D, causal, fmt) cases and checks of the online softmax and the epilogue; test_forward.py and
 test_forward_wgmma.py run them with their kernel selected."""
 
@@ -27,31 +27,32 @@ CASES_GPU = [
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 
-def use_tc_family(request, monkeypatch, family):
-    """Make the tc backend run ``family``'s kernel ("mma" or "wgmma") whatever the device, for
-    one test: compiled kernels are dropped before and after it."""
-    from numba_flash import launch
+def planned_for_family(family):
+    """A ``device.plan_for`` block in which the tc backend runs ``family``'s kernel ("mma" or
+    "wgmma"): the real device (or the simulator's) with the compute capability that family
+    rule gives it; a Hopper runs the mma.sync kernel compiled for sm_80."""
+    import dataclasses
 
-    monkeypatch.setattr(launch, "tc_family", lambda cc: family)
-    launch.forward_kernel.cache_clear()
-    request.addfinalizer(launch.forward_kernel.cache_clear)
+    from numba_flash.runtime import device
+
+    cc = (9, 0) if family == "wgmma" else (8, 0)
+    return device.plan_for(dataclasses.replace(device.current(), cc=cc))
 
 
-def check_large_logits():
+def check_large_logits(rng):
     """Scores around 8x the usual scale: exp2 of the differences stays finite."""
     B, S, H, D = (1, 9, 1, 16) if SIMULATOR else (1, 600, 2, 64)
-    check_forward(np.random.default_rng(), B, S, S, H, H, D, True, "bfloat16", backend="tc",
+    check_forward(rng, B, S, S, H, H, D, True, "bfloat16", backend="tc",
                   scale=8.0, softmax_scale=1.0)
 
 
-def check_growing_row_maxima(causal):
+def check_growing_row_maxima(rng, causal):
     """Scores that rise from key tile to key tile by far more than the lazy-rescale threshold
     (2^8 in P): m_i must move, and O_i and l_i be rescaled, on every tile; and a last tile that
     falls back leaves them alone."""
     import numba_flash as nf
     from numba_flash import reference as ref
 
-    rng = np.random.default_rng()
     Sq, Sk, D = (5, 140, 16) if SIMULATOR else (300, 1000, 64)
     fmt = "float16"
     q = np.abs(randn(rng, (1, Sq, 1, D), fmt)) + DTYPES[fmt](1)
@@ -67,7 +68,7 @@ def check_growing_row_maxima(causal):
     assert_lse(lse, rl)
 
 
-def check_output_view_off_16_byte_alignment():
+def check_output_view_off_16_byte_alignment(rng):
     """The epilogue stores 16-byte chunks of output rows where the rows are 16-byte aligned
     (every other test) and each chunk as eight 16-bit stores where they are not: here an
     ``out=`` view starting 8 bytes into each row of a wider buffer. The columns outside the view
@@ -75,7 +76,6 @@ def check_output_view_off_16_byte_alignment():
     import numba_flash as nf
     from numba_flash import reference as ref
 
-    rng = np.random.default_rng()
     offset = 4
     B, S, H, D = (1, 6, 1, 16) if SIMULATOR else (2, 300, 4, 64)
     fmt = "float16"

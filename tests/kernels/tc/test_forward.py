@@ -1,59 +1,75 @@
-"""The mma.sync forward (kernels/tc/forward.py) against the float64 reference (simulator:
+"""The mma.sync forward (kernels/tc/forward_mma.py) against the float64 reference (simulator:
 emulated mma.sync, tiny shapes). The backend runs it on every GPU but a Hopper (which runs
 forward_wgmma.py, test_forward_wgmma.py); here it is selected everywhere."""
 
-import pathlib
-import sys
-
-import numpy as np
 import pytest
 
 from helpers import SIMULATOR, assert_compiles_clean, check_forward
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _forward_cases import (CASES, check_growing_row_maxima, check_large_logits,  # noqa: E402
-                            check_output_view_off_16_byte_alignment, use_tc_family)
+from numba_flash.kernels.tc import forward_mma
+from numba_flash.runtime.device import SHARED_RESERVED_PER_BLOCK, Device
+from kernels.tc._forward_cases import (CASES, check_growing_row_maxima, check_large_logits,
+                                       check_output_view_off_16_byte_alignment,
+                                       planned_for_family)
 
 
 @pytest.fixture(autouse=True)
-def mma_family(request, monkeypatch):
+def mma_family():
     """The tc backend with the mma.sync kernel, whatever the device."""
-    use_tc_family(request, monkeypatch, "mma")
+    with planned_for_family("mma"):
+        yield
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_forward_matches_reference(case):
-    check_forward(np.random.default_rng(), *case, backend="tc")
+def test_forward_matches_reference(case, rng):
+    check_forward(rng, *case, backend="tc")
 
 
-def test_large_logits_stay_finite():
-    check_large_logits()
+def test_large_logits_stay_finite(rng):
+    check_large_logits(rng)
 
 
 @pytest.mark.parametrize("causal", [True] if SIMULATOR else [False, True])
-def test_row_maxima_that_keep_growing_rescale_correctly(causal):
-    check_growing_row_maxima(causal)
+def test_row_maxima_that_keep_growing_rescale_correctly(causal, rng):
+    check_growing_row_maxima(rng, causal)
 
 
-def test_causal_query_tiles_of_a_head_in_any_order(monkeypatch):
+def test_causal_query_tiles_of_a_head_in_any_order(rng):
     """The causal grid runs a head's query tiles from the last one (the longest first). With
     tiles of 32 rows (2 warps of 16) the simulator sees three of them per head."""
-    from numba_flash import launch
-
-    monkeypatch.setattr(launch, "_TC_FWD_TILES", ((256, ((32, 16, 2, 0),)),))
-    check_forward(np.random.default_rng(), 1, 70, 75, 2, 1, 16, True, "float16", backend="tc")
+    with forward_mma.SPEC.forcing((32, 16, 2, 0)):
+        check_forward(rng, 1, 70, 75, 2, 1, 16, True, "float16", backend="tc")
 
 
-def test_output_view_with_rows_off_16_byte_alignment():
-    check_output_view_off_16_byte_alignment()
+def test_output_view_with_rows_off_16_byte_alignment(rng):
+    check_output_view_off_16_byte_alignment(rng)
 
 
 def test_every_specialization_compiles_to_mma_without_spills():
-    from numba_flash import launch
-
-    configs = [("tc", d, causal, fmt, tiles) for d, options in launch._TC_FWD_TILES
+    configs = [((d, causal, fmt), tiles) for d, options in forward_mma.TILES
                for tiles in options for causal in (False, True)
-               for fmt in ("float16", "bfloat16")] + [("tc", 8, True, "float16", None)]
-    assert_compiles_clean("numba_flash.launch:forward_spec", configs,
+               for fmt in ("float16", "bfloat16")] + [((8, True, "float16"), None)]
+    assert_compiles_clean("tc.forward_mma", configs,
                           must_contain=("mma.sync.aligned.m16n8k16", "ldmatrix", "cp.async",
                                         "st.global.v4.b32"))
+
+
+def test_takes_the_first_tiles_of_which_two_blocks_fit_an_sm():
+    """D = 128: 64-key blocks (102 KiB) where two fit (a Hopper's 228 KiB per SM), 32-key
+    blocks (68 KiB) on an A100 (164 KiB) or an sm_86 part (100 KiB); the first entry when the
+    device does not say."""
+    kib = 1024
+    spec, config = forward_mma.SPEC, forward_mma.SPEC.Config(128, False, "float16")
+
+    def pick(per_sm):
+        return spec.choose(config, Device(cc=(8, 0), sms=108, shared_per_block=227 * kib,
+                                          shared_per_sm=per_sm))
+
+    hopper, a100, sm86 = pick(228 * kib), pick(164 * kib), pick(100 * kib)
+    assert (hopper.BLOCK_M, hopper.BLOCK_N, hopper.threads) == (128, 64, 128)
+    assert hopper.shared_bytes == 2 * (128 + 4 * 64) * (128 + 8)
+    assert (a100.BLOCK_N, sm86.BLOCK_N) == (32, 32)
+    assert 2 * (a100.shared_bytes + SHARED_RESERVED_PER_BLOCK) <= 164 * kib
+    assert pick(None) == hopper
+    d64 = spec.choose(config._replace(head_dim=64),
+                      Device(cc=(8, 6), sms=84, shared_per_block=99 * kib, shared_per_sm=100 * kib))
+    assert (d64.BLOCK_M, d64.BLOCK_N, d64.threads) == (128, 64, 128)  # no other

@@ -6,13 +6,13 @@ import pytest
 from numba import cuda
 
 import numba_flash as nf
-from numba_flash import arrays
+from numba_flash.runtime import arrays
 from helpers import SIMULATOR, randn, to_device, to_host
 
 
 @pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float32"])
-def test_adapt_keeps_format_shape_and_strides(fmt):
-    x = to_device(randn(np.random.default_rng(), (2, 3, 4, 8), fmt))[:, 1:, ::2]
+def test_adapt_keeps_format_shape_and_strides(fmt, rng):
+    x = to_device(randn(rng, (2, 3, 4, 8), fmt))[:, 1:, ::2]
     t = arrays.adapt(x, "x")
     assert t.fmt == fmt and t.shape == (2, 2, 2, 8)
     assert t.strides == (3 * 4 * 8, 4 * 8, 2 * 8, 1)
@@ -20,7 +20,7 @@ def test_adapt_keeps_format_shape_and_strides(fmt):
 
 
 def test_records_carry_the_address_of_element_zero():
-    """launch.launch passes ``ptr`` and the element strides to kernels, so a strided view must
+    """launcher.launch passes ``ptr`` and the element strides to kernels, so a strided view must
     keep its own start address."""
     x = to_device(np.zeros((4, 6), np.float32))[1:, 2:]
     t = arrays.adapt(x, "x")
@@ -28,15 +28,14 @@ def test_records_carry_the_address_of_element_zero():
     assert t.ptr == iface["data"][0] and t.strides == (6, 1) and t.itemsize == 4
 
 
-def test_bfloat16_bits_are_shared_not_copied():
-    x = to_device(randn(np.random.default_rng(), (1, 2, 1, 8), "bfloat16"))
+def test_bfloat16_bits_are_shared_not_copied(rng):
+    x = to_device(randn(rng, (1, 2, 1, 8), "bfloat16"))
     t = arrays.adapt(x, "x")
     host_bits = to_host(x).view(np.uint16)
     assert np.array_equal(to_host(t.view), host_bits)
 
 
-def test_numba_device_arrays_in_give_numba_arrays_out():
-    rng = np.random.default_rng()
+def test_numba_device_arrays_in_give_numba_arrays_out(rng):
     q, k, v = (cuda.to_device(randn(rng, (1, 4, 1, 8), "float32")) for _ in range(3))
     out, lse = nf.flash_attn_fwd(q, k, v)
     assert getattr(out, "__cuda_ndarray__", False) and getattr(lse, "__cuda_ndarray__", False)

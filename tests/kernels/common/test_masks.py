@@ -1,0 +1,48 @@
+"""kernels/common/masks.py against the bottom-right causal rule written out in NumPy: where a query
+tile's keys end, and which key tiles need a mask at all."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from numba_flash.kernels.common.masks import make_kv_end, make_needs_mask
+
+BLOCK_M, BLOCK_N = 16, 8
+
+
+def make_probe(causal):
+    kv_end, needs_mask = make_kv_end(BLOCK_M, causal), make_needs_mask(BLOCK_N, causal)
+
+    @cuda.jit
+    def probe(seqlen_q, seqlen_k, ends, masks):
+        """ends[t] = kv_end of query tile t; masks[t, j] = needs_mask of key tile j under it."""
+        t, j = cuda.blockIdx.x, cuda.threadIdx.x
+        diag = seqlen_k - seqlen_q
+        m0 = t * BLOCK_M
+        if j == 0:
+            ends[t] = kv_end(m0, diag, seqlen_k)
+        masks[t, j] = needs_mask(j * BLOCK_N, m0, diag, seqlen_k)
+
+    return probe
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(40, 40), (17, 45), (45, 17), (1, 30)])
+def test_tile_limits_follow_the_bottom_right_mask(causal, seqlen_q, seqlen_k):
+    q_tiles, k_tiles = -(-seqlen_q // BLOCK_M), -(-seqlen_k // BLOCK_N)
+    ends = np.full(q_tiles, -1, np.int64)
+    masks = np.full((q_tiles, k_tiles), 7, np.int64)
+    make_probe(causal)[q_tiles, k_tiles](seqlen_q, seqlen_k, ends, masks)
+
+    rows, cols = np.arange(q_tiles * BLOCK_M)[:, None], np.arange(k_tiles * BLOCK_N)[None, :]
+    visible = (cols < seqlen_k) & ((cols <= rows + seqlen_k - seqlen_q) if causal else True)
+    for t in range(q_tiles):
+        tile = visible[t * BLOCK_M:(t + 1) * BLOCK_M]
+        seen = np.flatnonzero(tile.any(axis=0))
+        # every visible key lies before kv_end, and kv_end never passes the keys
+        assert ends[t] <= seqlen_k and (seen.size == 0 or seen[-1] < ends[t])
+        for j in range(k_tiles):
+            block = tile[:, j * BLOCK_N:(j + 1) * BLOCK_N]
+            if not masks[t, j]:  # unmasked tiles must be fully visible to the tile's rows
+                assert block.all(), (t, j)
+            assert masks[t, j] in (0, 1)
