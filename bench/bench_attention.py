@@ -24,7 +24,7 @@ Providers (a missing or failing one is left out, with a note):
 Backward timings cover only the backward: the forward (and for SDPA the autograd graph, kept
 with retain_graph) is computed once outside the timed call. TFLOP/s count 2.5x the forward's
 FLOPs. Results: attention_<mode>.csv and attention_<mode>_<dtype>.png (TFLOP/s against N, one
-panel per mode / head dim / causal, one line per provider) in bench/results/<date>-<gpu>/.
+panel per mode / head dim / causal, one line per provider) in bench/results/<gpu>/.
 """
 
 import argparse

@@ -19,7 +19,7 @@ Columns: TB/s = the fewest bytes a decode must move (q, the cache, out once each
 common.mla_decode_bytes) over the time; TFLOP/s (common.mla_decode_flops); vs_copy = TB/s over
 the device-to-device copy bandwidth measured in the same run (a large torch copy, bytes read +
 written). Results: mla_decode.csv and mla_decode.png (TB/s against seqlen, one panel per
-(s_q, h_q), one line per provider, the copy bandwidth dashed) in bench/results/<date>-<gpu>/.
+(s_q, h_q), one line per provider, the copy bandwidth dashed) in bench/results/<gpu>/.
 """
 
 import argparse

@@ -2,7 +2,7 @@
 
 Method (DESIGN.md): every provider is checked for correctness first, then timed with CUDA events
 after a warm-up, taking the median of many runs, on inputs larger than the L2 cache. Results go to
-``bench/results/<date>-<gpu>/`` with the date, GPU, commit and command recorded beside the CSV.
+``bench/results/<gpu>/`` with the date, GPU, commit and command recorded beside the CSV.
 """
 
 import csv
@@ -92,9 +92,11 @@ def git_commit():
 
 
 def results_dir(out_dir=None):
-    """``bench/results/<date>-<gpu>/`` (created), or ``out_dir`` when given."""
+    """``bench/results/<gpu>/`` (``gpu_name()``, e.g. ``NVIDIA-H200``; created), or ``out_dir``
+    when given. One folder per GPU: a new run replaces the file of the same name there, and the
+    CSV header records its date, commit and command."""
     if out_dir is None:
-        out_dir = RESULTS / f"{datetime.date.today().isoformat()}-{gpu_name()}"
+        out_dir = RESULTS / gpu_name()
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     return out_dir

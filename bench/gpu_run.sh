@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU test run and the benchmarks in one call on a GPU machine, each stage under its own time
 # limit, logs in $OUT/log.txt and CSV/PNG files in $OUT/<stage>/ (default OUT:
-# bench/results/<date>-gpu). The CSVs are rewritten after every measured point, so a stage cut
-# short by its limit still leaves what it measured.
+# $TMPDIR/numba_flash-gpu-run; what the READMEs quote is copied into bench/results/<gpu>/). The
+# CSVs are rewritten after every measured point, so a stage cut short by its limit still leaves
+# what it measured.
 #
 #   bench/gpu_run.sh tests fwd bwd mla io            # stages, in the order given
 #   LIMIT_BWD=300 bench/gpu_run.sh bwd               # a longer limit for one stage
@@ -13,7 +14,7 @@
 # sweep (tc tiles), profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-bench/results/$(date +%F)-gpu}
+OUT=${OUT:-${TMPDIR:-/tmp}/numba_flash-gpu-run}
 mkdir -p "$OUT"
 L=$OUT/log.txt
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -13,7 +13,7 @@ microseconds of Python per call decide what a user measures. Three times per pro
     bench    what bench_mla.py reports (triton.testing.do_bench median; it flushes L2 between
              calls, so the GPU waits for the host whenever host > the flush)
 
-Results: host_overhead.csv in bench/results/<date>-<gpu>/ and a table on stdout.
+Results: host_overhead.csv in bench/results/<gpu>/ and a table on stdout.
 """
 
 import argparse

@@ -21,7 +21,7 @@ mean of measured / model over the points) to the measurements: naive c (N d + N^
 c N^2 d^2 / M with M the flash kernel's shared memory in float32 words.
 
 Without ncu on PATH (or --ncu) the script says so and exits with status 0.
-Results: io_bytes.csv and io_bytes.png in bench/results/<date>-<gpu>/.
+Results: io_bytes.csv and io_bytes.png in bench/results/<gpu>/.
 """
 
 import argparse

@@ -16,7 +16,7 @@ def test_attention_flops(bench_module):
 
 def test_mla_decode_formulas(bench_module):
     common = bench_module("common")
-    # DESIGN.md: b=128, s_q=1, h_q=128, d=576, dv=512, seqlen 4096.
+    # docs/design.md: b=128, s_q=1, h_q=128, d=576, dv=512, seqlen 4096.
     assert common.mla_decode_flops(128, 1, 128, 576, 512, 4096) == 128 * 128 * (2 * 576 + 2 * 512) * 4096
     by_hand = 128 * (1 * 128 * 576 + 4096 * 1 * 576 + 1 * 128 * 512) * 2
     assert common.mla_decode_bytes(128, 1, 128, 1, 576, 512, 4096) == by_hand
@@ -39,10 +39,16 @@ def test_csv_round_trip_keeps_header_and_all_columns(bench_module, tmp_path, mon
     assert float(back[0]["ms"]) == 1.5 and math.isnan(float(back[1]["ms"]))
 
 
-def test_results_dir(bench_module, tmp_path):
+def test_results_dir(bench_module, tmp_path, monkeypatch):
     common = bench_module("common")
     assert common.results_dir(tmp_path / "x" / "y") == tmp_path / "x" / "y"
     assert (tmp_path / "x" / "y").is_dir()
+    # By default one folder per GPU, named by gpu_name() alone (no date): bench/results/<gpu>/.
+    assert (common.RESULTS.parent.name, common.RESULTS.name) == ("bench", "results")
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(common, "gpu_name", lambda: "NVIDIA-H200")
+    assert common.results_dir() == tmp_path / "results" / "NVIDIA-H200"
+    assert (tmp_path / "results" / "NVIDIA-H200").is_dir()
 
 
 def test_format_table(bench_module):

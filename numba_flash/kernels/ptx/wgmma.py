@@ -3,7 +3,7 @@ as inline PTX.
 
 Why a second instruction set. ``mma.sync`` (``mma.py``) is the Ampere tensor-core instruction:
 a warp multiplies 16x8x16 tiles and both operands pass through its registers. On a Hopper that
-cannot keep the tensor cores fed: tc/forward.py, shaped like FlashAttention-2, stopped at FA2's
+cannot keep the tensor cores fed: tc/forward_mma.py, shaped like FlashAttention-2, stopped at FA2's
 own ~340 TFLOP/s on an H200, where tc/forward_wgmma.py, built on this module, reaches ~450.
 ``wgmma.mma_async`` is the Hopper one: the four warps of a *warpgroup* (128 consecutive threads,
 the first warp's index a multiple of 4) compute ``D[64 x N] (+)= A[64 x 16] B[16 x N]`` for N up

@@ -199,9 +199,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 
 # ----------------------------------------------------------------------------- spec
 
-# (BLOCK_M, BLOCK_N) by head dim, set by hand; the grid they run
-# is the nf-simt column of bench/results/2026-11-29-NVIDIA-H200/attention_fwd_37e5ad0.csv. Larger head dims trade
-# BLOCK_N (shared memory, S registers) for the O_i micro-tile, which grows as HEAD_DIM / 8.
+# (BLOCK_M, BLOCK_N) by head dim, set by hand; the grid they run is the nf-simt column of
+# bench/results/NVIDIA-H200/attention_fwd_37e5ad0.csv. Larger head dims trade BLOCK_N (shared
+# memory, S registers) for the O_i micro-tile, which grows as HEAD_DIM / 8.
 TILES = ((64, (64, 64)), (128, (64, 32)), (256, (32, 32)))
 
 

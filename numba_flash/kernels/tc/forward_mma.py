@@ -120,6 +120,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     # ROWS_PER_PASS``, so all index arithmetic but the row offset is done once, outside the loop.
     CHUNK_SLOTS = 1 << (CHUNKS - 1).bit_length()     # CHUNKS rounded up to a power of two
     ROWS_PER_PASS = THREADS // CHUNK_SLOTS
+    TID_MASK = (1 << (THREADS - 1).bit_length()) - 1  # all bits of any tid (THREADS: 32 NWARPS)
     ROW_CHUNKS = HEAD_DIM // 8                        # 16-byte chunks of an output row
     OUT_CHUNKS = 16 * MT * ROW_CHUNKS                 # ... of a warp's output rows
     ALIGN_MASK = uint64(15)
@@ -162,7 +163,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         g = lane >> 2
         t2 = (lane & 3) * 2
         # Masked, tid's range is known to the compiler: tests on the copy slot fold away.
-        copy_r0 = (tid & (THREADS - 1)) // CHUNK_SLOTS
+        copy_r0 = (tid & TID_MASK) // CHUNK_SLOTS
         copy_c = (tid & (CHUNK_SLOTS - 1)) * 8
         a_row, a_col = mma_sync.ldmatrix_a_rowcol(lane)
         b_row, b_col = mma_sync.ldmatrix_b_rowcol(lane)
@@ -322,7 +323,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
 # ----------------------------------------------------------------------------- spec
 
 # (BLOCK_M, BLOCK_N, warps, register cap) by head dim, best first, from the tile sweep
-# bench/tune_tc_forward.py on an H200 (bench/results/2026-11-29-NVIDIA-H200/: tune_tc_forward.csv
+# bench/tune_tc_forward.py on an H200 (bench/results/NVIDIA-H200/: tune_tc_forward.csv
 # for the warp counts, tune_tc_forward_d69e4f6.csv for 64 against 32 keys at D = 128); every
 # entry compiles without spills for sm_80 and sm_90 (the PTX test checks both). 4 warps of 32 query rows each (MT = 2), up to 255
 # registers: every K and V fragment from ldmatrix feeds two mma, and the per-tile costs (barrier,

@@ -266,7 +266,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 
 # (BLOCK_M, BLOCK_N, warps, register cap) by head dim, non-causal and causal: BLOCK_M = 64 per
 # warpgroup, warps = BLOCK_M / 16. Measured by bench/tune_tc_forward.py --family wgmma on an H200
-# (bench/results/2026-11-30-NVIDIA-H200/: tune_tc_wgmma.csv for D = 128, runs r1 and r3 of
+# (bench/results/NVIDIA-H200/: tune_tc_wgmma.csv for D = 128, runs r1 and r3 of
 # tune_tc_wgmma_1867622.csv for D = 64; TFLOP/s fp16 at N = 1k / 4k / 16k):
 #   D = 128: 128 x 128 (161 KiB, one block per SM): 392 / 428 / 437 non-causal, 313 / 398 / 443
 #            causal; 192 x 64 and 128 x 64 were 3-20% slower;

@@ -46,3 +46,16 @@ def test_tile_limits_follow_the_bottom_right_mask(causal, seqlen_q, seqlen_k):
             if not masks[t, j]:  # unmasked tiles must be fully visible to the tile's rows
                 assert block.all(), (t, j)
             assert masks[t, j] in (0, 1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(40, 50), (50, 20)])
+def test_kv_end_is_one_past_the_last_key_the_tile_sees(causal, seqlen_q, seqlen_k):
+    q_tiles = -(-seqlen_q // BLOCK_M)
+    ends = np.full(q_tiles, -1, np.int64)
+    make_probe(causal)[q_tiles, 1](seqlen_q, seqlen_k, ends, np.zeros((q_tiles, 1), np.int64))
+    diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+    for t, m0 in enumerate(range(0, seqlen_q, BLOCK_M)):
+        seen = [j for r in range(m0, m0 + BLOCK_M) for j in range(seqlen_k)
+                if not causal or j <= r + diag]
+        assert max(ends[t], 0) == (max(seen) + 1 if seen else 0), m0  # <= 0: no key tile

@@ -3,7 +3,6 @@ round-to-nearest-even, unpacked back, and ex2.approx.ftz; on the simulator (the 
 GPU (the instructions), and their PTX compiled in a child process."""
 
 import pathlib
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -12,8 +11,7 @@ from numba import cuda
 
 from numba_flash.runtime import ptxcheck
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import _ptx_kernels as K  # noqa: E402  (beside this file)
+from kernels.ptx import _ptx_kernels as K
 
 
 def _rne_cases(rng):

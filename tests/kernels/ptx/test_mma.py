@@ -11,7 +11,6 @@ report.
 
 import functools
 import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -21,9 +20,8 @@ from helpers import SIMULATOR
 from numba_flash.runtime import ptxcheck
 from numba_flash.kernels.ptx import model
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import _ptx_kernels as K  # noqa: E402  (beside this file)
-from _fragments import (FMTS, NP, assert_f32_product, frag_a, frag_b, frag_c,  # noqa: E402
+from kernels.ptx import _ptx_kernels as K
+from kernels.ptx._fragments import (FMTS, NP, assert_f32_product, frag_a, frag_b, frag_c,
                         from_bits, pair, to_bits, unfrag_c)
 
 

@@ -9,7 +9,6 @@ and no serialization warning.
 
 import functools
 import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -18,9 +17,8 @@ from numba import cuda
 from helpers import SIMULATOR
 from numba_flash.runtime import ptxcheck
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import _wgmma_kernels as W  # noqa: E402  (beside this file)
-from _fragments import FMTS, assert_f32_product, frag_a, from_bits, to_bits  # noqa: E402
+from kernels.ptx import _wgmma_kernels as W
+from kernels.ptx._fragments import FMTS, assert_f32_product, frag_a, from_bits, to_bits
 
 
 def hopper():

@@ -68,22 +68,3 @@ def test_tile_loader_places_scaled_rows_and_zero_fills_past_the_end(fmt, transpo
             value = x[b, row0 + r, h, d].astype(np.float32) * scale if row0 + r < seqlen else 0
             want[offset + r * row_stride + d * col_stride] = value
     np.testing.assert_array_equal(got, want)  # padding words keep their NaN
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(40, 50), (50, 20)])
-def test_kv_end_is_one_past_the_last_key_the_tile_sees(causal, seqlen_q, seqlen_k):
-    block_m = 16
-    kv_end = tiles.make_kv_end(block_m, causal)
-
-    @cuda.jit(device=True, inline="always")
-    def store_kv_end(smem, m0, diag, seqlen_k, tid):
-        if tid == 0:
-            smem[0] = kv_end(m0, diag, seqlen_k)
-
-    diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
-    for m0 in range(0, seqlen_q, block_m):
-        seen = [j for r in range(m0, m0 + block_m) for j in range(seqlen_k)
-                if not causal or j <= r + diag]
-        got = _run(store_kv_end, 1, m0, diag, seqlen_k)[0]
-        assert max(got, 0) == (max(seen) + 1 if seen else 0), m0  # <= 0: no key tile at all

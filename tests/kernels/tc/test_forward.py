@@ -40,6 +40,13 @@ def test_causal_query_tiles_of_a_head_in_any_order(rng):
         check_forward(rng, 1, 70, 75, 2, 1, 16, True, "float16", backend="tc")
 
 
+def test_three_warps_copy_every_row(rng):
+    """A block of 3 warps (96 threads, no power of two): every thread's copy slot must be its
+    own, so that all 48 query rows and every key row arrive."""
+    with forward_mma.SPEC.forcing((48, 16, 3, 0)):
+        check_forward(rng, 1, 50, 37, 1, 1, 16, True, "bfloat16", backend="tc")
+
+
 def test_output_view_with_rows_off_16_byte_alignment(rng):
     check_output_view_off_16_byte_alignment(rng)
 
