@@ -17,6 +17,7 @@ from .kernels.simt import backward as simt_backward
 from .kernels.simt import combine as simt_combine
 from .kernels.simt import forward as simt_forward
 from .kernels.simt import mla_decode as simt_mla_decode
+from .kernels.tc import backward_mma as tc_backward_mma
 from .kernels.tc import forward_mma as tc_forward_mma
 from .kernels.tc import forward_wgmma as tc_forward_wgmma
 from .runtime import arrays, device
@@ -141,6 +142,21 @@ def _forward_spec(backend, dev):
     return TC_FORWARD[tc_family(dev.cc)] if backend == "tc" else simt_forward.SPEC
 
 
+def _backward_specs(backend):
+    """The dK/dV and dQ kernels of ``backend`` (after the shared D_i preprocess)."""
+    if backend == "tc":
+        return tc_backward_mma.DKDV, tc_backward_mma.DQ
+    return simt_backward.DKDV, simt_backward.DQ
+
+
+def _copies_16_bytes(*tensors):
+    """Whether every tensor's data pointer and strides are multiples of 16 bytes (the rows of
+    the tc kernels' 16-byte cp.async copies; a head dim that is a multiple of 8 makes whole
+    rows of 16-bit elements a multiple of 16 bytes)."""
+    return all(t.ptr % 16 == 0 and all(s * t.itemsize % 16 == 0 for s in t.strides[:-1])
+               for t in tensors)
+
+
 # ----------------------------------------------------------------------------- attention
 
 def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", out=None, stream=None):
@@ -169,14 +185,13 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     ``out`` and ``lse`` are what ``flash_attn_fwd`` returned for the same q, k, v, causal and
     softmax_scale: dout and out shaped like q, lse (B, Hq, Sq) float32. dq is shaped like q, dk
     and dv like k (a kv head sums the gradients of its group's query heads), all in q's dtype;
-    ``dq=``, ``dk=``, ``dv=`` take caller buffers. Bitwise deterministic (no atomics). The
-    backward runs on CUDA cores (``simt``) for every backend choice but an explicit ``tc``.
+    ``dq=``, ``dk=``, ``dv=`` take caller buffers. Bitwise deterministic (no atomics).
+    ``auto`` runs the tensor-core kernels for 16-bit inputs on compute capability >= 8.0 whose
+    q, k, v and dout are 16-byte aligned views, else the CUDA-core ones; an explicit ``tc``
+    refuses unaligned views.
     """
     dev = device.current()
-    q, k, v, scale, _ = _check_attention(q, k, v, causal, softmax_scale, backend, dev)
-    if backend == "tc":
-        raise ValueError("backend: the backward has no tensor-core ('tc') kernels; "
-                         "use 'simt' or 'auto'")
+    q, k, v, scale, chosen = _check_attention(q, k, v, causal, softmax_scale, backend, dev)
     dout, out = _tensor(dout, "dout", 4), _tensor(out, "out", 4)
     for t in (dout, out):
         if t.shape != q.shape:
@@ -187,6 +202,12 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     if lse.shape != (b, hq, sq) or lse.fmt != "float32":
         raise ValueError(f"lse: expected shape {(b, hq, sq)} of float32, "
                          f"got {lse.shape} of {lse.fmt}")
+    if chosen == "tc" and not _copies_16_bytes(q, k, v, dout):
+        if backend == "tc":
+            raise ValueError("backend: the 'tc' backward copies q, k, v and dout in 16-byte "
+                             "chunks: their data pointers and strides must be multiples of 16 "
+                             "bytes (use 'simt' or 'auto' for other views)")
+        chosen = "simt"  # auto: the CUDA-core kernels read any view
     dq = _out_buffer(dq, q, q.shape, q.fmt, "dq")
     dk = _out_buffer(dk, q, k.shape, q.fmt, "dk")
     dv = _out_buffer(dv, q, k.shape, q.fmt, "dv")
@@ -196,8 +217,8 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
                    scale=scale)
     config = simt_backward.DKDV.Config(d, bool(causal), q.fmt)
     simt_backward.PREPROCESS.launch(config._replace(causal=False), problem, stream, dev)
-    simt_backward.DKDV.launch(config, problem, stream, dev)
-    simt_backward.DQ.launch(config, problem, stream, dev)
+    for spec in _backward_specs(chosen):
+        spec.launch(config, problem, stream, dev)
     return dq.obj, dk.obj, dv.obj
 
 

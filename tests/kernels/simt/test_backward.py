@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import numba_flash as nf
-from numba_flash import reference as ref
-from helpers import (SIMULATOR, assert_close_rule, assert_compiles_clean, nan_like, randn,
-                     to_device, to_host)
+from helpers import SIMULATOR, assert_compiles_clean, nan_like, randn, to_device, to_host
+from kernels._backward_cases import check_gradients as _check
+from kernels._backward_cases import inputs as _inputs
 
 # (B, Sq, Sk, Hq, Hk, D, causal, fmt): odd lengths, Sq != Sk both ways, GQA/MQA, head dims 8..256.
 # dK/dV tiles (BLOCK_M, BLOCK_N) are (32, 64) up to D = 64, (32, 32) up to 128, (32, 16) above;
@@ -39,12 +39,6 @@ CASES_GPU = [
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 
-def _inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt, scale=1.0):
-    """Fresh host q, k, v, dout."""
-    shapes = ((B, Sq, Hq, D), (B, Sq, Hq, D), (B, Sk, Hk, D), (B, Sk, Hk, D))
-    return [randn(rng, s, fmt, scale) for s in shapes]
-
-
 def _backward(dout, q, k, v, causal, softmax_scale=None, **buffers):
     """Forward then backward through the library; returns dq, dk, dv."""
     dev = [to_device(x) for x in (dout, q, k, v)]
@@ -52,14 +46,6 @@ def _backward(dout, q, k, v, causal, softmax_scale=None, **buffers):
                                  backend="simt")
     return nf.flash_attn_bwd(*dev, out, lse, causal=causal, softmax_scale=softmax_scale,
                              backend="simt", **buffers)
-
-
-def _check(grads, dout, q, k, v, causal, fmt, softmax_scale=None):
-    want = ref.attention_bwd_ref(dout, q, k, v, causal, softmax_scale)
-    lowp = ref.attention_bwd_lowp(dout, q, k, v, causal, softmax_scale)
-    for name, got, w, lp, like in zip(("dq", "dk", "dv"), grads, want, lowp, (q, k, v)):
-        assert to_host(got).shape == like.shape and to_host(got).dtype == like.dtype, name
-        assert_close_rule(got, w, lp, fmt, factor=3.0, what=name)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))

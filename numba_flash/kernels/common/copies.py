@@ -1,0 +1,46 @@
+"""Tiles of rows global -> shared with 16-byte ``cp.async``, zero-filled past the sequence end.
+
+A tile is NROWS rows of one head of a (B, S, H, D) tensor, each row ``DPAD`` 16-bit elements
+(HEAD_DIM rounded up to the mma k-step; the padding columns are zero-filled) at ``STRIDE``
+elements apart in shared memory. A row is ``CHUNKS = DPAD / 8`` chunks of 16 bytes; thread
+``tid`` always copies chunk column ``tid % CHUNK_SLOTS`` (CHUNKS rounded up to a power of two)
+of rows ``tid // CHUNK_SLOTS + pass * ROWS_PER_PASS``, so all index arithmetic but the row
+offset is done once per kernel (``copy_slot``). An invalid chunk reads from row 0 of its own
+column with the zero-fill size, so no address outside the tensor is formed.
+
+Every 16-byte copy needs a 16-byte aligned global address: rows and the data pointer must be
+multiples of 16 bytes, which the host checks before it launches a kernel built on this.
+"""
+
+from numba import cuda
+
+from ..instructions import memory
+
+
+def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
+    """``(copy_slot, copy_rows)``: ``copy_slot(tid) -> (r0, c)``, the thread's first row and its
+    chunk's first column; ``copy_rows(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c)``
+    issues the thread's copies of rows ``row0 .. row0 + NROWS - 1`` of ``src[b, :, head, :]``
+    into ``smem[offset + r * STRIDE + col]`` (rows past ``seqlen`` and padding columns: zeros)."""
+    CHUNKS = DPAD // 8
+    CHUNK_SLOTS = 1 << (CHUNKS - 1).bit_length()
+    ROWS_PER_PASS = THREADS // CHUNK_SLOTS
+    TID_MASK = (1 << (THREADS - 1).bit_length()) - 1  # all bits of any tid
+    copy16 = memory.cp_async_16_zfill
+
+    @cuda.jit(device=True, inline="always")
+    def copy_slot(tid):
+        return (tid & TID_MASK) // CHUNK_SLOTS, (tid & (CHUNK_SLOTS - 1)) * 8
+
+    @cuda.jit(device=True, inline="always")
+    def copy_rows(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c):
+        if CHUNKS == CHUNK_SLOTS or c < DPAD:  # the thread's chunk slot lies in the row
+            col = c if c < HEAD_DIM else 0
+            for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
+                r = r0 + i * ROWS_PER_PASS
+                if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
+                    valid = row0 + r < seqlen
+                    copy16(smem, offset + r * STRIDE + c, src,
+                           (b, row0 + r if valid else 0, head, col), valid and c < HEAD_DIM)
+
+    return copy_slot, copy_rows

@@ -1,0 +1,134 @@
+"""The mma.sync backward (kernels/tc/backward_mma.py: dK/dV and dQ on tensor cores) against the
+float64 reference with the 3x rule. Simulator: emulated mma.sync, tiny shapes and small tiles
+forced through the specs so that both kernels cross tiles (and the dK/dV kernel splits the head
+dim between warps once); GPU: the tile tables at real sizes. The PTX check compiles every table
+entry for sm_80 and sm_90."""
+
+import numpy as np
+import pytest
+
+import numba_flash as nf
+from helpers import SIMULATOR, assert_compiles_clean, nan_like, to_device, to_host
+from kernels._backward_cases import check_gradients, inputs
+from numba_flash.kernels.tc import backward_mma
+
+# (B, Sq, Sk, Hq, Hk, D, causal, fmt): odd lengths, Sq != Sk both ways, GQA/MQA, head dims 8..256.
+CASES_SIM = [
+    (1, 5, 7, 2, 1, 16, False, "float16"),
+    (1, 37, 45, 2, 1, 24, True, "bfloat16"),    # 3 query x 2 key tiles, padded head dim
+    (1, 40, 5, 1, 1, 32, True, "float16"),      # Sq > Sk: rows 0..34 see no key
+    (1, 3, 11, 4, 1, 40, False, "bfloat16"),    # MQA: one kv head sums four query heads
+    (1, 20, 33, 1, 1, 8, True, "float16"),
+]
+CASES_GPU = [
+    (2, 1000, 1000, 8, 2, 64, False, "float16"),
+    (2, 1000, 1000, 8, 2, 64, True, "bfloat16"),
+    (1, 777, 1531, 4, 4, 128, True, "float16"),
+    (1, 1531, 777, 4, 1, 128, True, "bfloat16"),
+    (3, 257, 513, 6, 3, 72, False, "bfloat16"),
+    (1, 300, 300, 2, 1, 256, True, "float16"),
+    (1, 1, 4097, 2, 2, 96, False, "float16"),
+    (1, 129, 129, 2, 2, 8, True, "bfloat16"),
+    (1, 2048, 2048, 16, 1, 64, True, "bfloat16"),   # MQA: 16 query heads summed per CTA
+]
+CASES = CASES_SIM if SIMULATOR else CASES_GPU
+# Simulator tiles: dK/dV 16 queries x 32 keys (2 warps), dQ 32 queries x 16 keys (2 warps).
+SIM_TILES = ((16, 32, 2), (32, 16, 2))
+
+
+def _backward(dout, q, k, v, causal, softmax_scale=None, **buffers):
+    """Forward then the tc backward through the library; returns dq, dk, dv."""
+    dev = [to_device(x) for x in (dout, q, k, v)]
+    out, lse = nf.flash_attn_fwd(*dev[1:], causal=causal, softmax_scale=softmax_scale)
+    return nf.flash_attn_bwd(*dev, out, lse, causal=causal, softmax_scale=softmax_scale,
+                             backend="tc", **buffers)
+
+
+@pytest.fixture(autouse=True)
+def small_tiles():
+    if SIMULATOR:
+        with backward_mma.DKDV.forcing(SIM_TILES[0]), backward_mma.DQ.forcing(SIM_TILES[1]):
+            yield
+    else:
+        yield
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_backward_matches_reference(case, rng):
+    B, Sq, Sk, Hq, Hk, D, causal, fmt = case
+    dout, q, k, v = inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt)
+    buffers = dict(dq=nan_like(q), dk=nan_like(k), dv=nan_like(v))  # poisoned: all must be written
+    grads = _backward(dout, q, k, v, causal, **buffers)
+    assert all(g is buffers[n] for g, n in zip(grads, ("dq", "dk", "dv")))
+    check_gradients(grads, dout, q, k, v, causal, fmt)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the GPU cases run the table's head-dim splits")
+def test_warps_that_split_the_head_dim(rng):
+    """dK/dV with 2 warps on the same 16 keys, each accumulating half of the head dim (the
+    table's layout at D = 256), D = 40 padded to 64: the second half holds 8 real columns."""
+    dout, q, k, v = inputs(rng, 1, 21, 19, 1, 1, 40, "bfloat16")
+    with backward_mma.DKDV.forcing((16, 16, 2)):
+        grads = _backward(dout, q, k, v, True)
+    check_gradients(grads, dout, q, k, v, True, "bfloat16")
+
+
+def test_backward_is_bitwise_deterministic(rng):
+    B, Sq, Sk, Hq, Hk, D = (1, 9, 23, 2, 1, 16) if SIMULATOR else (2, 1000, 1200, 16, 2, 64)
+    dout, q, k, v = inputs(rng, B, Sq, Sk, Hq, Hk, D, "bfloat16")
+    first = [to_host(g) for g in _backward(dout, q, k, v, True)]
+    second = [to_host(g) for g in _backward(dout, q, k, v, True)]
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_large_logits_stay_finite(sign, rng):
+    """Scores around +-100 (see tests/kernels/simt/test_backward.py): P recomputed from lse, the
+    zero-padded keys past Sk masked in dQ and never stored from dK/dV."""
+    B, Sq, Sk, H, D = (1, 9, 13, 1, 16) if SIMULATOR else (1, 600, 700, 2, 64)
+    dout, q, k, v = inputs(rng, B, Sq, Sk, H, H, D, "float16")
+    offset = rng.standard_normal(D)
+    offset *= 10 / np.linalg.norm(offset)  # q . k = sign * 100 + O(3)
+    q = (sign * offset + 0.2 * q.astype(np.float64)).astype(np.float16)
+    k = (offset + 0.2 * k.astype(np.float64)).astype(np.float16)
+    grads = _backward(dout, q, k, v, False, softmax_scale=1.0)
+    check_gradients(grads, dout, q, k, v, False, "float16", softmax_scale=1.0)
+
+
+def test_rows_without_keys_get_zero_dq(rng):
+    B, Sq, Sk, H, D = (1, 7, 3, 1, 8) if SIMULATOR else (1, 300, 100, 2, 64)
+    dout, q, k, v = inputs(rng, B, Sq, Sk, H, H, D, "float16")
+    grads = _backward(dout, q, k, v, True)
+    assert (to_host(grads[0])[:, :Sq - Sk].astype(np.float32) == 0).all()
+    check_gradients(grads, dout, q, k, v, True, "float16")
+
+
+def test_unaligned_views_are_refused_by_tc_and_run_by_auto(rng):
+    """q as a view 2 bytes into wider rows: no 16-byte copies. ``tc`` says so before any
+    launch; ``auto`` runs the CUDA-core backward."""
+    B, S, H, D = (1, 5, 1, 16) if SIMULATOR else (1, 200, 2, 64)
+    dout, q, k, v = inputs(rng, B, S, S, H, H, D, "float16")
+    wide = np.zeros((B, S, H, D + 1), np.float16)
+    wide[..., 1:] = q
+    dq_view = to_device(wide)[..., 1:]
+    dev = [to_device(x) for x in (dout, k, v)]
+    out, lse = nf.flash_attn_fwd(dq_view, dev[1], dev[2], backend="simt")
+    dq = nan_like(q)
+    with pytest.raises(ValueError, match="16-byte"):
+        nf.flash_attn_bwd(dev[0], dq_view, dev[1], dev[2], out, lse, backend="tc", dq=dq)
+    assert np.isnan(to_host(dq).astype(np.float32)).all()  # nothing written
+    grads = nf.flash_attn_bwd(dev[0], dq_view, dev[1], dev[2], out, lse)
+    check_gradients(grads, dout, q, k, v, False, "float16")
+
+
+def test_every_specialization_compiles_to_mma_without_spills():
+    for name, column in (("DKDV", 1), ("DQ", 2)):
+        configs = [((d, causal, fmt), row[column]) for row in backward_mma.TILES
+                   for d in (row[0],) for causal in (False, True)
+                   for fmt in ("float16", "bfloat16")]
+        configs.append(((8, True, "float16"), None))
+        configs.append(((72, False, "bfloat16"), None))
+        assert_compiles_clean(f"tc.backward_mma:{name}", configs,
+                              must_contain=("mma.sync.aligned.m16n8k16", "ldmatrix",
+                                            "cp.async"))
