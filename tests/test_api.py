@@ -98,7 +98,7 @@ BAD_BACKWARD = {
     "k, v shapes differ": (lambda rng: dict(k=_rand(rng, (1, 6, 2, 16))), ValueError, "^v: shape"),
     "causal": (lambda rng: dict(causal=1), TypeError, "^causal"),
     "softmax_scale": (lambda rng: dict(softmax_scale=float("inf")), ValueError, "^softmax_scale"),
-    "backend tc": (lambda rng: dict(backend="tc"), ValueError, "^backend"),
+    "backend unknown": (lambda rng: dict(backend="cuda"), ValueError, "^backend"),
 }
 
 

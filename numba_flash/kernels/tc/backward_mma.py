@@ -375,12 +375,20 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
 
 # ----------------------------------------------------------------------------- specs
 
-# (BLOCK_M, BLOCK_N, warps) by head dim: dK/dV holds BLOCK_N = 16 warps / DSPLIT keys and streams
-# BLOCK_M queries; dQ holds BLOCK_M = 16 warps queries and streams BLOCK_N keys. Chosen to fit the
-# registers (S, dP and two or one HEAD_DIM / 8 x 4 accumulators per thread) without spills on
-# sm_80 and sm_90; not yet swept on a GPU.
-TILES = ((64, (64, 64, 4), (64, 64, 4)), (128, (32, 64, 4), (64, 64, 4)),
-         (256, (32, 32, 4), (64, 32, 4)))
+# (BLOCK_M, BLOCK_N, warps) by head dim, non-causal and causal: dK/dV holds BLOCK_N = 16 warps /
+# DSPLIT keys and streams BLOCK_M queries; dQ holds BLOCK_M = 16 warps queries and streams
+# BLOCK_N keys. Measured by bench/tune_tc_backward.py on an H200 at N = 4096 (ms per kernel,
+# bench/results/NVIDIA-H200/tune_tc_backward.csv):
+#   dK/dV D = 64:  64 x 64 x 4: 12.0 / 6.58 (non-causal / causal) against 16.2 / 6.63 for 32 x 64
+#                  and 12.6 / 7.22 for 64 x 128 x 8; 128 x 64 x 4 (10.1 / 5.33) spills;
+#   dK/dV D = 128: 64 x 64 x 4: 9.30 non-causal against 11.5 for 32 x 64 x 4 and 9.82 for
+#                  64 x 128 x 8; causal it spills, and 32 x 64 x 4 (5.76) is the best that does not;
+#   dQ D = 64:     128 x 32 x 8: 6.18 non-causal (64 x 64 x 4: 6.80); 64 x 64 x 4: 3.47 causal;
+#   dQ D = 128:    128 x 64 x 8: 6.30 non-causal (64 x 64 x 4: 6.68); 64 x 64 x 4: 3.26 causal;
+#   D = 256: spill-free tiles (at most 64 dK/dV and 128 dQ floats per thread), not swept.
+TILES = ((64, ((64, 64, 4), (64, 64, 4)), ((128, 32, 8), (64, 64, 4))),
+         (128, ((64, 64, 4), (32, 64, 4)), ((128, 64, 8), (64, 64, 4))),
+         (256, ((32, 32, 4), (32, 32, 4)), ((64, 32, 4), (64, 32, 4))))
 
 
 class Dkdv(DkdvSpec):
@@ -388,7 +396,7 @@ class Dkdv(DkdvSpec):
     unroll_loops = True
 
     def entry(self, config, device):
-        return next(t for t in TILES if config.head_dim <= t[0])[1]
+        return next(t for t in TILES if config.head_dim <= t[0])[1][int(config.causal)]
 
     def tiles(self, config, entry):
         bm, bn, warps = entry
@@ -408,7 +416,7 @@ class Dq(DqSpec):
     unroll_loops = True
 
     def entry(self, config, device):
-        return next(t for t in TILES if config.head_dim <= t[0])[2]
+        return next(t for t in TILES if config.head_dim <= t[0])[2][int(config.causal)]
 
     def tiles(self, config, entry):
         bm, bn, warps = entry

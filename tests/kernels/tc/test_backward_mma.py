@@ -124,8 +124,8 @@ def test_unaligned_views_are_refused_by_tc_and_run_by_auto(rng):
 
 def test_every_specialization_compiles_to_mma_without_spills():
     for name, column in (("DKDV", 1), ("DQ", 2)):
-        configs = [((d, causal, fmt), row[column]) for row in backward_mma.TILES
-                   for d in (row[0],) for causal in (False, True)
+        configs = [((row[0], causal, fmt), row[column][int(causal)])
+                   for row in backward_mma.TILES for causal in (False, True)
                    for fmt in ("float16", "bfloat16")]
         configs.append(((8, True, "float16"), None))
         configs.append(((72, False, "bfloat16"), None))
