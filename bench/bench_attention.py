@@ -1,12 +1,12 @@
 """Attention benchmark: numba_flash against torch SDPA (flash, cuDNN), Triton and naive baselines.
 
-    python bench/bench_attention.py                 # DESIGN.md's grid, forward
+    python bench/bench_attention.py                 # the grid of docs/design.md, forward
     python bench/bench_attention.py --quick         # a small grid
     python bench/bench_attention.py --mode both     # forward and backward
     python bench/bench_attention.py --mode bwd --providers nf-simt,sdpa-flash,triton
     python bench/bench_attention.py --repeats 5     # providers in turn, 5 rounds, medians
 
-Grid (DESIGN.md): B * N = 32k tokens, Hq * D = 2048, D in {64, 128}, N in {1k, 4k, 16k}, causal
+Grid (docs/design.md): B * N = 32k tokens, Hq * D = 2048, D in {64, 128}, N in {1k, 4k, 16k}, causal
 off/on, float16 and bfloat16. Every provider is first checked against a float64 reference on a
 small problem of the same configuration, then timed (CUDA events, median; with --repeats R,
 R rounds per point with the providers in turn and the median of the rounds). The table's last

@@ -4,7 +4,7 @@
     python bench/bench_mla.py --quick      # s_q=1, h_q=128, seqlen {4k, 8k}
     python bench/bench_mla.py --providers nf-simt,triton --varlen
 
-Grid (DESIGN.md): b = 128 sequences, h_kv = 1, d = 576 (512 latent + 64 rope), dv = 512, pages
+Grid (docs/design.md): b = 128 sequences, h_kv = 1, d = 576 (512 latent + 64 rope), dv = 512, pages
 of 64 rows, bfloat16, causal for s_q > 1. The block table is a random permutation of the pages.
 With --varlen the lengths are drawn uniformly from [seqlen/2, 3 seqlen/2] (the mean is what the
 formulas use). Every provider is first checked against numba_flash.reference.mla_decode_ref

@@ -1,6 +1,6 @@
 """Shared benchmark plumbing: FLOP/byte formulas, timing, result folders, CSV and tables.
 
-Method (DESIGN.md): every provider is checked for correctness first, then timed with CUDA events
+Method (docs/design.md): every provider is checked for correctness first, then timed with CUDA events
 after a warm-up, taking the median of many runs, on inputs larger than the L2 cache. Results go to
 ``bench/results/<gpu>/`` with the date, GPU, commit and command recorded beside the CSV.
 """

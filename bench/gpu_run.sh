@@ -33,7 +33,8 @@ for stage in "$@"; do
     fwd) run fwd "${LIMIT_FWD:-240}" python3 bench/bench_attention.py --mode fwd \
            --out-dir "$OUT/fwd" ${FWD_ARGS:-} ;;
     bwd) run bwd "${LIMIT_BWD:-300}" python3 bench/bench_attention.py --mode bwd \
-           --dtypes float16 --providers nf-simt,sdpa-flash,sdpa-cudnn,triton --out-dir "$OUT/bwd" ;;
+           --dtypes float16,bfloat16 --providers nf-tc,sdpa-flash,sdpa-cudnn,triton \
+           --out-dir "$OUT/bwd" ;;
     mla) run mla "${LIMIT_MLA:-150}" python3 bench/bench_mla.py --heads-q 1,16,128 \
            --out-dir "$OUT/mla" ;;
     host) run host "${LIMIT_HOST:-120}" python3 bench/host_overhead.py --profile \

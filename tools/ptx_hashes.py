@@ -106,6 +106,26 @@ def specializations():
                 add(f"tc wgmma fwd d={d} tiles={tiles} causal={causal} {fmt}", (SM90A,),
                     "tc.forward_wgmma", [d, causal, fmt], list(tiles))
 
+    bwd_tiles = [(64, ((64, 64, 4), (64, 64, 4)), ((128, 32, 8), (64, 64, 4))),
+                 (128, ((64, 64, 4), (32, 64, 4)), ((128, 64, 8), (64, 64, 4))),
+                 (256, ((32, 32, 4), (32, 32, 4)), ((64, 32, 4), (64, 32, 4)))]
+    for d, dkdv, dq in bwd_tiles:
+        for causal in (False, True):
+            for fmt in FMTS16:
+                for name, tiles in (("dkdv", dkdv), ("dq", dq)):
+                    entry = tiles[int(causal)]
+                    add(f"tc mma bwd {name} d={d} tiles={entry} causal={causal} {fmt}",
+                        (SM80, SM90), f"tc.backward_mma:{name.upper()}", [d, causal, fmt],
+                        list(entry))
+    for d, dkdv, dq in ((128, (32, 64, 4), (64, 32, 4)), (256, (16, 32, 4), (32, 16, 2))):
+        for name, entry in (("dkdv", dkdv), ("dq", dq)):  # the tiles of 99 KiB blocks
+            add(f"tc mma bwd {name} d={d} tiles={entry} causal=True bfloat16", (SM80, SM90),
+                f"tc.backward_mma:{name.upper()}", [d, True, "bfloat16"], list(entry))
+    for d, causal, fmt in ((8, True, "float16"), (72, False, "bfloat16")):
+        for name in ("dkdv", "dq"):
+            add(f"tc mma bwd {name} d={d} causal={causal} {fmt}", (SM80, SM90),
+                f"tc.backward_mma:{name.upper()}", [d, causal, fmt])
+
     def test_kernel(key, target, ccs, *args):
         for cc in ccs:
             jobs.append((f"{key} sm_{''.join(map(str, cc))}", target, cc, args))

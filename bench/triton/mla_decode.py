@@ -2,7 +2,7 @@
 
 What it computes
     ``out, lse = mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, ...)`` with the
-    arguments and results of ``numba_flash.flash_mla_with_kvcache`` (API.md), torch CUDA tensors:
+    arguments and results of ``numba_flash.flash_mla_with_kvcache`` (docs/api.md), torch CUDA tensors:
     q (b, s_q, h_q, d), k_cache (num_blocks, page, h_kv, d) with V = k_cache[..., :head_dim_v],
     block_table (b, max_blocks) int32, cache_seqlens (b,) int32; out (b, s_q, h_q, head_dim_v),
     lse (b, h_q, s_q) float32 natural log; a sequence of length 0 (or a causal row that sees no

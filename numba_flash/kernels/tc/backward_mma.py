@@ -389,6 +389,16 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
 TILES = ((64, ((64, 64, 4), (64, 64, 4)), ((128, 32, 8), (64, 64, 4))),
          (128, ((64, 64, 4), (32, 64, 4)), ((128, 64, 8), (64, 64, 4))),
          (256, ((32, 32, 4), (32, 32, 4)), ((64, 32, 4), (64, 32, 4))))
+# Where a block may not have the table's shared memory (sm_86 / sm_89: 99 KiB, against up to
+# 136 KiB above), the smaller tiles of the same kernel that fit there (at most 70 KiB).
+SMALL_TILES = ((128, (32, 64, 4), (64, 32, 4)), (256, (16, 32, 4), (32, 16, 2)))
+
+
+def _entry(config, device, column, shared_bytes):
+    entry = next(t for t in TILES if config.head_dim <= t[0])[column][int(config.causal)]
+    if device is not None and shared_bytes(entry) > device.shared_per_block:
+        entry = next(t for t in SMALL_TILES if config.head_dim <= t[0])[column]
+    return entry
 
 
 class Dkdv(DkdvSpec):
@@ -396,7 +406,7 @@ class Dkdv(DkdvSpec):
     unroll_loops = True
 
     def entry(self, config, device):
-        return next(t for t in TILES if config.head_dim <= t[0])[1][int(config.causal)]
+        return _entry(config, device, 1, lambda e: self.tiles(config, e).shared_bytes)
 
     def tiles(self, config, entry):
         bm, bn, warps = entry
@@ -416,7 +426,7 @@ class Dq(DqSpec):
     unroll_loops = True
 
     def entry(self, config, device):
-        return next(t for t in TILES if config.head_dim <= t[0])[2][int(config.causal)]
+        return _entry(config, device, 2, lambda e: self.tiles(config, e).shared_bytes)
 
     def tiles(self, config, entry):
         bm, bn, warps = entry

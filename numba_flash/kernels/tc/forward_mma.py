@@ -67,6 +67,7 @@ from ..attention import ForwardSpec
 from ..common import constants
 from ..instructions import convert, memory, sync
 from ..instructions import mma as mma_sync
+from ..common.copies import make_tile_copy
 from ..common.epilogue import lse_of, store_chunk
 from ..common.masks import make_kv_end
 from ..common.softmax import make_softmax_step
@@ -99,7 +100,6 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     KSTEPS = DPAD // 16          # k-steps of Q K^T
     NT = BLOCK_N // 8            # 8-column tiles of S
     DT = DPAD // 8               # 8-column tiles of O
-    CHUNKS = DPAD // 8           # 16-byte chunks per row
     Q_OFF = 0
     K_OFF = BLOCK_M * STRIDE
     V_OFF = K_OFF + 2 * BLOCK_N * STRIDE
@@ -108,38 +108,18 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     SHFL_SCRATCH = sync.scratch_size(THREADS)  # floats the emulated shuffles exchange
     mma, pack = mma_sync.mma(FMT), convert.pack(FMT)
     ldsm_x4, ldsm_x4_t = mma_sync.ldmatrix_x4, mma_sync.ldmatrix_x4_trans
-    copy16 = memory.cp_async_16_zfill
     shfl_xor = sync.shfl_xor
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL)
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
-    # Copy geometry: a row of DPAD elements is CHUNKS 16-byte chunks; each thread always copies
-    # the same chunk column (its ``tid % CHUNK_SLOTS``) of rows ``tid // CHUNK_SLOTS + pass *
-    # ROWS_PER_PASS``, so all index arithmetic but the row offset is done once, outside the loop.
-    CHUNK_SLOTS = 1 << (CHUNKS - 1).bit_length()     # CHUNKS rounded up to a power of two
-    ROWS_PER_PASS = THREADS // CHUNK_SLOTS
-    TID_MASK = (1 << (THREADS - 1).bit_length()) - 1  # all bits of any tid (THREADS: 32 NWARPS)
     ROW_CHUNKS = HEAD_DIM // 8                        # 16-byte chunks of an output row
     OUT_CHUNKS = 16 * MT * ROW_CHUNKS                 # ... of a warp's output rows
     ALIGN_MASK = uint64(15)
-
-    @cuda.jit(device=True, inline="always")
-    def load_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c):
-        """Issue the cp.async copies of rows row0 .. row0 + NROWS - 1 of src[b, :, head, :] into
-        shared memory; rows past seqlen and the padding columns are zero-filled. Every test
-        that the tile shape decides folds away at compile time, and an invalid chunk reads from
-        row 0 of its own column, so only the row index changes from copy to copy (its address
-        is one multiply-add on a loop-invariant base)."""
-        if CHUNKS == CHUNK_SLOTS or c < DPAD:  # the thread's chunk slot lies in the row
-            col = c if c < HEAD_DIM else 0
-            for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
-                r = r0 + i * ROWS_PER_PASS
-                if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
-                    valid = row0 + r < seqlen
-                    copy16(smem, offset + r * STRIDE + c, src,
-                           (b, row0 + r if valid else 0, head, col), valid and c < HEAD_DIM)
+    # Q, K, V tiles global -> shared: each thread always copies the same 16-byte chunk column,
+    # so only the row offset changes from copy to copy (common/copies.py).
+    copy_slot, load_tile = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
 
     @cuda.jit(device=True, inline="always")
     def mma_pair(a, b0, b1, b2, b3, C, mt, t, scratch, tid):
@@ -162,9 +142,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         lane = tid & 31
         g = lane >> 2
         t2 = (lane & 3) * 2
-        # Masked, tid's range is known to the compiler: tests on the copy slot fold away.
-        copy_r0 = (tid & TID_MASK) // CHUNK_SLOTS
-        copy_c = (tid & (CHUNK_SLOTS - 1)) * 8
+        copy_r0, copy_c = copy_slot(tid)
         a_row, a_col = mma_sync.ldmatrix_a_rowcol(lane)
         b_row, b_col = mma_sync.ldmatrix_b_rowcol(lane)
         # Each lane's ldmatrix row address, up to a compile-time offset: one add per load.

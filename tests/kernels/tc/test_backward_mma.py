@@ -11,6 +11,7 @@ import numba_flash as nf
 from helpers import SIMULATOR, assert_compiles_clean, nan_like, to_device, to_host
 from kernels._backward_cases import check_gradients, inputs
 from numba_flash.kernels.tc import backward_mma
+from numba_flash.runtime.device import Device
 
 # (B, Sq, Sk, Hq, Hk, D, causal, fmt): odd lengths, Sq != Sk both ways, GQA/MQA, head dims 8..256.
 CASES_SIM = [
@@ -127,8 +128,22 @@ def test_every_specialization_compiles_to_mma_without_spills():
         configs = [((row[0], causal, fmt), row[column][int(causal)])
                    for row in backward_mma.TILES for causal in (False, True)
                    for fmt in ("float16", "bfloat16")]
+        configs += [((row[0], True, "bfloat16"), row[column]) for row in backward_mma.SMALL_TILES]
         configs.append(((8, True, "float16"), None))
         configs.append(((72, False, "bfloat16"), None))
         assert_compiles_clean(f"tc.backward_mma:{name}", configs,
                               must_contain=("mma.sync.aligned.m16n8k16", "ldmatrix",
                                             "cp.async"))
+
+
+def test_tiles_fit_the_shared_memory_of_the_device():
+    """Every head dim and mode gets tiles within a block's shared memory: the table's on a
+    Hopper (227 KiB) or an A100 (163 KiB), smaller ones on sm_86 / sm_89 (99 KiB)."""
+    kib = 1024
+    for per_block in (227 * kib, 163 * kib, 99 * kib):
+        dev = Device(cc=(8, 6), sms=84, shared_per_block=per_block)
+        for d in (8, 64, 72, 128, 136, 200, 256):
+            for causal in (False, True):
+                for spec in (backward_mma.DKDV, backward_mma.DQ):
+                    tiles = spec.choose(spec.Config(d, causal, "float16"), dev)
+                    assert tiles.shared_bytes <= per_block, (per_block, d, causal, spec.name)
