@@ -37,11 +37,11 @@ def _tensor(x, name, ndim):
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {t.shape}")
     if t.fmt not in FLOAT_FORMATS:
         raise TypeError(f"{name}: expected float16, bfloat16 or float32, got {t.fmt}")
+    if any(s == 0 for s in t.shape):
+        raise ValueError(f"{name}: empty array of shape {t.shape}")
     if t.shape[-1] > 1 and t.strides[-1] != 1:
         raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), "
                          f"got strides {t.strides}")
-    if any(s == 0 for s in t.shape):
-        raise ValueError(f"{name}: empty array of shape {t.shape}")
     return t
 
 
@@ -164,14 +164,22 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq % Hk == 0; out like q; lse (B, Hq, Sq)
     float32 natural-log sum of exp of the scaled scores (+inf for rows that see no key).
-    ``causal`` aligns the mask bottom-right (query i sees keys j <= i + Sk - Sq).
+    ``causal`` aligns the mask bottom-right (query i sees keys j <= i + Sk - Sq). ``auto`` runs
+    the tensor-core kernel for 16-bit inputs on compute capability >= 8.0 whose q, k, v are
+    16-byte aligned views, else the CUDA-core one; an explicit ``tc`` refuses unaligned views.
     """
     dev = device.current()
-    q, k, v, scale, backend = _check_attention(q, k, v, causal, softmax_scale, backend, dev)
+    q, k, v, scale, chosen = _check_attention(q, k, v, causal, softmax_scale, backend, dev)
+    if chosen == "tc" and not _copies_16_bytes(q, k, v):
+        if backend == "tc":
+            raise ValueError("backend: the 'tc' forward copies q, k and v in 16-byte chunks: "
+                             "their data pointers and strides must be multiples of 16 bytes "
+                             "(use 'simt' or 'auto' for other views)")
+        chosen = "simt"  # auto: the CUDA-core kernel reads any view
     b, sq, hq, d = q.shape
     o = _out_buffer(out, q, q.shape, q.fmt)
     lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
-    spec = _forward_spec(backend, dev)
+    spec = _forward_spec(chosen, dev)
     spec.launch(spec.Config(d, bool(causal), q.fmt),
                 dict(q=q, k=k, v=v, out=o, lse=lse, scale=scale), arrays.stream_of(q, stream),
                 dev)

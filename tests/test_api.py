@@ -29,13 +29,16 @@ def _bad_forward_inputs(rng):
         "strided last dim": (dict(good, q=to_device(randn(rng, (1, 5, 2, 32), "float16"))[..., ::2]),
                              ValueError, "contiguous"),
         "not an array": (dict(good, q=[[1.0]]), TypeError, "q"),
+        "no queries": (dict(good, q=to_device(randn(rng, (1, 0, 2, 16), "float16"))), ValueError,
+                       "^q: empty"),
     }
     return good, cases
 
 
 @pytest.mark.parametrize("case", ["rank", "batch", "kv shapes differ", "head dim differs",
                                   "heads not a multiple", "head dim not /8", "head dim > 256",
-                                  "dtype mismatch", "integer dtype", "strided last dim", "not an array"])
+                                  "dtype mismatch", "integer dtype", "strided last dim", "not an array",
+                                  "no queries"])
 def test_forward_refuses_bad_input_before_launch(case, rng):
     good, cases = _bad_forward_inputs(rng)
     kwargs, exc, words = cases[case]
@@ -218,3 +221,21 @@ def test_hopper_runs_the_wgmma_forward_and_every_other_gpu_the_mma_one():
     assert api._forward_spec("tc", SIMULATED.__class__(cc=(8, 0), sms=108,
                                                          shared_per_block=163 * 1024)) \
         is forward_mma.SPEC
+
+
+def test_tc_forward_refuses_views_off_16_bytes_and_auto_runs_them(rng):
+    """q as a view 2 bytes into wider rows: the tc forward's 16-byte copies cannot read it
+    (on a GPU: a misaligned-address fault that kills the context). ``tc`` says so before any
+    launch, with ``out`` untouched; ``auto`` runs the CUDA-core kernel."""
+    from numba_flash import reference as ref
+
+    wide = randn(rng, (1, 5, 2, 17), "float16")
+    q = to_device(wide)[..., 1:]
+    _, k, v = _qkv(rng)
+    out = nan_like(randn(rng, (1, 5, 2, 16), "float16"))
+    with pytest.raises(ValueError, match="16-byte"):
+        nf.flash_attn_fwd(q, k, v, backend="tc", out=out)
+    assert np.isnan(to_host(out).astype(np.float32)).all()
+    o, _ = nf.flash_attn_fwd(q, k, v)
+    want, _ = ref.attention_fwd_ref(wide[..., 1:], to_host(k), to_host(v))
+    np.testing.assert_allclose(to_host(o).astype(np.float64), want, atol=2e-3)
