@@ -149,14 +149,6 @@ def _backward_specs(backend):
     return simt_backward.DKDV, simt_backward.DQ
 
 
-def _copies_16_bytes(*tensors):
-    """Whether every tensor's data pointer and strides are multiples of 16 bytes (the rows of
-    the tc kernels' 16-byte cp.async copies; a head dim that is a multiple of 8 makes whole
-    rows of 16-bit elements a multiple of 16 bytes)."""
-    return all(t.ptr % 16 == 0 and all(s * t.itemsize % 16 == 0 for s in t.strides[:-1])
-               for t in tensors)
-
-
 # ----------------------------------------------------------------------------- attention
 
 def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", out=None, stream=None):
@@ -170,7 +162,7 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     """
     dev = device.current()
     q, k, v, scale, chosen = _check_attention(q, k, v, causal, softmax_scale, backend, dev)
-    if chosen == "tc" and not _copies_16_bytes(q, k, v):
+    if chosen == "tc" and not arrays.rows_16_byte_aligned(q, k, v):
         if backend == "tc":
             raise ValueError("backend: the 'tc' forward copies q, k and v in 16-byte chunks: "
                              "their data pointers and strides must be multiples of 16 bytes "
@@ -210,7 +202,7 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     if lse.shape != (b, hq, sq) or lse.fmt != "float32":
         raise ValueError(f"lse: expected shape {(b, hq, sq)} of float32, "
                          f"got {lse.shape} of {lse.fmt}")
-    if chosen == "tc" and not _copies_16_bytes(q, k, v, dout):
+    if chosen == "tc" and not arrays.rows_16_byte_aligned(q, k, v, dout):
         if backend == "tc":
             raise ValueError("backend: the 'tc' backward copies q, k, v and dout in 16-byte "
                              "chunks: their data pointers and strides must be multiples of 16 "
@@ -336,6 +328,6 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     stream = arrays.stream_of(q, stream)
     decode = simt_mla_decode.SPEC
     decode.launch(decode.Config(s_q * (h_q // h_kv), d, dv, bool(causal) and s_q > 1, q.fmt,
-                                simt_mla_decode.copies_16_bytes(k_cache)), problem, stream, dev)
+                                arrays.rows_16_byte_aligned(k_cache)), problem, stream, dev)
     simt_combine.SPEC.launch(simt_combine.SPEC.Config(dv, q.fmt), problem, stream, dev)
     return o.obj, problem["lse"].obj

@@ -1,8 +1,10 @@
 """What every backward is tested with: fresh inputs and the 3x tolerance rule of docs/design.md
 against the float64 reference and a same-dtype naive backward (tests/kernels/simt and tc)."""
 
+import numpy as np
+
 from numba_flash import reference as ref
-from helpers import assert_close_rule, randn, to_host
+from helpers import SIMULATOR, assert_close_rule, randn, to_host
 
 
 def inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt, scale=1.0):
@@ -18,3 +20,41 @@ def check_gradients(grads, dout, q, k, v, causal, fmt, softmax_scale=None):
     for name, got, w, lp, like in zip(("dq", "dk", "dv"), grads, want, lowp, (q, k, v)):
         assert to_host(got).shape == like.shape and to_host(got).dtype == like.dtype, name
         assert_close_rule(got, w, lp, fmt, factor=3.0, what=name)
+
+
+# Checks every backward family runs; ``backward(dout, q, k, v, causal, softmax_scale=None)``
+# is the family's forward-then-backward through the library, returning (dq, dk, dv).
+
+def check_bitwise_deterministic(rng, backward):
+    B, Sq, Sk, Hq, Hk, D = (1, 9, 23, 2, 1, 16) if SIMULATOR else (2, 1000, 1200, 16, 2, 64)
+    dout, q, k, v = inputs(rng, B, Sq, Sk, Hq, Hk, D, "bfloat16")
+    first = [to_host(g) for g in backward(dout, q, k, v, True)]
+    second = [to_host(g) for g in backward(dout, q, k, v, True)]
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+def check_large_logits(rng, backward, sign):
+    """Scores around +-100, past float32's exp range: P must be recomputed as exp(S - lse), and
+    at -100 (lse ~ -100) the zero-padded keys past Sk must be masked, not computed as
+    exp(0 - lse) = inf (not causal: only the ragged-end mask hides them). The scores share one
+    large offset, so the softmax is not saturated. float16 and the 3x rule: dq = dS K cancels
+    that offset (rows of dS sum to 0), which no float32 kernel can match to the 1e-4 relative
+    bound of float32 inputs."""
+    B, Sq, Sk, H, D = (1, 9, 13, 1, 16) if SIMULATOR else (1, 600, 700, 2, 64)
+    dout, q, k, v = inputs(rng, B, Sq, Sk, H, H, D, "float16")
+    offset = rng.standard_normal(D)
+    offset *= 10 / np.linalg.norm(offset)  # q . k = sign * 100 + O(3)
+    q = (sign * offset + 0.2 * q.astype(np.float64)).astype(np.float16)
+    k = (offset + 0.2 * k.astype(np.float64)).astype(np.float16)
+    grads = backward(dout, q, k, v, False, softmax_scale=1.0)
+    check_gradients(grads, dout, q, k, v, False, "float16", softmax_scale=1.0)
+
+
+def check_rows_without_keys(rng, backward):
+    """Causal with Sq > Sk: the first Sq - Sk queries see no key (lse = +inf): zero dq."""
+    B, Sq, Sk, H, D = (1, 7, 3, 1, 8) if SIMULATOR else (1, 300, 100, 2, 64)
+    dout, q, k, v = inputs(rng, B, Sq, Sk, H, H, D, "float16")
+    grads = backward(dout, q, k, v, True)
+    assert (to_host(grads[0])[:, :Sq - Sk].astype(np.float32) == 0).all()
+    check_gradients(grads, dout, q, k, v, True, "float16")

@@ -7,7 +7,7 @@ from numba import cuda
 
 import numba_flash as nf
 from numba_flash.runtime import arrays
-from helpers import SIMULATOR, randn, to_device, to_host
+from helpers import DTYPES, SIMULATOR, randn, to_device, to_host
 
 
 @pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float32"])
@@ -60,3 +60,18 @@ def test_torch_tensors_round_trip():
     q = torch.randn(1, 5, 2, 16, dtype=torch.bfloat16, device=dev, requires_grad=True)
     out = nf.flash_attn_func(q, q[:, :, :1], q[:, :, 1:], backend="simt")  # grad leaves are fine
     assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.device == q.device
+
+
+def test_16_byte_rows_check_pointer_row_length_and_strides():
+    cache = to_device(np.zeros((3, 4, 2, 24), DTYPES["bfloat16"]))
+    wider = to_device(np.zeros((3, 4, 2, 28), DTYPES["bfloat16"]))
+
+    def copies_16(x):
+        return arrays.rows_16_byte_aligned(arrays.adapt(x, "k_cache"))
+
+    assert copies_16(cache)
+    assert copies_16(cache[..., 8:])  # pointer + 16 bytes, rows of 32
+    assert not copies_16(cache[..., 1:17])  # pointer + 2 bytes
+    assert copies_16(cache[:, ::3, 1:])  # strides 288 and 96 bytes
+    assert not copies_16(cache[:, ::3, :, :20])  # rows of 40 bytes
+    assert not copies_16(wider[..., :24])  # head stride 56 bytes

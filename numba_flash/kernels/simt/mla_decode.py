@@ -42,7 +42,7 @@ The cache stream (both variants below)
     its slot, which may be garbage, and its zeros keep ``P V`` finite.
 
     16-byte copies need 16-byte aligned chunks. The API honours any strides but the last, so
-    the host checks the cache (``copies_16_bytes``: data pointer and every stride a
+    the host checks the cache (``arrays.rows_16_byte_aligned``: data pointer and every stride a
     multiple of 16 bytes) and compiles the same kernel with ``VEC = False`` for a view that is not
     aligned: its threads copy the same rows element by element with plain loads and stores (a
     slower stream, the same results).
@@ -218,7 +218,7 @@ def layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS):
 def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
                            VEC=True):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it);
-    ``VEC``: the cache is 16-byte aligned (``copies_16_bytes``)."""
+    ``VEC``: the cache is 16-byte aligned (``arrays.rows_16_byte_aligned``)."""
     lay = layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
     WARPS = THREADS // 32
     DP, VP, TPR = lay["DP"], lay["VP"], lay["TPR"]
@@ -660,15 +660,7 @@ class Config(NamedTuple):
     head_dim_v: int
     causal: bool      # and s_q > 1
     fmt: str
-    vec: bool         # the cache may be copied in 16-byte chunks (copies_16_bytes)
-
-
-def copies_16_bytes(k_cache):
-    """Whether the kernel may copy the cache (an ``arrays.Tensor`` of shape (num_blocks, page,
-    h_kv, d)) in 16-byte chunks: data pointer, rows and every stride multiples of 16 bytes."""
-    size = k_cache.itemsize
-    return all(x % 16 == 0 for x in (k_cache.ptr, k_cache.shape[3] * size,
-                                     *(s * size for s in k_cache.strides[:3])))
+    vec: bool         # the cache may be copied in 16-byte chunks (rows_16_byte_aligned)
 
 
 class Spec(KernelSpec):

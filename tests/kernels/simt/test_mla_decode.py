@@ -66,7 +66,7 @@ def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, sp
         wide = np.zeros(k_cache.shape[:3] + (d + 1,), k_cache.dtype)
         wide[..., 1:] = k_cache
         dk_cache = to_device(wide)[..., 1:]
-        assert not mla_decode.copies_16_bytes(arrays.adapt(dk_cache, "k_cache"))
+        assert not arrays.rows_16_byte_aligned(arrays.adapt(dk_cache, "k_cache"))
     q = randn(rng, (len(seqlens), s_q, h_q, d), fmt)
     metadata, num_splits = nf.get_mla_metadata(to_device(seqlens), s_q * h_q // h_kv, h_kv,
                                                num_sms=num_sms)
@@ -133,21 +133,6 @@ def test_unaligned_cache_copies_elements(case, rng):
     """A cache view whose rows are not 16-byte aligned: the API picks the element-copy kernel
     (VEC = False), which must give the same results as the 16-byte copies of the other tests."""
     run_case(rng, *case, unaligned=True)
-
-
-def test_copies_are_16_bytes_checks_pointer_and_strides():
-    cache = to_device(np.zeros((3, 4, 2, 24), DTYPES["bfloat16"]))
-    wider = to_device(np.zeros((3, 4, 2, 28), DTYPES["bfloat16"]))
-
-    def copies_16(x):
-        return mla_decode.copies_16_bytes(arrays.adapt(x, "k_cache"))
-
-    assert copies_16(cache)
-    assert copies_16(cache[..., 8:])  # pointer + 16 bytes, rows of 32
-    assert not copies_16(cache[..., 1:17])  # pointer + 2 bytes
-    assert copies_16(cache[:, ::3, 1:])  # strides 288 and 96 bytes
-    assert not copies_16(cache[:, ::3, :, :20])  # rows of 40 bytes
-    assert not copies_16(wider[..., :24])  # head stride 56 bytes
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="a GPU runs these layouts in every case")

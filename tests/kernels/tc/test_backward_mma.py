@@ -9,7 +9,8 @@ import pytest
 
 import numba_flash as nf
 from helpers import SIMULATOR, assert_compiles_clean, nan_like, to_device, to_host
-from kernels._backward_cases import check_gradients, inputs
+from kernels._backward_cases import (check_bitwise_deterministic, check_gradients,
+                                     check_large_logits, check_rows_without_keys, inputs)
 from numba_flash.kernels.tc import backward_mma
 from numba_flash.runtime.device import Device
 
@@ -75,34 +76,16 @@ def test_warps_that_split_the_head_dim(rng):
 
 
 def test_backward_is_bitwise_deterministic(rng):
-    B, Sq, Sk, Hq, Hk, D = (1, 9, 23, 2, 1, 16) if SIMULATOR else (2, 1000, 1200, 16, 2, 64)
-    dout, q, k, v = inputs(rng, B, Sq, Sk, Hq, Hk, D, "bfloat16")
-    first = [to_host(g) for g in _backward(dout, q, k, v, True)]
-    second = [to_host(g) for g in _backward(dout, q, k, v, True)]
-    for a, b in zip(first, second):
-        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+    check_bitwise_deterministic(rng, _backward)
 
 
 @pytest.mark.parametrize("sign", [1, -1])
 def test_large_logits_stay_finite(sign, rng):
-    """Scores around +-100 (see tests/kernels/simt/test_backward.py): P recomputed from lse, the
-    zero-padded keys past Sk masked in dQ and never stored from dK/dV."""
-    B, Sq, Sk, H, D = (1, 9, 13, 1, 16) if SIMULATOR else (1, 600, 700, 2, 64)
-    dout, q, k, v = inputs(rng, B, Sq, Sk, H, H, D, "float16")
-    offset = rng.standard_normal(D)
-    offset *= 10 / np.linalg.norm(offset)  # q . k = sign * 100 + O(3)
-    q = (sign * offset + 0.2 * q.astype(np.float64)).astype(np.float16)
-    k = (offset + 0.2 * k.astype(np.float64)).astype(np.float16)
-    grads = _backward(dout, q, k, v, False, softmax_scale=1.0)
-    check_gradients(grads, dout, q, k, v, False, "float16", softmax_scale=1.0)
+    check_large_logits(rng, _backward, sign)
 
 
 def test_rows_without_keys_get_zero_dq(rng):
-    B, Sq, Sk, H, D = (1, 7, 3, 1, 8) if SIMULATOR else (1, 300, 100, 2, 64)
-    dout, q, k, v = inputs(rng, B, Sq, Sk, H, H, D, "float16")
-    grads = _backward(dout, q, k, v, True)
-    assert (to_host(grads[0])[:, :Sq - Sk].astype(np.float32) == 0).all()
-    check_gradients(grads, dout, q, k, v, True, "float16")
+    check_rows_without_keys(rng, _backward)
 
 
 def test_unaligned_views_are_refused_by_tc_and_run_by_auto(rng):
