@@ -3,6 +3,7 @@
     python bench/bench_mla.py              # b=128, s_q in {1, 2}, h_q in {16, 128}, seqlen 4k..32k
     python bench/bench_mla.py --quick      # s_q=1, h_q=128, seqlen {4k, 8k}
     python bench/bench_mla.py --providers nf-simt,triton --varlen
+    FLASHMLA_DIR=.flashmla python bench/bench_mla.py --heads-q 1,16,32,64,128   # + FlashMLA
 
 Grid (docs/design.md): b = 128 sequences, h_kv = 1, d = 576 (512 latent + 64 rope), dv = 512, pages
 of 64 rows, bfloat16, causal for s_q > 1. The block table is a random permutation of the pages.
@@ -12,13 +13,18 @@ formulas use). Every provider is first checked against numba_flash.reference.mla
 
 Providers (a missing or failing one is left out, with a note):
     nf-simt, nf-tc   numba_flash.get_mla_metadata (once, untimed) + flash_mla_with_kvcache
+    flashmla         DeepSeek's FlashMLA (sm_90a, bf16, page 64), built on the GPU machine from
+                     the folder FLASHMLA_DIR names (a copy of the benchmark-only build the GPU
+                     machine provides; nothing of it is in this repo); its first call plans,
+                     later calls reuse its metadata, which is compared with ours (printed)
     triton           bench/triton/mla_decode.py (split-KV + combine)
     torch            gather the pages (k_cache[block_table]), einsum, masked softmax, einsum
 
 Columns: TB/s = the fewest bytes a decode must move (q, the cache, out once each;
 common.mla_decode_bytes) over the time; TFLOP/s (common.mla_decode_flops); vs_copy = TB/s over
 the device-to-device copy bandwidth measured in the same run (a large torch copy, bytes read +
-written). Results: mla_decode.csv and mla_decode.png (TB/s against seqlen, one panel per
+written); vs_flashmla = time of FlashMLA over the provider's at the same point (> 1: faster
+than FlashMLA). Results: mla_decode.csv and mla_decode.png (TB/s against seqlen, one panel per
 (s_q, h_q), one line per provider, the copy bandwidth dashed) in bench/results/<gpu>/.
 """
 
@@ -104,6 +110,48 @@ def _numba_flash(backend):
     return prepare
 
 
+def _flashmla():
+    import os
+
+    import torch
+
+    path = os.environ.get("FLASHMLA_DIR")
+    if not path:
+        raise RuntimeError("FLASHMLA_DIR is not set")
+    sys.path.insert(0, os.path.abspath(path))
+    from build import load_flashmla
+
+    fm = load_flashmla()
+
+    def prepare(q, k_cache, table, lens, dv, causal):
+        scale = q.shape[-1] ** -0.5
+        _, _, meta, splits = fm.dense_decode_fwd(q, k_cache, dv, lens, table, scale, causal,
+                                                 None, None)
+        _compare_metadata(meta, splits, lens, q.shape[1] * q.shape[2] // k_cache.shape[2],
+                          k_cache.shape[2])
+        return lambda: tuple(fm.dense_decode_fwd(q, k_cache, dv, lens, table, scale, causal,
+                                                 meta, splits)[:2])
+
+    return prepare
+
+
+_compared = set()
+
+
+def _compare_metadata(meta, splits, lens, q_rows, h_kv):
+    """Print once per (batch, rows) whether numba_flash plans exactly as FlashMLA did."""
+    import numba_flash as nf
+
+    key = (tuple(lens.tolist()), q_rows)
+    if key in _compared:
+        return
+    _compared.add(key)
+    ours = nf.get_mla_metadata(lens, q_rows, h_kv)
+    same = all(a.shape == b.shape and bool((a.cpu() == b.cpu()).all())
+               for a, b in zip(ours, (meta, splits)))
+    print(f"metadata identical to FlashMLA's (b={len(key[0])}, rows={q_rows}): {same}")
+
+
 def _triton():
     mla = common.triton_module("mla_decode")
 
@@ -125,7 +173,7 @@ def _torch():
 
 # name -> () -> prepare; see providers_available
 PROVIDERS = {"nf-simt": lambda: _numba_flash("simt"), "nf-tc": lambda: _numba_flash("tc"),
-             "triton": _triton, "torch": _torch}
+             "flashmla": _flashmla, "triton": _triton, "torch": _torch}
 
 
 def providers_available():
@@ -186,7 +234,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--s-q", default="1,2", help="query tokens per sequence")
-    p.add_argument("--heads-q", default="16,128")
+    p.add_argument("--heads-q", default="1,16,32,64,128")
     p.add_argument("--heads-kv", type=int, default=1)
     p.add_argument("--head-dim", type=int, default=576)
     p.add_argument("--head-dim-v", type=int, default=512)
@@ -256,12 +304,15 @@ def main(argv=None):
                 tbps = nbytes / ms * 1e-9
                 row.update(ms=ms, tbps=tbps, tflops=flops / ms * 1e-9, vs_copy=tbps / copy_tbps)
             rows.append(row)
+        anchor = [r["ms"] for r in rows[-len(names):] if r["provider"] == "flashmla"]
+        for r in rows[-len(names):]:
+            r["vs_flashmla"] = anchor[0] / r["ms"] if anchor else float("nan")
         del inputs
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
         common.write_csv(path, rows)  # after every point: a cut-short run keeps them
     print(common.format_table(rows, ["s_q", "heads_q", "seqlen", "provider", "correct", "ms",
-                                     "tbps", "tflops", "vs_copy", "note"]))
+                                     "tbps", "tflops", "vs_copy", "vs_flashmla", "note"]))
     print(f"wrote {path}")
     if not args.no_plot:
         png = common.plot_panels(out / "mla_decode.png", rows, "seqlen", "tbps", ["s_q", "heads_q"],

@@ -10,7 +10,7 @@
 #
 # Stages: tests (GPU test suite, PTX checks excluded: they need no GPU; TESTS=paths narrows it),
 # fwd / bwd (the attention grid of docs/design.md; FWD_ARGS adds bench_attention.py flags to fwd),
-# mla (decode grid), host (a decode call's host vs GPU time), io (HBM bytes under ncu),
+# mla (decode grid; FLASHMLA_DIR adds FlashMLA, MLA_ARGS adds bench_mla.py flags), host (a decode call's host vs GPU time), io (HBM bytes under ncu),
 # sweep (tc tiles), profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -35,7 +35,7 @@ for stage in "$@"; do
     bwd) run bwd "${LIMIT_BWD:-300}" python3 bench/bench_attention.py --mode bwd \
            --dtypes float16,bfloat16 --providers nf-tc,sdpa-flash,sdpa-cudnn,triton \
            --out-dir "$OUT/bwd" ;;
-    mla) run mla "${LIMIT_MLA:-150}" python3 bench/bench_mla.py --heads-q 1,16,128 \
+    mla) run mla "${LIMIT_MLA:-330}" python3 bench/bench_mla.py ${MLA_ARGS:-} \
            --out-dir "$OUT/mla" ;;
     host) run host "${LIMIT_HOST:-120}" python3 bench/host_overhead.py --profile \
             --out-dir "$OUT/host" ;;

@@ -10,6 +10,7 @@ from the kernels' specs (``runtime.spec``); what a call means is ``docs/api.md``
 import math
 
 import numpy as np
+from numba import cuda
 
 from . import scheduler
 from .kernels import naive
@@ -20,6 +21,7 @@ from .kernels.simt import mla_decode as simt_mla_decode
 from .kernels.tc import backward_mma as tc_backward_mma
 from .kernels.tc import forward_mma as tc_forward_mma
 from .kernels.tc import forward_wgmma as tc_forward_wgmma
+from .kernels.tc import mla_decode_wgmma as tc_mla_decode_wgmma
 from .runtime import arrays, device
 from .runtime.arrays import FLOAT_FORMATS
 from .runtime.device import SIMULATOR
@@ -149,6 +151,41 @@ def _backward_specs(backend):
     return simt_backward.DKDV, simt_backward.DQ
 
 
+# Packed query rows per kv head up to which ``auto`` keeps the simt decode (its narrow variant
+# splits the keys of one or two rows over the warps; a 64-row tensor-core tile would be mostly
+# padding there). Measured: bench/results/NVIDIA-H200/mla_decode.csv.
+SIMT_DECODE_ROWS = 2
+
+
+def _decode_spec(backend, config, q, k_cache, dev):
+    """The decode kernel of ``backend`` for ``config`` = (q_rows, d, dv, causal, fmt), and its
+    spec's config: adding a decode family is one line here."""
+    q_rows, d, dv, causal, fmt = config
+    if resolve_backend(backend, fmt, dev) == "tc":  # (auto: a 16-bit decode the tc family may run)
+        aligned = arrays.rows_16_byte_aligned(q, k_cache)
+        why = None
+        if not (SIMULATOR or tuple(dev.cc[:2]) == (9, 0)):
+            why = f"the tensor-core decode is built for compute capability 9.0, got {dev.cc}"
+        elif not tc_mla_decode_wgmma.supports(d, dv):
+            why = (f"the tensor-core decode takes head dims that are multiples of 16 up to "
+                   f"{tc_mla_decode_wgmma.MAX_HEAD_DIM} and head_dim_v up to "
+                   f"{tc_mla_decode_wgmma.MAX_HEAD_DIM_V}, got {d} and {dv}")
+        elif not aligned:
+            why = "the tensor-core decode copies rows of q and k_cache in 16-byte chunks: " \
+                  "their data pointers and strides must be multiples of 16 bytes"
+        if backend == "tc" and why:
+            raise ValueError(f"backend: {why}")
+        backend = "tc" if why is None and (backend == "tc" or q_rows > SIMT_DECODE_ROWS) \
+            else "simt"
+    else:
+        backend = "simt"
+    if backend == "tc":
+        spec = tc_mla_decode_wgmma.SPEC
+        return spec, spec.Config(*config, True)
+    return simt_mla_decode.SPEC, simt_mla_decode.SPEC.Config(
+        *config, arrays.rows_16_byte_aligned(k_cache))
+
+
 # ----------------------------------------------------------------------------- attention
 
 def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", out=None, stream=None):
@@ -250,24 +287,56 @@ def naive_attention(q, k, v, causal=False, softmax_scale=None):
 
 # ----------------------------------------------------------------------------- paged MLA decode
 
-def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_sms=None):
+def _not_implemented(**options):
+    """``NotImplementedError`` naming the first option that asks for what no kernel does."""
+    for name, value in options.items():
+        if value is not None and value is not False:
+            raise NotImplementedError(f"{name}: not implemented (got {value!r}); numba_flash "
+                                      f"decodes dense 16- and 32-bit caches")
+
+
+def _positive_int(value, name):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
+                     is_fp8_kvcache=False, topk=None, *, num_sms=None):
     """FlashMLA's tile scheduler: how the decode work of a batch is dealt out to the SMs.
 
-    ``cache_seqlens (b,)`` int32 on the device; ``num_q_tokens_per_head_k = s_q * h_q // h_kv``;
-    ``num_heads_k = h_kv``; ``num_sms`` defaults to the device's SM count (under the simulator,
-    which has no device to ask, to ``device.SIMULATED.sms = 8``). The plan is made on the host
-    (``scheduler.plan_mla``, after copying the lengths there). Returns
+    ``cache_seqlens (b,)`` int32, a device array or a host NumPy array;
+    ``num_q_tokens_per_head_k = s_q * h_q // h_kv``; ``num_heads_k = h_kv``; ``num_heads_q``
+    (FlashMLA's fourth argument) is checked and otherwise unused; ``num_sms`` (keyword only)
+    defaults to the device's SM count (under the simulator, which has no device to ask, to
+    ``device.SIMULATED.sms = 8``). The plan is ``scheduler.plan_mla``'s. Returns
     ``(tile_scheduler_metadata (num_sm_parts, 8), num_splits (b + 1,))``, int32 device arrays in
-    cache_seqlens's library.
+    cache_seqlens's library (Numba device arrays for a NumPy input on a GPU).
     """
+    _not_implemented(is_fp8_kvcache=is_fp8_kvcache, topk=topk)
+    q_rows = _positive_int(num_q_tokens_per_head_k, "num_q_tokens_per_head_k")
+    h_kv = _positive_int(num_heads_k, "num_heads_k")
+    if num_heads_q is not None and _positive_int(num_heads_q, "num_heads_q") % h_kv:
+        raise ValueError(f"num_heads_q: expected a multiple of num_heads_k ({h_kv}), "
+                         f"got {num_heads_q}")
+    if num_sms is None:
+        num_sms = device.current().sms
+    num_sms = _positive_int(num_sms, "num_sms")
+    if type(cache_seqlens).__module__.split(".")[0] == "numpy" and not SIMULATOR:
+        host = np.asarray(cache_seqlens)
+        if host.dtype != np.int32:
+            raise TypeError(f"cache_seqlens: expected int32, got {host.dtype}")
+        if host.ndim != 1 or host.size == 0:
+            raise ValueError(f"cache_seqlens: expected shape (n,), got {host.shape}")
+        plan = scheduler.plan_mla(host, q_rows, h_kv, num_sms)
+        return tuple(cuda.to_device(values) for values in plan)
     seqlens = _index_array(cache_seqlens, "cache_seqlens", (None,))
     stream = arrays.stream_of(seqlens)
     host = seqlens.view.copy_to_host(stream=stream)
     if not SIMULATOR:
         stream.synchronize()
-    if num_sms is None:
-        num_sms = device.current().sms
-    plan = scheduler.plan_mla(host, num_q_tokens_per_head_k, num_heads_k, num_sms)
+    plan = scheduler.plan_mla(host, q_rows, h_kv, num_sms)
     result = []
     for values, name in zip(plan, ("tile_scheduler_metadata", "num_splits")):
         t = arrays.empty(seqlens, values.shape, "int32", name)
@@ -277,20 +346,22 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_sm
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
-                           tile_scheduler_metadata, num_splits, softmax_scale=None, causal=False,
-                           backend="auto", out=None, stream=None):
+                           tile_scheduler_metadata=None, num_splits=None, softmax_scale=None,
+                           causal=False, is_fp8_kvcache=False, indices=None, backend="auto",
+                           out=None, stream=None):
     """Paged MLA decode (FlashMLA's ``flash_mla_with_kvcache``). Returns ``(out, lse)``.
 
     q: (b, s_q, h_q, d), d a multiple of 8 up to 576; k_cache: (num_blocks, page_block_size,
     h_kv, d), any page size, V being ``k_cache[..., :head_dim_v]``; block_table (b, n) and
     cache_seqlens (b,) int32; the metadata and num_splits of ``get_mla_metadata`` for these
-    lengths. out: (b, s_q, h_q, head_dim_v) in q's dtype (``out=`` takes a caller buffer); lse:
-    (b, h_q, s_q) float32, natural log. ``causal`` (for s_q > 1): query token i sees the keys
-    before ``seqlen - (s_q - 1 - i)``. Block-table entries at or past ``ceil(seqlen / page)`` and
-    cache slots at or past ``seqlen`` are never read. Only the device can see the lengths, so
-    they are not checked against the table; the metadata must be the plan for these lengths.
+    lengths, or neither (the call then plans itself). out: (b, s_q, h_q, head_dim_v) in q's
+    dtype (``out=`` takes a caller buffer); lse: (b, h_q, s_q) float32, natural log. ``causal``
+    (for s_q > 1): query token i sees the keys before ``seqlen - (s_q - 1 - i)``. Block-table
+    entries at or past ``ceil(seqlen / page)`` and cache slots at or past ``seqlen`` are never
+    read. ``backend``: ``"tc"`` (tensor cores, ``_decode_spec``), ``"simt"`` or ``"auto"``.
     """
     dev = device.current()
+    _not_implemented(is_fp8_kvcache=is_fp8_kvcache, indices=indices)
     q, k_cache = _tensor(q, "q", 4), _tensor(k_cache, "k_cache", 4)
     _same_format(q, k_cache)
     b, s_q, h_q, d = q.shape
@@ -307,18 +378,27 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                          f"got {head_dim_v!r}")
     block_table = _index_array(block_table, "block_table", (b, None))
     cache_seqlens = _index_array(cache_seqlens, "cache_seqlens", (b,))
-    metadata = _index_array(tile_scheduler_metadata, "tile_scheduler_metadata",
-                            (None, scheduler.METADATA_SIZE))
-    num_splits = _index_array(num_splits, "num_splits", (b + 1,))
+    if (tile_scheduler_metadata is None) != (num_splits is None):
+        raise ValueError("tile_scheduler_metadata, num_splits: pass both (a plan of "
+                         "get_mla_metadata) or neither (the call plans itself)")
+    planned = tile_scheduler_metadata is not None
+    if planned:
+        metadata = _index_array(tile_scheduler_metadata, "tile_scheduler_metadata",
+                                (None, scheduler.METADATA_SIZE))
+        num_splits = _index_array(num_splits, "num_splits", (b + 1,))
     _check_causal(causal)
     scale = _scale(softmax_scale, d)
-    resolve_backend(backend, q.fmt, dev)
-    if backend == "tc":
-        raise ValueError("backend: the MLA decode has no tensor-core kernel; use 'simt' or 'auto'")
-
+    q_rows = s_q * (h_q // h_kv)
+    config = (q_rows, d, int(head_dim_v), bool(causal) and s_q > 1, q.fmt)
+    decode, config = _decode_spec(backend, config, q, k_cache, dev)
     dv = int(head_dim_v)
-    parts = metadata.shape[0]
     o = _out_buffer(out, q, (b, s_q, h_q, dv), q.fmt)
+    if not planned:
+        metadata, num_splits = (arrays.adapt(x, name) for x, name in zip(
+            get_mla_metadata(cache_seqlens.obj, q_rows, h_kv, num_sms=dev.sms),
+            ("tile_scheduler_metadata", "num_splits")))
+
+    parts = metadata.shape[0]
     # Split requests: one slot per piece, at most b + parts - 1 of them (see scheduler.py).
     problem = dict(q=q, k_cache=k_cache, block_table=block_table, cache_seqlens=cache_seqlens,
                    metadata=metadata, num_splits=num_splits, out=o, scale=scale,
@@ -326,8 +406,6 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                    o_acc=arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc"),
                    lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
     stream = arrays.stream_of(q, stream)
-    decode = simt_mla_decode.SPEC
-    decode.launch(decode.Config(s_q * (h_q // h_kv), d, dv, bool(causal) and s_q > 1, q.fmt,
-                                arrays.rows_16_byte_aligned(k_cache)), problem, stream, dev)
+    decode.launch(config, problem, stream, dev)
     simt_combine.SPEC.launch(simt_combine.SPEC.Config(dv, q.fmt), problem, stream, dev)
     return o.obj, problem["lse"].obj

@@ -177,7 +177,17 @@ BAD_MLA = {
     "causal": (lambda rng: dict(causal=1), TypeError, "^causal"),
     "softmax_scale": (lambda rng: dict(softmax_scale=float("nan")), ValueError, "^softmax_scale"),
     "backend unknown": (lambda rng: dict(backend="cuda"), ValueError, "^backend"),
-    "backend tc": (lambda rng: dict(backend="tc"), ValueError, "^backend"),
+    "backend tc on float32": (lambda rng: dict(q=_rand(rng, (2, 1, 2, 16), "float32"),
+                                               k_cache=_rand(rng, (4, 4, 1, 16), "float32"),
+                                               backend="tc"), ValueError, "^backend"),
+    "backend tc, head dim not /16": (lambda rng: dict(q=_rand(rng, (2, 1, 2, 24)),
+                                                      k_cache=_rand(rng, (4, 4, 1, 24)),
+                                                      backend="tc"), ValueError,
+                                     "^backend: .*multiples of 16"),
+    "fp8 cache": (lambda rng: dict(is_fp8_kvcache=True), NotImplementedError, "^is_fp8_kvcache"),
+    "indices": (lambda rng: dict(indices=_int32([[0]])), NotImplementedError, "^indices"),
+    "metadata without num_splits": (lambda rng: dict(num_splits=None), ValueError,
+                                    "^tile_scheduler_metadata, num_splits"),
 }
 
 
@@ -203,11 +213,30 @@ def test_mla_decode_refuses_wrong_out_buffer(rng):
     ((_int32([5, -1]), 2, 1), ValueError, "^cache_seqlens"),
     ((_int32([5, 3]), 0, 1), ValueError, "^num_q_tokens_per_head_k"),
     ((_int32([5, 3]), 2, 0), ValueError, "^num_heads_k"),
-    ((_int32([5, 3]), 2, 1, 0), ValueError, "^num_sms"),
+    ((_int32([5, 3]), 2, 2, 3), ValueError, "^num_heads_q"),
+    ((_int32([5, 3]), 2, 2, None, True), NotImplementedError, "^is_fp8_kvcache"),
+    ((_int32([5, 3]), 2, 2, None, False, 64), NotImplementedError, "^topk"),
 ])
 def test_mla_metadata_refuses_bad_input(args, exc, words):
     with pytest.raises(exc, match=words):
         nf.get_mla_metadata(*args)
+
+
+def test_mla_metadata_takes_flashmla_positional_order_and_num_sms_by_keyword():
+    seqlens = _int32([1000, 10, 0, 300])
+    with pytest.raises(ValueError, match="^num_sms"):
+        nf.get_mla_metadata(seqlens, 128, 1, num_sms=0)
+    metadata, num_splits = nf.get_mla_metadata(seqlens, 128, 1, 128, False, None, num_sms=132)
+    assert to_host(num_splits).tolist() == [0, 16, 17, 18, 23]
+
+
+def test_mla_decode_plans_itself_without_metadata(rng):
+    good = _mla_good(rng)
+    planned, planned_lse = nf.flash_mla_with_kvcache(**good)
+    del good["tile_scheduler_metadata"], good["num_splits"]
+    itself, itself_lse = nf.flash_mla_with_kvcache(**good)
+    np.testing.assert_array_equal(to_host(itself), to_host(planned))
+    np.testing.assert_array_equal(to_host(itself_lse), to_host(planned_lse))
 
 
 def test_hopper_runs_the_wgmma_forward_and_every_other_gpu_the_mma_one():

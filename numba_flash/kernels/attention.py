@@ -11,6 +11,9 @@ BLOCK_M), B * Hq)``. The backward is three kernels, each a ``KernelSpec`` base b
 family's module completes with its tiles and factory: the preprocess ``D_i = rowsum(dO_i *
 O_i)``, dK/dV (one CTA per BLOCK_N keys of one kv head) and dQ (one CTA per BLOCK_M queries).
 The problem is a dict of adapted arrays (``arrays.Tensor``) and the softmax scale.
+
+The paged MLA decode kernels (``simt/mla_decode.py``, ``tc/mla_decode_wgmma.py``) share
+``DecodeSpec``: one CTA per (scheduler part, kv head, BLOCK_M packed query rows).
 """
 
 import math
@@ -127,3 +130,40 @@ class DqSpec(KernelSpec):
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dq"], *_sizes(p),
                 *_scales(p))
+
+
+class DecodeConfig(NamedTuple):
+    """What decides an MLA decode kernel's code (with its tiles)."""
+
+    q_rows: int       # s_q * h_q / h_kv: the packed query rows of one kv head
+    head_dim: int
+    head_dim_v: int
+    causal: bool      # and s_q > 1
+    fmt: str
+    vec: bool         # q and the cache may be copied in 16-byte chunks (rows_16_byte_aligned)
+
+
+class DecodeSpec(KernelSpec):
+    """(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse, o_acc, lse_acc,
+    s_q, group, page_size, scale_log2); grid (metadata rows, h_kv, ceil(q_rows / BLOCK_M))."""
+
+    Config = DecodeConfig
+
+    def code_key(self, config, tiles):
+        return config._replace(q_rows=0)  # the tiles hold what q_rows decides
+
+    def signature(self, config):
+        t = tensor_type(config.fmt)
+        i1, i2 = types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A")
+        f4 = types.Array(types.float32, 4, "A")
+        return types.void(t, t, i2, i1, i2, i1, t, F32_3D, f4, F32_3D, I32, I32, I32, F32)
+
+    def grid(self, config, tiles, p):
+        return (p["metadata"].shape[0], p["k_cache"].shape[2], cdiv(config.q_rows, tiles.BLOCK_M))
+
+    def arguments(self, config, p):
+        s_q, h_q = p["q"].shape[1:3]
+        return (p["q"], p["k_cache"], p["block_table"], p["cache_seqlens"], p["metadata"],
+                p["num_splits"], p["out"], p["lse"], p["o_acc"], p["lse_acc"], np.int32(s_q),
+                np.int32(h_q // p["k_cache"].shape[2]), np.int32(p["k_cache"].shape[1]),
+                np.float32(p["scale"] * LOG2E))

@@ -14,7 +14,7 @@ def test_parse_args(bench_module):
     bm = bench_module("bench_mla")
     a = bm.parse_args([])
     assert (a.batch, a.heads_kv, a.head_dim, a.head_dim_v, a.page) == (128, 1, 576, 512, 64)
-    assert a.s_q_list == [1, 2] and a.heads_q_list == [16, 128]
+    assert a.s_q_list == [1, 2] and a.heads_q_list == [1, 16, 32, 64, 128]
     assert a.seqlen_list == [4096, 8192, 16384, 32768] and a.causal == "1" and not a.varlen
     q = bm.parse_args(["--quick", "--providers", "triton,torch"])
     assert q.s_q_list == [1] and q.heads_q_list == [128] and q.seqlen_list == [4096, 8192]

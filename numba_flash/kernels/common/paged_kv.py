@@ -13,13 +13,20 @@ which the combine kernel merges.
 
 ``make_paged_kv_walk`` returns the device functions, specialised for one decode configuration:
 
-    cta_work(metadata)                       -> part, kv head, first packed row, first/last req
+    cta_work(metadata, batch)                -> part, kv head, first packed row, first/last req
     piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req)
                                              -> n_lo, n_hi, seqlen, split, slot
-    row_source(block_table, req, pos, n_end, page_size) -> page, slot, valid
+    row_source(block_table, num_pages, req, pos, n_end, page_size) -> page, slot, valid
     copy_row(tile, at, k_cache, hk, page, slot, valid, rl)   (this thread's share of a row)
     put(out, o_acc, split, req, slot, t, h, col, x)          (one output element)
     put_lse(lse, lse_acc, split, req, slot, t, h, m, l)      (a row's lse from m_i, l_i)
+
+Values only the device sees are bounded here, so no metadata, length or table entry can move an
+access outside its array: a part whose first request is not in the batch is idle and its last
+request is clamped to the batch; a piece never starts before key 0; a cache row whose block lies
+past the table's width, or whose page number is not a page of the cache, reads nothing and is
+zero-filled (as rows past the piece end are); a partial result whose slot is not a row of the
+accumulators is not written.
 """
 
 import math
@@ -28,7 +35,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint64
 
 from ... import scheduler
-from ..instructions import memory
+from ..instructions import convert, memory
 from . import constants, formats
 
 SCHED_BLOCK = scheduler.BLOCK_N  # keys per scheduling block (64)
@@ -53,12 +60,15 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
                                             scheduler.LAST_SPLIT)
 
     @cuda.jit(device=True, inline="always")
-    def cta_work(metadata):
+    def cta_work(metadata, batch):
         """(part, KV head, first packed query row, first and last request) of this CTA; a part
-        whose first request is past the batch is idle."""
+        whose first request is not a request of the batch is idle (first request = batch)."""
         part = cuda.blockIdx.x
-        return (part, cuda.blockIdx.y, cuda.blockIdx.z * BLOCK_M, metadata[part, BEGIN_REQ],
-                metadata[part, END_REQ])
+        begin_req = metadata[part, BEGIN_REQ]
+        if begin_req < 0:
+            begin_req = batch
+        return (part, cuda.blockIdx.y, cuda.blockIdx.z * BLOCK_M, begin_req,
+                min(metadata[part, END_REQ], batch - 1))
 
     @cuda.jit(device=True, inline="always")
     def piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req):
@@ -72,21 +82,28 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
         piece = metadata[part, BEGIN_SPLIT] if first else 0
         split = metadata[part, FIRST_SPLIT] if first else (
             metadata[part, LAST_SPLIT] if last else 0)
-        return (blk_lo * SCHED_BLOCK, min(blk_hi * SCHED_BLOCK, seqlen), seqlen, split,
+        return (max(blk_lo, 0) * SCHED_BLOCK, min(blk_hi * SCHED_BLOCK, seqlen), seqlen, split,
                 num_splits[req] + piece)
 
     @cuda.jit(device=True, inline="always")
-    def row_source(block_table, req, pos, n_end, page_size):
+    def row_source(block_table, num_pages, req, pos, n_end, page_size):
         """(page, slot, valid) of cache row ``pos``; a row at or past n_end reads no table
-        entry and gets page 0, slot 0 (an address inside the cache, never read)."""
+        entry, and one whose block is past the table or whose entry is not a page of the
+        cache is not valid either: each gets page 0, slot 0 (an address inside the cache,
+        never read)."""
         page = int32(0)
         slot = int32(0)
         valid = pos < n_end
         if valid:  # 32-bit division (a 64-bit one is a subroutine call)
             pos32 = int32(pos)
-            blk = pos32 // page_size
-            page = block_table[req, blk]
-            slot = pos32 - blk * page_size
+            blk = int32(convert.div_u32(pos32, page_size))
+            valid = blk < block_table.shape[1]
+            if valid:
+                entry = block_table[req, blk]
+                valid = entry >= 0 and entry < num_pages
+                if valid:
+                    page = entry
+                    slot = pos32 - blk * page_size
         return page, slot, valid
 
     @cuda.jit(device=True, inline="always")
@@ -111,7 +128,8 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
     @cuda.jit(device=True, inline="always")
     def put(out, o_acc, split, req, slot, t, h, col, x):
         if split:
-            o_acc[slot, t, h, uint64(col)] = x
+            if slot >= 0 and slot < o_acc.shape[0]:
+                o_acc[slot, t, h, uint64(col)] = x
         else:
             out[req, t, h, uint64(col)] = store(x)
 
@@ -120,7 +138,8 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
         """Base-2 partial lse (split) or the final natural-log lse of a row (m_i, l_i)."""
         lse2 = m + math.log2(l) if l > ZERO else NEG_INF
         if split:
-            lse_acc[slot, h, t] = lse2
+            if slot >= 0 and slot < lse_acc.shape[0]:
+                lse_acc[slot, h, t] = lse2
         else:
             lse[req, h, t] = lse2 * LN2 if l > ZERO else POS_INF
 

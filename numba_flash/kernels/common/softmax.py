@@ -14,7 +14,9 @@ one thread's fragments, with one refinement: m_i moves only when a row maximum e
 more than RESCALE_LOG2 in base-2 units (a factor 256 in P). Any m_i is exact as long as O_i and
 l_i share it; a stale one lets P grow to at most 2^8, harmless in float32 and in 16-bit P, and
 the rescale of O_i (HEAD_DIM / 4 multiplies per row) then runs on a few early tiles only.
-Both tc forwards (``tc/forward_mma.py``, ``tc/forward_wgmma.py``) use it.
+Both tc forwards (``tc/forward_mma.py``, ``tc/forward_wgmma.py``) use it; the tc decode
+(``tc/mla_decode_wgmma.py``), whose two warpgroups share each row, uses its two halves
+(``make_row_max``, ``make_online_update``) with an exchange of the maxima between them.
 """
 
 from numba import cuda, float32
@@ -26,48 +28,14 @@ from .masks import make_needs_mask
 RESCALE_LOG2 = 8.0  # growth of a row maximum (base 2) that moves m_i: P stays below 2^8
 
 
-def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL):
-    """The per-tile step both tc kernels share, as an inline device function: mask S_ij where a
-    tile crosses the ragged end or the causal diagonal, then the online softmax with lazy
-    rescaling. S (MT, NT, 4) holds the thread's C fragments of S_ij and leaves holding P_ij
-    (float32); m_i, l_i, m_tile (MT, 2) and O_i (MT, DT, 4) follow the C-fragment row ownership
-    (rows ``row_g + 16 mt`` and ``+ 8``, columns ``t2, t2 + 1`` of each 8-column tile)."""
+def make_row_max(MT, NT):
+    """``row_max(S, m_tile, shfl_scratch, tid)``: the maximum of each of the thread's rows over
+    the tile, shared by the quad (4 lanes) that holds the row, into m_tile (MT, 2)."""
     shfl_xor = sync.shfl_xor
-    exp2 = convert.exp2_approx  # ex2.approx.ftz: no special-case selects around it
-    NEG_INF = constants.NEG_INF
-    ZERO = float32(0.0)
-    RESCALE = float32(RESCALE_LOG2)
-    needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
 
     @cuda.jit(device=True, inline="always")
-    def softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, scale_log2,
-                     shfl_scratch, tid):
-        if needs_mask(n0, m0, diag, seqlen_k):  # the tile crosses the ragged end or the diagonal
-            # Element (mt, nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 16 mt +
-            # 8 (e >> 1). Row r sees columns < min(Sk, r + diag + 1): relative to the
-            # thread's first column that is a limit per row, and each test is a compare of
-            # that limit with a constant.
-            for mt in range(MT):
-                for half in range(2):
-                    limit = seqlen_k
-                    if CAUSAL:
-                        limit = min(limit, row_g + 16 * mt + 8 * half + diag + 1)
-                    limit -= n0 + t2
-                    for nt in range(NT):
-                        for e in range(2 * half, 2 * half + 2):
-                            if 8 * nt + (e & 1) >= limit:
-                                S[mt, nt, e] = NEG_INF
-
-        # Online softmax; the quad (4 lanes) shares each row. m_i is kept in raw
-        # score units (the scale is positive, so maxima commute with it) and the scale rides
-        # in each exponent: exp(scale (s - m)) = exp2(s * scale_log2 - m * scale_log2), one
-        # FFMA and one ex2 per element.
-        # Lazy rescaling: m_i only moves when the row maximum has grown by more than
-        # RESCALE_LOG2 (base 2). Any m_i works as long as O_i and l_i share it; a stale one
-        # just lets P reach 2^RESCALE_LOG2, harmless in fp32 and in 16-bit P. The rescale of
-        # O_i (HEAD_DIM / 4 multiplies per row per tile) then runs for a few early tiles only.
-        # The row maxima first, all rows together: their quad shuffles are independent, so
-        # their latencies overlap, and one branch covers the rescale of all the thread's rows.
+    def row_max(S, m_tile, shfl_scratch, tid):
+        # All rows together: their quad shuffles are independent, so their latencies overlap.
         for mt in range(MT):
             for half in range(2):
                 mx = max(S[mt, 0, 2 * half], S[mt, 0, 2 * half + 1])
@@ -79,6 +47,26 @@ def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL):
                 for half in range(2):
                     mx = m_tile[mt, half]
                     m_tile[mt, half] = max(mx, shfl_xor(mx, mask, shfl_scratch, tid))
+
+    return row_max
+
+
+def make_online_update(MT, NT, DT):
+    """``update(S, m_i, l_i, O_i, m_tile, scale_log2)``: given the tile's row maxima m_tile,
+    move m_i (lazily), rescale l_i and O_i, turn S into P and add its row sums to l_i (the
+    thread's columns only: the quad's partial sums are added up once, in the epilogue)."""
+    exp2 = convert.exp2_approx  # ex2.approx.ftz: no special-case selects around it
+    NEG_INF = constants.NEG_INF
+    ZERO = float32(0.0)
+    RESCALE = float32(RESCALE_LOG2)
+
+    @cuda.jit(device=True, inline="always")
+    def update(S, m_i, l_i, O_i, m_tile, scale_log2):
+        # m_i is kept in raw score units (the scale is positive, so maxima commute with it) and
+        # the scale rides in each exponent: exp(scale (s - m)) = exp2(s * scale_log2 - m *
+        # scale_log2), one FFMA and one ex2 per element. Lazy rescaling: m_i only moves when
+        # the row maximum has grown by more than RESCALE_LOG2 (base 2); one branch covers the
+        # rescale of all the thread's rows.
         grow = False
         for mt in range(MT):
             for half in range(2):  # false while both are -inf
@@ -105,5 +93,41 @@ def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL):
                         S[mt, nt, e] = p
                         row_sum += p
                 l_i[mt, half] += row_sum
+
+    return update
+
+
+def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL):
+    """The per-tile step both tc forwards share, as an inline device function: mask S_ij where a
+    tile crosses the ragged end or the causal diagonal, then the online softmax with lazy
+    rescaling (``make_row_max``, ``make_online_update``). S (MT, NT, 4) holds the thread's C
+    fragments of S_ij and leaves holding P_ij (float32); m_i, l_i, m_tile (MT, 2) and O_i (MT,
+    DT, 4) follow the C-fragment row ownership (rows ``row_g + 16 mt`` and ``+ 8``, columns
+    ``t2, t2 + 1`` of each 8-column tile)."""
+    NEG_INF = constants.NEG_INF
+    needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
+    row_max = make_row_max(MT, NT)
+    update = make_online_update(MT, NT, DT)
+
+    @cuda.jit(device=True, inline="always")
+    def softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, scale_log2,
+                     shfl_scratch, tid):
+        if needs_mask(n0, m0, diag, seqlen_k):  # the tile crosses the ragged end or the diagonal
+            # Element (mt, nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 16 mt +
+            # 8 (e >> 1). Row r sees columns < min(Sk, r + diag + 1): relative to the
+            # thread's first column that is a limit per row, and each test is a compare of
+            # that limit with a constant.
+            for mt in range(MT):
+                for half in range(2):
+                    limit = seqlen_k
+                    if CAUSAL:
+                        limit = min(limit, row_g + 16 * mt + 8 * half + diag + 1)
+                    limit -= n0 + t2
+                    for nt in range(NT):
+                        for e in range(2 * half, 2 * half + 2):
+                            if 8 * nt + (e & 1) >= limit:
+                                S[mt, nt, e] = NEG_INF
+        row_max(S, m_tile, shfl_scratch, tid)
+        update(S, m_i, l_i, O_i, m_tile, scale_log2)
 
     return softmax_step

@@ -115,14 +115,14 @@ Limits
 
 import math
 from functools import lru_cache
-from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, float32, types, uint32, uint64
+from numba import cuda, float32, uint32, uint64
 
 from ...runtime.device import SIMULATOR
-from ...runtime.spec import KernelSpec, Tiles
+from ...runtime.spec import Tiles
 
+from ..attention import DecodeSpec
 from ..common import constants, formats
 from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk
 from ..instructions import convert, memory, sync
@@ -271,9 +271,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
             tid = cuda.threadIdx.x
             warp = tid >> 5
             lane = tid & 31
-            part, hk, m0, begin_req, end_req = cta_work(metadata)
+            part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0])
             if begin_req >= cache_seqlens.shape[0]:
                 return  # idle part
+            num_pages = k_cache.shape[0]
             q_rows = s_q * group
             row = tid // TPR  # copy: this thread's row of every tile,
             rl = tid % TPR  # its lane in the row
@@ -293,11 +294,12 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                 for st in range(NSTAGES - 1):
                     n0 = n_lo + st * BLOCK_N
                     if n0 < n_hi:
-                        page, pslot, ok = row_source(block_table, req, n0 + row, n_hi, page_size)
+                        page, pslot, ok = row_source(block_table, num_pages, req, n0 + row,
+                                                     n_hi, page_size)
                         copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk,
                                  page, pslot, ok, rl)
                     memory.cp_async_commit()
-                page, pslot, ok = row_source(block_table, req,
+                page, pslot, ok = row_source(block_table, num_pages, req,
                                              n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi,
                                              page_size)
 
@@ -345,7 +347,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                         copy_row(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, hk,
                                  page, pslot, ok, rl)
                     memory.cp_async_commit()
-                    page, pslot, ok = row_source(block_table, req,
+                    page, pslot, ok = row_source(block_table, num_pages, req,
                                                  n0 + NSTAGES * BLOCK_N + row, n_hi, page_size)
 
                     for b in range(BATCHES):
@@ -459,9 +461,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
-        part, hk, m0, begin_req, end_req = cta_work(metadata)
+        part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0])
         if begin_req >= cache_seqlens.shape[0]:
             return  # idle part
+        num_pages = k_cache.shape[0]
         q_rows = s_q * group
         row = tid // TPR  # copy: this thread's row of every tile,
         rl = tid % TPR  # its lane in the row
@@ -493,12 +496,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
             for st in range(NSTAGES - 1):
                 n0 = n_lo + st * BLOCK_N
                 if n0 < n_hi:
-                    page, pslot, ok = row_source(block_table, req, n0 + row, n_hi, page_size)
+                    page, pslot, ok = row_source(block_table, num_pages, req, n0 + row, n_hi,
+                                                 page_size)
                     copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk, page,
                              pslot, ok, rl)
                 memory.cp_async_commit()
-            page, pslot, ok = row_source(block_table, req, n_lo + (NSTAGES - 1) * BLOCK_N + row,
-                                         n_hi, page_size)
+            page, pslot, ok = row_source(block_table, num_pages, req,
+                                         n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi, page_size)
             # Q_i -> shared as storage bits; padding rows are zeros.
             for jr in range(Q_ROWS_PER_WARP):
                 r = warp + WARPS * jr
@@ -534,8 +538,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     copy_row(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, hk, page,
                              pslot, ok, rl)
                 memory.cp_async_commit()
-                page, pslot, ok = row_source(block_table, req, n0 + NSTAGES * BLOCK_N + row,
-                                             n_hi, page_size)
+                page, pslot, ok = row_source(block_table, num_pages, req,
+                                             n0 + NSTAGES * BLOCK_N + row, n_hi, page_size)
                 kv_at = RING_P + rd * SLOT_P  # the tile's first pair
 
                 # S = Q K^T: each thread the micro-tile over its pair slice, one partial sum per
@@ -654,21 +658,8 @@ BLOCK_N_BY_ROWS = ((8, 32), (16, 16))
 LAUNCH_THREADS = 64 if SIMULATOR else THREADS
 
 
-class Config(NamedTuple):
-    q_rows: int       # s_q * h_q / h_kv: the packed query rows of one kv head
-    head_dim: int
-    head_dim_v: int
-    causal: bool      # and s_q > 1
-    fmt: str
-    vec: bool         # the cache may be copied in 16-byte chunks (rows_16_byte_aligned)
-
-
-class Spec(KernelSpec):
-    """(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse, o_acc, lse_acc,
-    s_q, group, page_size, scale_log2); grid (metadata rows, h_kv, ceil(q_rows / BLOCK_M))."""
-
+class Spec(DecodeSpec):
     name = "mla_decode"
-    Config = Config
 
     def entry(self, config, device):
         """(BLOCK_M, BLOCK_N, threads): see BLOCK_N_BY_ROWS."""
@@ -692,31 +683,10 @@ class Spec(KernelSpec):
         return Tiles(bm, bn, threads, layout(bm, bn, config.head_dim, config.head_dim_v,
                                              config.fmt, threads)["bytes"])
 
-    def code_key(self, config, tiles):
-        return config._replace(q_rows=0)  # the tiles hold what q_rows decides
-
     def make(self, config, tiles):
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, tiles.BLOCK_M,
                                       tiles.BLOCK_N, tiles.threads, config.causal, config.fmt,
                                       config.vec)
-
-    def signature(self, config):
-        t = types.Array(formats.storage_type(config.fmt), 4, "A")
-        i1, i2 = types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A")
-        f3, f4 = types.Array(types.float32, 3, "A"), types.Array(types.float32, 4, "A")
-        i32 = types.int32
-        return types.void(t, t, i2, i1, i2, i1, t, f3, f4, f3, i32, i32, i32, types.float32)
-
-    def grid(self, config, tiles, p):
-        return (p["metadata"].shape[0], p["k_cache"].shape[2],
-                _cdiv(config.q_rows, tiles.BLOCK_M))
-
-    def arguments(self, config, p):
-        s_q, h_q = p["q"].shape[1:3]
-        return (p["q"], p["k_cache"], p["block_table"], p["cache_seqlens"], p["metadata"],
-                p["num_splits"], p["out"], p["lse"], p["o_acc"], p["lse_acc"], np.int32(s_q),
-                np.int32(h_q // p["k_cache"].shape[2]), np.int32(p["k_cache"].shape[1]),
-                np.float32(p["scale"] * math.log2(math.e)))
 
 
 SPEC = Spec()

@@ -1,9 +1,5 @@
-"""Paged MLA decode (scheduler + split-KV decode kernel + combine) against the float64 reference.
-
-The caches are adversarial: sequences live in shuffled pages, every cache slot no sequence owns
-is NaN, and every block-table entry past a sequence's last page is a huge sentinel, so a kernel
-that reads one slot or table entry too many fails (NaN in the output, or an out-of-range page).
-"""
+"""The simt paged MLA decode (scheduler + split-KV decode kernel + combine) against the float64
+reference, on the adversarial caches of kernels/_decode_cases.py."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,76 +7,11 @@ import numpy as np
 import pytest
 
 import numba_flash as nf
-from numba_flash import reference as ref
 from numba_flash import scheduler
 from numba_flash.kernels.simt import mla_decode
-from numba_flash.runtime import arrays, device, ptxcheck
-from helpers import (DTYPES, SIMULATOR, assert_close_rule, assert_lse, nan_like, randn, to_device,
-                     to_host)
-
-SENTINEL = 1 << 30  # block-table entries no sequence uses: far outside any cache
-
-
-def cdiv(a, b):
-    return -(-a // b)
-
-
-def paged_cache(rng, seqlens, page, h_kv, d, fmt, spare_pages=3, spare_columns=2):
-    """``(k_cache, block_table)``: the rows of each sequence in shuffled pages, NaN elsewhere."""
-    used = [cdiv(int(n), page) for n in seqlens]
-    num_blocks = sum(used) + spare_pages
-    cache = np.full((num_blocks, page, h_kv, d), np.nan, np.float32)
-    table = np.full((len(seqlens), max(used) + spare_columns), SENTINEL, np.int32)
-    pages = iter(rng.permutation(num_blocks))
-    for i, n in enumerate(seqlens):
-        for j in range(used[i]):
-            table[i, j] = p = next(pages)
-            rows = min(page, int(n) - j * page)
-            cache[p, :rows] = rng.standard_normal((rows, h_kv, d))
-    return cache.astype(DTYPES[fmt]), table
-
-
-def mla_lowp(q, k_cache, block_table, seqlens, head_dim_v, causal):
-    """The same-dtype plain attention of the tolerance rule in docs/design.md, one sequence at
-    a time (float64 out)."""
-    b, s_q, h_q, _ = q.shape
-    page = k_cache.shape[1]
-    out = np.zeros((b, s_q, h_q, head_dim_v))
-    for i, n in enumerate(int(n) for n in seqlens):
-        if n:
-            pages = block_table[i, :cdiv(n, page)]
-            k = k_cache[pages].reshape(1, -1, *k_cache.shape[2:])[:, :n]
-            out[i:i + 1] = ref.attention_lowp(q[i:i + 1], k, k[..., :head_dim_v], causal)
-    return out
-
-
-def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits=None,
-             unaligned=False):
-    """One decode through the public API, checked against the reference; ``splits`` (if not
-    None) asserts whether the plan cut some request into pieces, i.e. whether the combine ran;
-    ``unaligned`` passes the cache as a view that starts one element into wider rows."""
-    seqlens = np.asarray(seqlens, np.int32)
-    k_cache, table = paged_cache(rng, seqlens, page, h_kv, d, fmt)
-    dk_cache = to_device(k_cache)
-    if unaligned:
-        wide = np.zeros(k_cache.shape[:3] + (d + 1,), k_cache.dtype)
-        wide[..., 1:] = k_cache
-        dk_cache = to_device(wide)[..., 1:]
-        assert not arrays.rows_16_byte_aligned(arrays.adapt(dk_cache, "k_cache"))
-    q = randn(rng, (len(seqlens), s_q, h_q, d), fmt)
-    metadata, num_splits = nf.get_mla_metadata(to_device(seqlens), s_q * h_q // h_kv, h_kv,
-                                               num_sms=num_sms)
-    if splits is not None:
-        assert (np.diff(to_host(num_splits)) > 1).any() == splits, to_host(num_splits)
-    out = nan_like(np.zeros((len(seqlens), s_q, h_q, dv), DTYPES[fmt]))
-    o, lse = nf.flash_mla_with_kvcache(to_device(q), dk_cache, to_device(table),
-                                       to_device(seqlens), dv, metadata, num_splits,
-                                       causal=causal, out=out)
-    assert o is out
-    ro, rl = ref.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=causal)
-    assert_close_rule(o, ro, mla_lowp(q, k_cache, table, seqlens, dv, causal), fmt)
-    assert_lse(lse, rl)
-
+from numba_flash.runtime import device, ptxcheck
+from helpers import SIMULATOR, to_device, to_host
+from kernels._decode_cases import run_case
 
 # (seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits): page sizes 1 / 16 / 64,
 # lengths 0 and off the page and tile grid, s_q 1 and 2, causal, h_kv = 2, odd head_dim_v, both
@@ -125,14 +56,14 @@ CASES_UNALIGNED = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[1:])))
 def test_decode_matches_reference(case, rng):
-    run_case(rng, *case)
+    run_case(rng, *case, backend="simt")
 
 
 @pytest.mark.parametrize("case", CASES_UNALIGNED, ids=lambda c: "-".join(map(str, c[1:])))
 def test_unaligned_cache_copies_elements(case, rng):
     """A cache view whose rows are not 16-byte aligned: the API picks the element-copy kernel
     (VEC = False), which must give the same results as the 16-byte copies of the other tests."""
-    run_case(rng, *case, unaligned=True)
+    run_case(rng, *case, unaligned=True, backend="simt")
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="a GPU runs these layouts in every case")
@@ -144,7 +75,7 @@ def test_gpu_thread_count_under_the_simulator(h_q, seqlens, splits, tiles, rng):
     both variants (the tiles the table gives these rows, with 256 threads)."""
     with mla_decode.SPEC.forcing(tiles):
         run_case(rng, seqlens, 1, h_q, 1, 72, 64, 16, False, "float16", 8,
-                 splits)
+                 splits, backend="simt")
 
 
 def test_metadata_is_the_plan_in_the_callers_library():

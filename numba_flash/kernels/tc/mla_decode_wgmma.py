@@ -1,0 +1,349 @@
+"""Paged MLA decode on Hopper's warpgroup tensor cores (``wgmma``): FlashMLA's kernel shape.
+
+What it computes
+    The function of ``simt/mla_decode.py`` (read its docstring first: the packed query rows, the
+    scheduler's pieces, split-KV partials and the combine are the same, and so is the paged-KV
+    walk of ``common/paged_kv.py``), with both products on tensor cores. The ``s_q * h_q / h_kv``
+    query rows of a KV head are packed as M in tiles of BLOCK_M = 64 rows (one wgmma M; a ragged
+    last tile is padded with zero rows, never stored), Q stays in shared memory for a whole
+    piece, and each 64-row cache tile gathered through the block table serves as K for
+    ``S = Q K^T`` over all HEAD_DIM columns and, through its first HEAD_DIM_V columns, as V for
+    ``O += P V``: the cache is read once per 64 query rows.
+
+Grid / block mapping
+    grid = (scheduler parts, h_kv, ceil(q_rows / 64)); block = 2 warpgroups (256 threads).
+    O_i (64 x HEAD_DIM_V) is too large for one warpgroup's registers (512 columns: 256 floats
+    per thread), so the warpgroups split it by columns: warpgroup ``wg`` owns O_i columns
+    ``VH wg .. VH wg + VH - 1`` (VH = 256 for HEAD_DIM_V = 512: 128 accumulator floats per
+    thread). Computing S twice, once per warpgroup, would cost as much tensor work as P V again,
+    so the warpgroups split S by keys instead: warpgroup ``wg`` computes the 64 x 32 block of
+    keys ``32 wg .. 32 wg + 31`` of every tile (a wgmma m64n32k16 chain over HEAD_DIM). One row
+    of the online softmax then lives in two warpgroups:
+
+        1. each computes its block of S and the row maxima over its 32 keys (quad shuffles);
+        2. the maxima cross through shared memory (a barrier): both take the max of the two,
+           so both move m_i, rescale their half of O_i and compute P with the same numbers;
+        3. each writes its block of P (16 bits) to a shared 64 x 64 P tile (a barrier);
+        4. each multiplies the whole P tile by its V columns: O_i[:, own] += P V[:, own]
+           (a wgmma chain m64nVHk16 with both operands in shared memory).
+
+    l_i is summed per warpgroup over its own keys (the two share every m_i, so the partial sums
+    have one scale) and added up once per piece. Per thread, in registers: 16 floats of S/P, VH /
+    2 of O_i, and m_i, l_i of its two rows (the C-fragment layout of ``forward_mma.py``: lane ``g
+    = lane / 4`` of warp ``w`` holds rows ``16 (w % 4) + g`` and ``+ 8``).
+
+Memory pipeline
+    Every thread copies 16-byte chunks ``rl, rl + 4, ...`` (rl = tid % 4) of cache row ``tid /
+    4`` of each tile with ``cp.async`` (zero-filled for rows past the piece end or that the
+    block table cannot place), double buffered: tile j + 1 is in flight while tile j is
+    multiplied, and its block-table entry was read one tile earlier still. Q is copied with the
+    first tile of each piece. wgmma reads shared memory through the async proxy, so each write
+    (cp.async tiles, the P tile) is published by wait -> ``proxy_fence`` -> barrier.
+
+Shared memory (16-bit elements, every tile in ``ptx/wgmma.py``'s 128-byte swizzle)
+    Q   64 x QW          QW = HEAD_DIM rounded up to 64 columns
+    K   2 x 64 x KW      KW = max(QW, 2 VH): double buffer; V is its first 2 VH columns
+    P   64 x 64
+    + 1 KiB to put the tiles on a 1024-byte boundary, and 512 bytes (static) for the exchange
+    of row maxima and sums. HEAD_DIM 576, HEAD_DIM_V 512: 72 + 144 + 8 + 1 KiB = 225 KiB, one
+    CTA per SM (an H100 / H200 gives a block up to 227 KiB).
+
+Limits
+    float16 / bfloat16; HEAD_DIM a multiple of 16 up to 576, HEAD_DIM_V up to 512 (VH <= 256,
+    wgmma's largest N), q and the cache 16-byte aligned rows (the API sends other views to the
+    simt kernel); any page size; compute capability 9.0 (sm_90a). Unlike FlashMLA, no table
+    entry, length or metadata value can move a copy or a store outside its array
+    (``common/paged_kv.py``).
+"""
+
+from functools import lru_cache
+
+from numba import cuda, float32, int32, uint16, uint32, uint64
+
+from ...runtime.spec import Tiles
+from ..attention import DecodeSpec
+from ..common import constants
+from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk
+from ..common.softmax import make_online_update, make_row_max
+from ..instructions import convert, memory, sync, wgmma
+
+SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
+WARPGROUP = 128
+THREADS = 2 * WARPGROUP
+BLOCK_M = 64                # packed query rows per CTA: one wgmma M
+BLOCK_N = SCHED_BLOCK       # cache rows per tile (64): a tile never straddles two pieces
+KEYS = BLOCK_N // 2         # keys of S per warpgroup
+TPR = THREADS // BLOCK_N    # copy: threads per cache row
+MAX_HEAD_DIM, MAX_HEAD_DIM_V = 576, 512
+XCHG = 2 * BLOCK_M          # floats: a row statistic of each warpgroup
+
+
+def value_cols(head_dim_v):
+    """O_i columns per warpgroup: half of HEAD_DIM_V rounded up to whole 64-column blocks (a
+    warpgroup's V operand starts on a block of the swizzled tile)."""
+    return wgmma.padded_cols(-(-head_dim_v // 2))
+
+
+def supports(head_dim, head_dim_v):
+    """Whether this kernel takes the head dims (other ones run the simt decode)."""
+    return head_dim % 16 == 0 and head_dim <= MAX_HEAD_DIM and head_dim_v <= MAX_HEAD_DIM_V
+
+
+def tile_cols(head_dim, head_dim_v):
+    """(QW, KW): columns of the Q tile and of a cache tile."""
+    qw = wgmma.padded_cols(head_dim)
+    return qw, max(qw, 2 * value_cols(head_dim_v))
+
+
+def shared_bytes(head_dim, head_dim_v):
+    """Dynamic shared memory of one CTA (with the alignment reserve)."""
+    qw, kw = tile_cols(head_dim, head_dim_v)
+    return 2 * (BLOCK_M * qw + 2 * BLOCK_N * kw + BLOCK_M * BLOCK_N) + wgmma.TILE_ALIGN
+
+
+@lru_cache(maxsize=None)
+def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
+    """Python kernel function for one configuration (``SPEC`` compiles it, for sm_90a)."""
+    assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)
+    QW, KW = tile_cols(HEAD_DIM, HEAD_DIM_V)
+    VH = value_cols(HEAD_DIM_V)
+    KSTEPS = HEAD_DIM // 16      # k-steps of Q K^T
+    NT = KEYS // 8               # 8-column tiles of a warpgroup's S
+    DT = VH // 8                 # 8-column tiles of its O_i
+    S_REGS, O_REGS = 4 * NT, 4 * DT
+    Q_OFF = 0
+    K_OFF = BLOCK_M * QW
+    TILE = BLOCK_N * KW          # elements of one cache tile
+    P_OFF = K_OFF + 2 * TILE
+    CHUNKS = HEAD_DIM // 8       # 16-byte chunks of a row
+    CPT = -(-CHUNKS // TPR)      # ... per copying thread
+    CHUNKS_EXACT = CHUNKS % TPR == 0
+    SCRATCH = wgmma.scratch_size(THREADS)
+    SHFL_SCRATCH = sync.scratch_size(THREADS)
+    mma_s = wgmma.mma_ss(FMT, KEYS, 0)    # S = Q K^T, K read K-major
+    mma_o = wgmma.mma_ss(FMT, VH, 1)      # O += P V, V read MN-major
+    pack = convert.pack(FMT)
+    copy16 = memory.cp_async_16_zfill
+    shfl_xor = sync.shfl_xor
+    row_max = make_row_max(1, NT)
+    update = make_online_update(1, NT, DT)
+    cta_work, piece_of, row_source, _, put, put_lse = make_paged_kv_walk(
+        HEAD_DIM, BLOCK_M, TPR, FMT, True)
+    NEG_INF = constants.NEG_INF
+    ZERO, ONE = float32(0.0), float32(1.0)
+
+    # Descriptor arithmetic in 16-byte units (ptx/wgmma.py, "Shared-memory operands"): a k-step
+    # of a K-major operand moves 32 bytes along its rows, or to the next 64-column block; one of
+    # V moves 16 rows of 128 bytes; the second cache buffer is TILE elements on.
+    SBO = 8 * wgmma.SWIZZLE_BYTES
+    V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
+    BUF_STEP = TILE * 2 // 16
+    V_STEP = 16 * wgmma.SWIZZLE_BYTES // 16
+    KEYS_STEP = KEYS * wgmma.SWIZZLE_BYTES // 16     # warpgroup 1's keys: rows 32 .. 63
+    V_COLS_STEP = VH * BLOCK_N * 2 // 16             # warpgroup 1's V: VH columns on
+
+    @cuda.jit(device=True, inline="always")
+    def k_step(ks, rows):
+        """Descriptor offset (16-byte units) of k-step ``ks`` of a K-major tile of ``rows``."""
+        return uint64(((ks >> 2) * rows * wgmma.SWIZZLE_BYTES + (ks & 3) * 32) >> 4)
+
+    @cuda.jit(device=True, inline="always")
+    def chunk_at(i, rows, even, odd):
+        """Offset of this thread's chunk ``rl + 4 i`` in a swizzled tile of ``rows`` rows, from
+        its two in-block offsets: chunks ``rl + 8 k`` and ``rl + 4 + 8 k`` of a row land on
+        ``(rl ^ row % 8)`` and that ``^ 4`` (see ``wgmma.tile_offset``), so two registers and
+        a constant per chunk replace the swizzle arithmetic of each of the row's chunks."""
+        return (i >> 1) * rows * wgmma.BLOCK_COLS + (odd if i & 1 else even)
+
+    @cuda.jit(device=True, inline="always")
+    def copy_cache_row(smem, at, k_cache, hk, page, slot, ok, even, odd, rl):
+        """This thread's chunks of one cache row into its row of the tile at ``at``."""
+        for i in range(CPT):
+            if CHUNKS_EXACT or rl + TPR * i < CHUNKS:
+                copy16(smem, at + chunk_at(i, BLOCK_N, even, odd), k_cache,
+                       (page, slot, hk, uint64(8 * (rl + TPR * i))), ok)
+
+    def mla_decode_wgmma(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
+                         o_acc, lse_acc, s_q, group, page_size, scale_log2):
+        smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
+        smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
+        xchg = cuda.shared.array(XCHG, float32)
+        scratch = cuda.shared.array(SCRATCH, uint32)
+        shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t2 = (lane & 3) * 2
+        part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0])
+        if begin_req >= cache_seqlens.shape[0]:
+            return  # idle part
+        num_pages = k_cache.shape[0]
+        q_rows = s_q * group
+        row = tid // TPR  # copy: this thread's row of every tile (and of Q),
+        rl = tid % TPR    # its lane in the row (TPR = 4: chunks rl, rl + 4, ...)
+        even = row * wgmma.BLOCK_COLS + ((rl ^ (row & 7)) << 3)
+        odd = row * wgmma.BLOCK_COLS + (((rl + 4) ^ (row & 7)) << 3)
+        base = wgmma.aligned_base(smem)  # the tiles start on a 1024-byte boundary
+
+        # This thread's rows of the C fragments: r_lo and r_lo + 8 of the 64, and their tokens.
+        r_lo = 16 * (warp & 3) + g
+        key0 = KEYS * wg + t2  # its first key column in a tile
+        # The query row this thread copies: packed row m0 + row is token t of head h.
+        gq = m0 + row
+        q_ok = gq < q_rows
+        tq = int32(convert.div_u32(gq, group)) if q_ok else int32(0)
+        hq = int32(hk * group + gq - tq * group) if q_ok else int32(0)
+
+        desc_q = wgmma.descriptor(smem, base + Q_OFF, 16, SBO)
+        desc_k = wgmma.descriptor(smem, base + K_OFF, 16, SBO) + uint64(wg * KEYS_STEP)
+        desc_p = wgmma.descriptor(smem, base + P_OFF, 16, SBO)
+        desc_v = wgmma.descriptor(smem, base + K_OFF, V_LBO, SBO) + uint64(wg * V_COLS_STEP)
+
+        m_i = cuda.local.array((1, 2), float32)
+        l_i = cuda.local.array((1, 2), float32)
+        m_tile = cuda.local.array((1, 2), float32)
+        limit = cuda.local.array(2, int32)
+        O_i = cuda.local.array((1, DT, 4), float32)
+        S = cuda.local.array((1, NT, 4), float32)
+
+        for req in range(begin_req, end_req + 1):
+            n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
+                                                       req, begin_req, end_req)
+            n_tiles = (n_hi - n_lo + BLOCK_N - 1) // BLOCK_N if n_hi > n_lo else 0
+            cuda.syncthreads()  # the previous piece is done with Q, P and the exchange
+
+            # Prologue: Q and the first cache tile in flight together; tile 1's table entry.
+            for i in range(CPT):
+                if CHUNKS_EXACT or rl + TPR * i < CHUNKS:
+                    copy16(smem, base + Q_OFF + chunk_at(i, BLOCK_M, even, odd), q,
+                           (req, tq, hq, uint64(8 * (rl + TPR * i))), q_ok)
+            page, pslot, ok = row_source(block_table, num_pages, req, n_lo + row, n_hi,
+                                         page_size)
+            if n_tiles > 0:
+                copy_cache_row(smem, base + K_OFF, k_cache, hk, page, pslot, ok, even, odd, rl)
+            memory.cp_async_commit()
+            page, pslot, ok = row_source(block_table, num_pages, req, n_lo + BLOCK_N + row, n_hi,
+                                         page_size)
+
+            # Keys each of the thread's rows may see: the piece's, and (causal) those before its
+            # token's diagonal.
+            for half in range(2):
+                lim = n_hi
+                if CAUSAL:
+                    t = int32(convert.div_u32(m0 + r_lo + 8 * half, group))
+                    lim = min(lim, seqlen - (s_q - 1 - t))
+                limit[half] = lim
+                m_i[0, half] = NEG_INF
+                l_i[0, half] = ZERO
+            for dt in range(DT):
+                for e in range(4):
+                    O_i[0, dt, e] = ZERO
+
+            for j in range(n_tiles):
+                n0 = n_lo + j * BLOCK_N
+                memory.cp_async_wait(0)  # tile j has landed (for this thread's copies) ...
+                sync.proxy_fence()       # ... is visible to wgmma reads ...
+                cuda.syncthreads()       # ... for every thread; tile j - 1 is done with
+                if j + 1 < n_tiles:
+                    copy_cache_row(smem, base + K_OFF + TILE - (j & 1) * TILE, k_cache, hk, page,
+                                   pslot, ok, even, odd, rl)
+                    memory.cp_async_commit()
+                    page, pslot, ok = row_source(block_table, num_pages, req,
+                                                 n0 + 2 * BLOCK_N + row, n_hi, page_size)
+                buf = uint64((j & 1) * BUF_STEP)
+
+                # 1. This warpgroup's 32 keys of S = Q K^T, over all HEAD_DIM columns.
+                wgmma.fence()
+                for ks in range(KSTEPS):
+                    mma_s(S, 0, desc_q + k_step(ks, BLOCK_M), desc_k + buf + k_step(ks, BLOCK_N),
+                          ks > 0, smem, scratch, tid)
+                wgmma.commit()
+                wgmma.wait(0)
+                wgmma.fence_operands(S, S_REGS)
+                for half in range(2):  # keys past the row's limit: -inf
+                    lim = limit[half] - n0 - key0
+                    for nt in range(NT):
+                        for e in range(2 * half, 2 * half + 2):
+                            if 8 * nt + (e & 1) >= lim:
+                                S[0, nt, e] = NEG_INF
+                row_max(S, m_tile, shfl_scratch, tid)
+
+                # 2. Both warpgroups' maxima -> the same m_tile in both.
+                if t2 == 0:
+                    for half in range(2):
+                        xchg[BLOCK_M * wg + r_lo + 8 * half] = m_tile[0, half]
+                cuda.syncthreads()
+                for half in range(2):
+                    r = r_lo + 8 * half
+                    m_tile[0, half] = max(xchg[r], xchg[BLOCK_M + r])
+                update(S, m_i, l_i, O_i, m_tile, scale_log2)
+
+                # 3. This warpgroup's block of P, rounded to 16 bits, into the P tile.
+                for nt in range(NT):
+                    for half in range(2):
+                        word = uint32(base + P_OFF + wgmma.tile_offset(
+                            r_lo + 8 * half, KEYS * wg + 8 * nt + t2, BLOCK_M)) >> 1
+                        smem_words[word] = pack(S[0, nt, 2 * half], S[0, nt, 2 * half + 1])
+                sync.proxy_fence()
+                cuda.syncthreads()
+
+                # 4. O_i[:, own columns] += P V[:, own columns], 16 keys per wgmma.
+                wgmma.fence()
+                for kk in range(BLOCK_N // 16):
+                    mma_o(O_i, 0, desc_p + uint64(2 * kk), desc_v + buf + uint64(kk * V_STEP), 1,
+                          smem, scratch, tid)
+                wgmma.commit()
+                wgmma.wait(0)
+                wgmma.fence_operands(O_i, O_REGS)
+
+            # Epilogue: the row sums of both warpgroups, then O_i / l_i and the lse (final or
+            # partial) straight from the fragments.
+            memory.cp_async_wait(0)  # Q's copy, where the piece had no tile to wait for it
+            for mask in (1, 2):
+                for half in range(2):
+                    l_i[0, half] += shfl_xor(l_i[0, half], mask, shfl_scratch, tid)
+            if t2 == 0:  # (every thread read the last maxima before the last P barrier)
+                for half in range(2):
+                    xchg[BLOCK_M * wg + r_lo + 8 * half] = l_i[0, half]
+            cuda.syncthreads()
+            for half in range(2):
+                r = r_lo + 8 * half
+                gr = m0 + r
+                if gr < q_rows:
+                    l = xchg[r] + xchg[BLOCK_M + r]
+                    inv = ONE / l if l > ZERO else ZERO
+                    t = int32(convert.div_u32(gr, group))
+                    h = hk * group + gr - t * group
+                    for dt in range(DT):
+                        for e in range(2):
+                            col = VH * wg + 8 * dt + t2 + e
+                            if col < HEAD_DIM_V:
+                                put(out, o_acc, split, req, slot, t, h, col,
+                                    O_i[0, dt, 2 * half + e] * inv)
+                    if wg == 0 and t2 == 0:
+                        put_lse(lse, lse_acc, split, req, slot, t, h, m_i[0, half] * scale_log2,
+                                l)
+
+    return mla_decode_wgmma
+
+
+# ----------------------------------------------------------------------------- spec
+
+class Spec(DecodeSpec):
+    name = "mla_decode_wgmma"
+    unroll_loops = True
+
+    def entry(self, config, device):
+        return ()  # one tile shape: BLOCK_M = BLOCK_N = 64, two warpgroups
+
+    def tiles(self, config, entry):
+        return Tiles(BLOCK_M, BLOCK_N, THREADS, shared_bytes(config.head_dim, config.head_dim_v))
+
+    def make(self, config, tiles):
+        return make_mla_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
+                                      config.fmt)
+
+
+SPEC = Spec()

@@ -1,0 +1,78 @@
+"""The paged MLA decode checks both families run (simt/test_mla_decode.py and
+tc/test_mla_decode_wgmma.py): adversarial paged caches and one decode through the public API
+against the float64 reference.
+
+The caches are adversarial: sequences live in shuffled pages, every cache slot no sequence owns
+is NaN, and every block-table entry past a sequence's last page is a huge sentinel, so a kernel
+that reads one slot or table entry too many fails (NaN in the output, or an out-of-range page).
+"""
+
+import numpy as np
+
+import numba_flash as nf
+from numba_flash import reference as ref
+from numba_flash.runtime import arrays
+from helpers import DTYPES, assert_close_rule, assert_lse, nan_like, randn, to_device, to_host
+
+SENTINEL = 1 << 30  # block-table entries no sequence uses: far outside any cache
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def paged_cache(rng, seqlens, page, h_kv, d, fmt, spare_pages=3, spare_columns=2):
+    """``(k_cache, block_table)``: the rows of each sequence in shuffled pages, NaN elsewhere."""
+    used = [cdiv(int(n), page) for n in seqlens]
+    num_blocks = sum(used) + spare_pages
+    cache = np.full((num_blocks, page, h_kv, d), np.nan, np.float32)
+    table = np.full((len(seqlens), max(used) + spare_columns), SENTINEL, np.int32)
+    pages = iter(rng.permutation(num_blocks))
+    for i, n in enumerate(seqlens):
+        for j in range(used[i]):
+            table[i, j] = p = next(pages)
+            rows = min(page, int(n) - j * page)
+            cache[p, :rows] = rng.standard_normal((rows, h_kv, d))
+    return cache.astype(DTYPES[fmt]), table
+
+
+def mla_lowp(q, k_cache, block_table, seqlens, head_dim_v, causal):
+    """The same-dtype plain attention of the tolerance rule in docs/design.md, one sequence at
+    a time (float64 out)."""
+    b, s_q, h_q, _ = q.shape
+    page = k_cache.shape[1]
+    out = np.zeros((b, s_q, h_q, head_dim_v))
+    for i, n in enumerate(int(n) for n in seqlens):
+        if n:
+            pages = block_table[i, :cdiv(n, page)]
+            k = k_cache[pages].reshape(1, -1, *k_cache.shape[2:])[:, :n]
+            out[i:i + 1] = ref.attention_lowp(q[i:i + 1], k, k[..., :head_dim_v], causal)
+    return out
+
+
+def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits=None,
+             unaligned=False, backend="auto"):
+    """One decode through the public API, checked against the reference; ``splits`` (if not
+    None) asserts whether the plan cut some request into pieces, i.e. whether the combine ran;
+    ``unaligned`` passes the cache as a view that starts one element into wider rows."""
+    seqlens = np.asarray(seqlens, np.int32)
+    k_cache, table = paged_cache(rng, seqlens, page, h_kv, d, fmt)
+    dk_cache = to_device(k_cache)
+    if unaligned:
+        wide = np.zeros(k_cache.shape[:3] + (d + 1,), k_cache.dtype)
+        wide[..., 1:] = k_cache
+        dk_cache = to_device(wide)[..., 1:]
+        assert not arrays.rows_16_byte_aligned(arrays.adapt(dk_cache, "k_cache"))
+    q = randn(rng, (len(seqlens), s_q, h_q, d), fmt)
+    metadata, num_splits = nf.get_mla_metadata(to_device(seqlens), s_q * h_q // h_kv, h_kv,
+                                               num_sms=num_sms)
+    if splits is not None:
+        assert (np.diff(to_host(num_splits)) > 1).any() == splits, to_host(num_splits)
+    out = nan_like(np.zeros((len(seqlens), s_q, h_q, dv), DTYPES[fmt]))
+    o, lse = nf.flash_mla_with_kvcache(to_device(q), dk_cache, to_device(table),
+                                       to_device(seqlens), dv, metadata, num_splits,
+                                       causal=causal, out=out, backend=backend)
+    assert o is out
+    ro, rl = ref.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=causal)
+    assert_close_rule(o, ro, mla_lowp(q, k_cache, table, seqlens, dv, causal), fmt)
+    assert_lse(lse, rl)

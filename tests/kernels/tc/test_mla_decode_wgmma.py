@@ -1,0 +1,96 @@
+"""The tensor-core paged MLA decode (kernels/tc/mla_decode_wgmma.py) against the float64
+reference, on the adversarial caches of kernels/_decode_cases.py. Simulator: emulated wgmma, tiny
+head dims; GPU: DeepSeek's sizes, where the device is a Hopper."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import numba_flash as nf
+from numba_flash.kernels.tc import mla_decode_wgmma
+from helpers import SIMULATOR, assert_compiles_clean, nan_like, randn, to_device, to_host
+from kernels._decode_cases import SENTINEL, paged_cache, run_case
+
+pytestmark = pytest.mark.skipif(
+    not SIMULATOR and cuda.is_available()
+    and cuda.get_current_device().compute_capability != (9, 0),
+    reason="wgmma runs on compute capability 9.0 only")
+
+# (seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits): a ragged 64-row tile
+# (4 and 3 x 2 rows), two tiles of packed rows (40 x 2), h_kv = 2, page sizes 1 / 16 / 64, lengths
+# 0 and 1 and off the tile grid, causal s_q = 2 and 3, head_dim_v odd and below a warpgroup's 64
+# columns, requests cut into pieces (combined), both formats.
+CASES_SIM = [
+    ([70, 0, 5], 1, 4, 1, 32, 32, 16, False, "bfloat16", 4, None),
+    ([330, 1, 0, 64], 3, 2, 1, 48, 23, 1, True, "float16", 2, None),
+    ([200, 17], 1, 40, 2, 64, 64, 16, False, "bfloat16", 16, True),
+    ([70], 2, 40, 1, 16, 16, 64, True, "float16", 2, None),
+]
+# DeepSeek sizes (d 576 = 512 + 64, dv 512, h_kv 1 unless said), as in the simt decode's GPU
+# cases: one and two 64-row tiles, a 64k + 1 request cut over many parts, lengths 0 and 1,
+# causal s_q = 2, page sizes 1 / 16 / 64 / 256, h_kv = 4, fp16 and bf16.
+CASES_GPU = [
+    ([1 + 13 * i for i in range(128)], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, None),
+    ([65537, 1, 0, 5000, 777], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, True),
+    ([2048, 1500], 2, 128, 1, 576, 512, 64, True, "float16", None, None),
+    ([1000, 10, 0, 300], 1, 128, 1, 576, 512, 64, False, "bfloat16", 132, True),
+    ([200] * 128, 1, 128, 1, 576, 512, 256, False, "bfloat16", None, None),
+    ([4097, 63, 64, 65, 0, 1], 2, 16, 1, 576, 512, 16, True, "bfloat16", 132, True),
+    ([3000, 2000], 1, 32, 4, 576, 512, 64, False, "float16", 132, None),
+    ([5000, 50], 2, 64, 1, 576, 512, 1, True, "bfloat16", 132, True),
+]
+CASES = CASES_SIM if SIMULATOR else CASES_GPU
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[1:])))
+def test_decode_matches_reference(case, rng):
+    run_case(rng, *case, backend="tc")
+
+
+def test_table_entries_outside_the_cache_read_nothing(rng):
+    """Block-table entries inside a sequence that name no page of the cache (past its end, -1)
+    make the kernel skip those rows: no access outside k_cache (on a GPU: no illegal address),
+    and the other requests of the batch come out as without the bad entries."""
+    seqlens = np.array([40, 33], np.int32)
+    d, dv = (32, 32) if SIMULATOR else (576, 512)
+    k_cache, table = paged_cache(rng, seqlens, 16, 1, d, "bfloat16")
+    q = randn(rng, (2, 1, 4, d), "bfloat16")
+    args = (to_device(q), to_device(k_cache))
+    good, _ = nf.flash_mla_with_kvcache(*args, to_device(table), to_device(seqlens), dv,
+                                        backend="tc")
+    table[0, 0], table[0, 1] = SENTINEL, -1
+    out = nan_like(np.zeros((2, 1, 4, dv), q.dtype))
+    nf.flash_mla_with_kvcache(*args, to_device(table), to_device(seqlens), dv, backend="tc",
+                              out=out)
+    np.testing.assert_array_equal(to_host(out)[1], to_host(good)[1])
+    assert np.isfinite(to_host(out).astype(np.float32)).all()
+
+
+def test_auto_takes_the_tensor_cores_above_two_rows(rng):
+    """auto: the simt decode's narrow variant up to SIMT_DECODE_ROWS packed rows, tc above."""
+    from numba_flash import api
+    from numba_flash.kernels.simt import mla_decode as simt_mla_decode
+    from numba_flash.runtime import arrays, device
+
+    q = arrays.adapt(to_device(randn(rng, (1, 1, 8, 64), "float16")), "q")
+    k = arrays.adapt(to_device(randn(rng, (2, 16, 1, 64), "float16")), "k_cache")
+    dev = device.current()
+    for rows, spec in ((api.SIMT_DECODE_ROWS, simt_mla_decode.SPEC),
+                       (api.SIMT_DECODE_ROWS + 1, mla_decode_wgmma.SPEC)):
+        assert api._decode_spec("auto", (rows, 64, 64, False, "float16"), q, k, dev)[0] is spec
+    with pytest.raises(ValueError, match="^backend: .*head_dim_v up to 512"):
+        api._decode_spec("tc", (16, 576, 576, False, "float16"), q, k, dev)
+
+
+def test_every_specialization_compiles_to_wgmma_without_spills():
+    configs = [((rows, 576, 512, causal, fmt, True), None)
+               for rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16"))]
+    configs.append(((8, 48, 23, True, "bfloat16", True), None))
+    assert_compiles_clean("tc.mla_decode_wgmma", configs, ccs=((9, 0, "a"),),
+                          must_contain=("wgmma.mma_async.sync.aligned", "cp.async",
+                                        "fence.proxy.async"),
+                          must_not_log=("C7509",))
+
+
+def test_deepseek_tiles_fit_a_hopper_block():
+    assert mla_decode_wgmma.shared_bytes(576, 512) + 4 * mla_decode_wgmma.XCHG <= 227 * 1024
