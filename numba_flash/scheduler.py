@@ -72,10 +72,17 @@ one request: its block range is ``[BEGIN_BLOCK, END_BLOCK)`` and ``FIRST_SPLIT =
 Requests strictly between ``BEGIN_REQ`` and ``END_REQ`` are whole and never split. In every case
 the flag of a request equals ``num_splits[r + 1] - num_splits[r] > 1``.
 
+A part that ends on a length-0 request has ``END_BLOCK = 0`` (its empty block is visited, no key
+is read) and that request is never flagged as cut (FlashMLA's rule).
+
 An idle part (no work left when its turn came; parts are filled in order, so idle parts are the
-last rows) has ``BEGIN_REQ == b``; like FlashMLA its row is ``[b, b - 1, 0, nb[b - 1], 0, 0, 0,
-0]`` (``[0, -1, 0, 0, 0, 0, 0, 0]`` for an empty batch), so the inclusive request loop below is
-empty for it anyway, but a kernel should test ``BEGIN_REQ >= b`` first and exit.
+last rows) has ``BEGIN_REQ == b``; its row is ``[b, b - 1, nb[0] - 1, END_BLOCK of request b -
+1, 0, 0, 0, 0]`` (``[0, -1, 0, 0, 0, 0, 0, 0]`` for an empty batch). The odd BEGIN_BLOCK is
+FlashMLA's: its planner reads the first block of request ``b``, one past its per-request array,
+and finds the next array's first word, request 0's last block. Kernels never read it, and
+writing the same value keeps the metadata identical to FlashMLA's for every input. The
+inclusive request loop below is empty for an idle part anyway, but a kernel should test
+``BEGIN_REQ >= b`` first and exit.
 
 How a decode kernel walks its row (``part_pieces`` below does exactly this on the host)::
 
@@ -209,12 +216,14 @@ def plan_mla(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_sms):
                     blk += rem - ov
                     piece += 1
                 break  # (otherwise too little is left even to start the request)
+        if row[BEGIN_REQ] == b and b > 0:  # idle: FlashMLA's begin_block (see below)
+            row[BEGIN_BLOCK] = nb[0] - 1
         if blk > 0:  # the part stopped inside `req`
             end_req, end_blk = req, blk
-        else:  # the part ended on a request boundary (or is idle)
+        else:  # the part ended on a request boundary (or is idle); a length-0 request ends at 0
             end_req = req - 1
-            end_blk = nb[end_req] if end_req >= 0 else 0
-        last_cut = end_req >= 0 and end_blk != nb[end_req]
+            end_blk = (nb[end_req] if seqlens[end_req] > 0 else 0) if end_req >= 0 else 0
+        last_cut = end_req >= 0 and end_blk != nb[end_req] and seqlens[end_req] > 0
         if row[BEGIN_REQ] == end_req:  # one piece of one request: both flags say "is it cut"
             first_cut = last_cut = first_cut or last_cut
         row[END_REQ] = end_req

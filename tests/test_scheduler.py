@@ -18,7 +18,7 @@ def test_worked_case_uniform_batch():
     for p in range(64):
         np.testing.assert_array_equal(meta[p], [2 * p, 2 * p + 1, 0, 64, 0, 0, 0, 0])
     for p in (64, 65):
-        np.testing.assert_array_equal(meta[p], [128, 127, 0, 64, 0, 0, 0, 0])
+        np.testing.assert_array_equal(meta[p], [128, 127, 63, 64, 0, 0, 0, 0])  # (see below)
 
 
 def test_worked_case_mixed_lengths():
@@ -31,11 +31,12 @@ def test_worked_case_mixed_lengths():
         np.testing.assert_array_equal(meta[p], [0, 0, p, p + 1, p, 1, 1, 0])
     np.testing.assert_array_equal(meta[15], [0, 0, 15, 16, 15, 1, 1, 0])
     np.testing.assert_array_equal(meta[16], [1, 1, 0, 1, 0, 0, 0, 0])
-    np.testing.assert_array_equal(meta[17], [2, 2, 0, 1, 0, 0, 0, 0])  # seqlen 0: one empty block
+    np.testing.assert_array_equal(meta[17], [2, 2, 0, 0, 0, 0, 0, 0])  # seqlen 0: ends at block 0
     for k in range(5):
         np.testing.assert_array_equal(meta[18 + k], [3, 3, k, k + 1, k, 1, 1, 0])
     for p in range(23, 66):
-        np.testing.assert_array_equal(meta[p], [4, 3, 0, 5, 0, 0, 0, 0])
+        # idle: begin_block is request 0's last block, as FlashMLA's planner writes it
+        np.testing.assert_array_equal(meta[p], [4, 3, 15, 5, 0, 0, 0, 0])
 
 
 def test_helpers():
@@ -75,8 +76,9 @@ def check_plan(seqlens, q_rows, h_kv, num_sms):
         row = meta[p]
         if row[BEGIN_REQ] >= b:  # idle: only trailing rows, FlashMLA's exact shape
             idle_seen = True
-            last_nb = int(nb[-1]) if b else 0
-            np.testing.assert_array_equal(row, [b, b - 1, 0, last_nb, 0, 0, 0, 0])
+            last_end = int(nb[-1]) if b and seqlens[-1] > 0 else 0
+            first_last = int(nb[0]) - 1 if b else 0
+            np.testing.assert_array_equal(row, [b, b - 1, first_last, last_end, 0, 0, 0, 0])
             assert sch.part_pieces(row, seqlens, num_splits) == []
             continue
         assert not idle_seen, "a busy part follows an idle one"
@@ -87,15 +89,16 @@ def check_plan(seqlens, q_rows, h_kv, num_sms):
         cost = 0
         for k, (req, lo, hi, slot, split) in enumerate(work):
             assert lo == covered[req], "blocks must be covered in order, exactly once"
-            assert lo < hi <= nb[req]
+            empty = seqlens[req] == 0 and k == len(work) - 1  # a part ending on a length 0
+            assert (lo == hi == 0) if empty else lo < hi <= nb[req]
             if 0 < k < len(work) - 1:  # requests in the middle of a part are whole
                 assert lo == 0 and hi == nb[req] and not split
             assert split == (pieces[req] > 1)
             assert slot == num_splits[req] + seen_pieces[req]
-            covered[req] = hi
+            covered[req] = nb[req] if empty else hi
             seen_pieces[req] += 1
             slots.append(slot)
-            cost += hi - lo + FIXED_OVERHEAD_BLOCKS
+            cost += (1 if empty else hi - lo) + FIXED_OVERHEAD_BLOCKS
         assert cost <= budget
         if row[BEGIN_REQ] == row[END_REQ]:
             assert row[FIRST_SPLIT] == row[LAST_SPLIT]
