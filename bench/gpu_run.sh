@@ -52,12 +52,13 @@ for stage in "$@"; do
           python3 bench/bench_attention.py --providers nf-tc --dtypes float16 --head-dims $d \
           --seqlens 4096 --causal 0 --no-plot --out-dir /tmp/profile_$d
       done ;;
-    profile-mla)  # the decode kernel's first launch has the benchmark's size
+    profile-mla)  # MLA_PROVIDER (nf-simt, nf-tc) at h_q = MLA_HEADS; launch 3 is the first timed
       run "profile decode" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
-        -k regex:mla_decode --launch-skip 1 --launch-count 1 --section SpeedOfLight \
-        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-        python3 bench/bench_mla.py --providers nf-simt --s-q 1 --heads-q 1 --seqlens 4096 \
-        --no-plot --out-dir /tmp/profile_mla ;;
+        -k regex:mla_decode --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis_Tables --section InstructionStats \
+        python3 bench/bench_mla.py --providers "${MLA_PROVIDER:-nf-simt}" --s-q 1 \
+        --heads-q "${MLA_HEADS:-1}" --seqlens 4096 --no-plot --out-dir /tmp/profile_mla ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done
