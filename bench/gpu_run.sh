@@ -52,9 +52,9 @@ for stage in "$@"; do
           python3 bench/bench_attention.py --providers nf-tc --dtypes float16 --head-dims $d \
           --seqlens 4096 --causal 0 --no-plot --out-dir /tmp/profile_$d
       done ;;
-    profile-mla)  # MLA_PROVIDER (nf-simt, nf-tc) at h_q = MLA_HEADS; launch 3 is the first timed
+    profile-mla)  # MLA_PROVIDER (nf-simt, nf-tc) at h_q = MLA_HEADS; launches 7+ are timed ones
       run "profile decode" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
-        -k regex:mla_decode --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+        -k regex:mla_decode --launch-skip 6 --launch-count 1 --section SpeedOfLight \
         --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis_Tables --section InstructionStats \
         python3 bench/bench_mla.py --providers "${MLA_PROVIDER:-nf-simt}" --s-q 1 \

@@ -246,20 +246,21 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 memory.cp_async_wait(0)  # tile j has landed (for this thread's copies) ...
                 sync.proxy_fence()       # ... is visible to wgmma reads ...
                 cuda.syncthreads()       # ... for every thread; tile j - 1 is done with
+                buf = uint64((j & 1) * BUF_STEP)
+
+                # 1. This warpgroup's 32 keys of S = Q K^T, over all HEAD_DIM columns; while the
+                # tensor cores work, the copies of tile j + 1 are issued into the other buffer.
+                wgmma.fence()
+                for ks in range(KSTEPS):
+                    mma_s(S, 0, desc_q + k_step(ks, BLOCK_M), desc_k + buf + k_step(ks, BLOCK_N),
+                          ks > 0, smem, scratch, tid)
+                wgmma.commit()
                 if j + 1 < n_tiles:
                     copy_cache_row(smem, base + K_OFF + TILE - (j & 1) * TILE, k_cache, hk, page,
                                    pslot, ok, even, odd, rl)
                     memory.cp_async_commit()
                     page, pslot, ok = row_source(block_table, num_pages, req,
                                                  n0 + 2 * BLOCK_N + row, n_hi, page_size)
-                buf = uint64((j & 1) * BUF_STEP)
-
-                # 1. This warpgroup's 32 keys of S = Q K^T, over all HEAD_DIM columns.
-                wgmma.fence()
-                for ks in range(KSTEPS):
-                    mma_s(S, 0, desc_q + k_step(ks, BLOCK_M), desc_k + buf + k_step(ks, BLOCK_N),
-                          ks > 0, smem, scratch, tid)
-                wgmma.commit()
                 wgmma.wait(0)
                 wgmma.fence_operands(S, S_REGS)
                 for half in range(2):  # keys past the row's limit: -inf
