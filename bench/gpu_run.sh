@@ -56,7 +56,7 @@ for stage in "$@"; do
       run "profile decode" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
         -k regex:mla_decode --launch-skip 6 --launch-count 1 --section SpeedOfLight \
         --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis_Tables --section InstructionStats \
+        --section MemoryWorkloadAnalysis_Tables --section InstructionStats --print-details all \
         python3 bench/bench_mla.py --providers "${MLA_PROVIDER:-nf-simt}" --s-q 1 \
         --heads-q "${MLA_HEADS:-1}" --seqlens 4096 --no-plot --out-dir /tmp/profile_mla ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;

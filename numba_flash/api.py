@@ -18,6 +18,7 @@ from .kernels.simt import backward as simt_backward
 from .kernels.simt import combine as simt_combine
 from .kernels.simt import forward as simt_forward
 from .kernels.simt import mla_decode as simt_mla_decode
+from .kernels.simt import mla_metadata as simt_mla_metadata
 from .kernels.tc import backward_mma as tc_backward_mma
 from .kernels.tc import forward_mma as tc_forward_mma
 from .kernels.tc import forward_wgmma as tc_forward_wgmma
@@ -310,7 +311,9 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
     ``num_q_tokens_per_head_k = s_q * h_q // h_kv``; ``num_heads_k = h_kv``; ``num_heads_q``
     (FlashMLA's fourth argument) is checked and otherwise unused; ``num_sms`` (keyword only)
     defaults to the device's SM count (under the simulator, which has no device to ask, to
-    ``device.SIMULATED.sms = 8``). The plan is ``scheduler.plan_mla``'s. Returns
+    ``device.SIMULATED.sms = 8``). The plan is ``scheduler.plan_mla``'s, made on the device by
+    ``kernels/simt/mla_metadata.py`` (no host copy, no synchronization: capturable in a CUDA
+    graph), or on the host for a NumPy ``cache_seqlens``. Returns
     ``(tile_scheduler_metadata (num_sm_parts, 8), num_splits (b + 1,))``, int32 device arrays in
     cache_seqlens's library (Numba device arrays for a NumPy input on a GPU).
     """
@@ -320,9 +323,8 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
     if num_heads_q is not None and _positive_int(num_heads_q, "num_heads_q") % h_kv:
         raise ValueError(f"num_heads_q: expected a multiple of num_heads_k ({h_kv}), "
                          f"got {num_heads_q}")
-    if num_sms is None:
-        num_sms = device.current().sms
-    num_sms = _positive_int(num_sms, "num_sms")
+    dev = device.current()
+    num_sms = _positive_int(dev.sms if num_sms is None else num_sms, "num_sms")
     if type(cache_seqlens).__module__.split(".")[0] == "numpy" and not SIMULATOR:
         host = np.asarray(cache_seqlens)
         if host.dtype != np.int32:
@@ -332,17 +334,15 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
         plan = scheduler.plan_mla(host, q_rows, h_kv, num_sms)
         return tuple(cuda.to_device(values) for values in plan)
     seqlens = _index_array(cache_seqlens, "cache_seqlens", (None,))
-    stream = arrays.stream_of(seqlens)
-    host = seqlens.view.copy_to_host(stream=stream)
-    if not SIMULATOR:
-        stream.synchronize()
-    plan = scheduler.plan_mla(host, q_rows, h_kv, num_sms)
-    result = []
-    for values, name in zip(plan, ("tile_scheduler_metadata", "num_splits")):
-        t = arrays.empty(seqlens, values.shape, "int32", name)
-        t.view.copy_to_device(values, stream=stream)
-        result.append(t.obj)
-    return tuple(result)
+    parts = scheduler.num_sm_parts(num_sms, h_kv, q_rows)
+    problem = dict(cache_seqlens=seqlens, parts=np.int32(parts),
+                   metadata=arrays.empty(seqlens, (parts, scheduler.METADATA_SIZE), "int32",
+                                         "tile_scheduler_metadata"),
+                   num_splits=arrays.empty(seqlens, (seqlens.shape[0] + 1,), "int32",
+                                           "num_splits"))
+    plan = simt_mla_metadata.SPEC
+    plan.launch(plan.Config(), problem, arrays.stream_of(seqlens), dev)
+    return problem["metadata"].obj, problem["num_splits"].obj
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,

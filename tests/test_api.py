@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import numba_flash as nf
+from numba_flash import scheduler
 from helpers import SIMULATOR, nan_like, randn, to_device, to_host
 
 
@@ -210,7 +211,6 @@ def test_mla_decode_refuses_wrong_out_buffer(rng):
 @pytest.mark.parametrize("args, exc, words", [
     ((_int32([5, 3], np.int64), 2, 1), TypeError, "^cache_seqlens: expected int32"),
     ((_int32([[5, 3]]), 2, 1), ValueError, "^cache_seqlens"),
-    ((_int32([5, -1]), 2, 1), ValueError, "^cache_seqlens"),
     ((_int32([5, 3]), 0, 1), ValueError, "^num_q_tokens_per_head_k"),
     ((_int32([5, 3]), 2, 0), ValueError, "^num_heads_k"),
     ((_int32([5, 3]), 2, 2, 3), ValueError, "^num_heads_q"),
@@ -220,6 +220,14 @@ def test_mla_decode_refuses_wrong_out_buffer(rng):
 def test_mla_metadata_refuses_bad_input(args, exc, words):
     with pytest.raises(exc, match=words):
         nf.get_mla_metadata(*args)
+
+
+def test_mla_metadata_reads_negative_device_lengths_as_zero():
+    """Lengths on the device are not copied to the host to be checked: the planner reads a
+    negative one as 0 (and the decode sees no key there)."""
+    got = nf.get_mla_metadata(_int32([5, -1, 70]), 2, 1, num_sms=4)
+    for g, want in zip(got, scheduler.plan_mla(np.array([5, 0, 70]), 2, 1, 4)):
+        np.testing.assert_array_equal(to_host(g), want)
 
 
 def test_mla_metadata_takes_flashmla_positional_order_and_num_sms_by_keyword():

@@ -94,3 +94,35 @@ def test_every_specialization_compiles_to_wgmma_without_spills():
 
 def test_deepseek_tiles_fit_a_hopper_block():
     assert mla_decode_wgmma.shared_bytes(576, 512) + 4 * mla_decode_wgmma.XCHG <= 227 * 1024
+
+
+@pytest.mark.skipif(SIMULATOR, reason="CUDA graphs need a GPU")
+def test_planning_and_decode_replay_from_a_cuda_graph():
+    """get_mla_metadata (on the device) and the decode captured in one torch CUDA graph; the
+    replay with new lengths and queries gives what eager calls give."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    b, s_q, h_q, d, dv, page = 16, 1, 64, 576, 512, 64
+    k_cache = torch.randn(b * 40, page, 1, d, generator=gen, device="cuda").bfloat16()
+    table = torch.randperm(b * 40, generator=gen, device="cuda").int().reshape(b, 40)
+    q = torch.randn(b, s_q, h_q, d, generator=gen, device="cuda").bfloat16()
+    lens = torch.randint(1, 40 * page, (b,), generator=gen, device="cuda").int()
+
+    def step():
+        meta, splits = nf.get_mla_metadata(lens, s_q * h_q, 1)
+        return nf.flash_mla_with_kvcache(q, k_cache, table, lens, dv, meta, splits)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = step()
+    lens.copy_(torch.randint(0, 40 * page, (b,), generator=gen, device="cuda").int())
+    q.copy_(torch.randn(b, s_q, h_q, d, generator=gen, device="cuda").bfloat16())
+    graph.replay()
+    want, want_lse = step()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
