@@ -87,6 +87,12 @@ def specializations():
 
     for fmt in ("float16", "bfloat16", "float32"):
         add(f"simt mla combine dv=512 {fmt}", (SM80, SM90), "simt.combine", [512, fmt])
+    add("simt mla metadata", (SM80, SM90), "simt.mla_metadata", [])
+    for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
+        add(f"tc wgmma mla q_rows={q_rows} causal={causal} {fmt}", (SM90A,),
+            "tc.mla_decode_wgmma", [q_rows, 576, 512, causal, fmt, True])
+    add("tc wgmma mla d=48 dv=23 causal=True bfloat16", (SM90A,), "tc.mla_decode_wgmma",
+        [8, 48, 23, True, "bfloat16", True])
 
     mma = [(64, (128, 64, 4, 0)), (128, (128, 64, 4, 0)), (128, (128, 32, 4, 0)),
            (256, (64, 32, 4, 0)), (16, (32, 16, 2, 0))]
