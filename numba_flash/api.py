@@ -152,10 +152,12 @@ def _backward_specs(backend):
     return simt_backward.DKDV, simt_backward.DQ
 
 
-# Packed query rows per kv head up to which ``auto`` keeps the simt decode (its narrow variant
-# splits the keys of one or two rows over the warps; a 64-row tensor-core tile would be mostly
-# padding there). Measured: bench/results/NVIDIA-H200/mla_decode.csv.
-SIMT_DECODE_ROWS = 2
+# Packed query rows per kv head up to which ``auto`` keeps the simt decode: its narrow variant
+# splits the keys of one row over the warps and streams the cache at 3.8-4.4 TB/s, 1.05-1.08x
+# FlashMLA, where the 64-row tensor-core tile is 63/64 padding (0.72-0.80x). At two rows (s_q 2,
+# h_q 1) the tc kernel is ahead, 0.74-0.80x against 0.67-0.70x. Measured on an H200:
+# bench/results/NVIDIA-H200/mla_decode.csv.
+SIMT_DECODE_ROWS = 1
 
 
 def _decode_spec(backend, config, q, k_cache, dev):
