@@ -114,8 +114,6 @@ def _numba_flash(backend):
 def _flashmla():
     import os
 
-    import torch
-
     path = os.environ.get("FLASHMLA_DIR")
     if not path:
         raise RuntimeError("FLASHMLA_DIR is not set")
