@@ -8,12 +8,14 @@ from the kernels' specs (``runtime.spec``); what a call means is ``docs/api.md``
 """
 
 import math
+import threading
 
 import numpy as np
 from numba import cuda
 
 from . import scheduler
 from .kernels import naive
+from .kernels.common import status as device_status
 from .kernels.simt import backward as simt_backward
 from .kernels.simt import combine as simt_combine
 from .kernels.simt import forward as simt_forward
@@ -65,16 +67,45 @@ def _same_format(ref, *others):
             raise TypeError(f"{t.name}: dtype {t.fmt} differs from {ref.name}'s {ref.fmt}")
 
 
+# The largest softmax scale: the kernels multiply raw float32 scores by scale * log2(e), and a
+# score times a scale past this overflows float32 for scores of a few hundred thousand.
+MAX_SOFTMAX_SCALE = 2.0 ** 16
+
+
 def _scale(softmax_scale, head_dim):
-    """The softmax scale: ``head_dim ** -0.5`` by default, else a finite positive float (the
-    kernels take row maxima of raw scores, which commute only with a positive scale)."""
+    """The softmax scale: ``head_dim ** -0.5`` by default, else a positive float up to
+    MAX_SOFTMAX_SCALE (the kernels take row maxima of raw scores, which commute only with a
+    positive scale)."""
     if softmax_scale is None:
         return head_dim ** -0.5
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating)) \
-            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale: expected a finite positive float or None, "
-                         f"got {softmax_scale!r}")
+            or not math.isfinite(softmax_scale) or not 0 < softmax_scale <= MAX_SOFTMAX_SCALE:
+        raise ValueError(f"softmax_scale: expected a positive float up to {MAX_SOFTMAX_SCALE:g} "
+                         f"or None, got {softmax_scale!r}")
     return float(softmax_scale)
+
+
+def _extent(t):
+    """[first, last) byte addresses an array's elements occupy."""
+    lo = hi = 0
+    for n, stride in zip(t.shape, t.strides):
+        step = (n - 1) * stride * t.itemsize
+        lo, hi = (lo + step, hi) if step < 0 else (lo, hi + step)
+    return t.ptr + lo, t.ptr + hi + t.itemsize
+
+
+def _refuse_overlap(outputs, inputs):
+    """``ValueError`` when an output buffer shares memory with an input or another output (the
+    kernels read inputs while they write outputs), or repeats elements (a zero stride)."""
+    for i, o in enumerate(outputs):
+        if any(n > 1 and stride == 0 for n, stride in zip(o.shape, o.strides)):
+            raise ValueError(f"{o.name}: a zero stride repeats elements (strides {o.strides})")
+        lo, hi = _extent(o)
+        for other in list(inputs) + list(outputs[:i]):
+            other_lo, other_hi = _extent(other)
+            if lo < other_hi and other_lo < hi:
+                raise ValueError(f"{o.name}: overlaps {other.name} (an output may not share "
+                                 f"memory with an input or another output)")
 
 
 def _out_buffer(out, like, shape, fmt, name="out"):
@@ -210,8 +241,11 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
         chosen = "simt"  # auto: the CUDA-core kernel reads any view
     b, sq, hq, d = q.shape
     o = _out_buffer(out, q, q.shape, q.fmt)
-    lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
+    if out is not None:
+        _refuse_overlap([o], [q, k, v])
     spec = _forward_spec(chosen, dev)
+    spec.choose(spec.Config(d, bool(causal), q.fmt), dev)  # tiles that fit the device, or refuse
+    lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
     spec.launch(spec.Config(d, bool(causal), q.fmt),
                 dict(q=q, k=k, v=v, out=o, lse=lse, scale=scale), arrays.stream_of(q, stream),
                 dev)
@@ -251,11 +285,15 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     dq = _out_buffer(dq, q, q.shape, q.fmt, "dq")
     dk = _out_buffer(dk, q, k.shape, q.fmt, "dk")
     dv = _out_buffer(dv, q, k.shape, q.fmt, "dv")
+    _refuse_overlap([dq, dk, dv], [q, k, v, out, dout, lse])
+    config = simt_backward.DKDV.Config(d, bool(causal), q.fmt)
+    simt_backward.PREPROCESS.choose(config._replace(causal=False), dev)
+    for spec in _backward_specs(chosen):  # every kernel's tiles fit, or nothing runs
+        spec.choose(config, dev)
     delta = arrays.empty(q, (b, hq, sq), "float32", "delta")  # D_i = rowsum(dout * out)
     stream = arrays.stream_of(q, stream)
     problem = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv,
                    scale=scale)
-    config = simt_backward.DKDV.Config(d, bool(causal), q.fmt)
     simt_backward.PREPROCESS.launch(config._replace(causal=False), problem, stream, dev)
     for spec in _backward_specs(chosen):
         spec.launch(config, problem, stream, dev)
@@ -395,6 +433,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     decode, config = _decode_spec(backend, config, q, k_cache, dev)
     dv = int(head_dim_v)
     o = _out_buffer(out, q, (b, s_q, h_q, dv), q.fmt)
+    if out is not None:
+        _refuse_overlap([o], [q, k_cache, block_table, cache_seqlens]
+                        + ([metadata, num_splits] if planned else []))
+    decode.choose(config, dev)
     if not planned:
         metadata, num_splits = (arrays.adapt(x, name) for x, name in zip(
             get_mla_metadata(cache_seqlens.obj, q_rows, h_kv, num_sms=dev.sms),
@@ -407,7 +449,54 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                    lse=arrays.empty(q, (b, h_q, s_q), "float32", "lse"),
                    o_acc=arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc"),
                    lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
+    problem["status"] = _status_word(q)
     stream = arrays.stream_of(q, stream)
     decode.launch(config, problem, stream, dev)
     simt_combine.SPEC.launch(simt_combine.SPEC.Config(dv, q.fmt), problem, stream, dev)
     return o.obj, problem["lse"].obj
+
+
+# ----------------------------------------------------------------------------- the status word
+
+_status_words = {}  # device ordinal -> (the word: an int32 device array of 1, its Tensor)
+_status_lock = threading.Lock()
+
+
+def _status_word(t):
+    """The status word (kernels/common/status.py) of the device ``t`` lives on, made on first
+    use and kept: kernels set its bits, ``check_errors`` reads and clears them."""
+    entry = _status_words.get(t.device)
+    if entry is None:
+        with _status_lock:
+            entry = _status_words.get(t.device)
+            if entry is None:
+                if SIMULATOR:
+                    word = np.zeros(1, np.int32)
+                else:
+                    with cuda.gpus[t.device]:
+                        word = cuda.to_device(np.zeros(1, np.int32))
+                entry = _status_words[t.device] = (word, arrays.adapt(word, "status"))
+    return entry[1]
+
+
+def check_errors():
+    """Raise ``RuntimeError`` naming what the kernels found wrong in values only the device saw
+    (metadata, block-table entries, lengths, split counts) since the last call, and clear it.
+    The kernels bound every access such a value makes and skip the work it makes invalid; this
+    call is how the caller learns of it. It synchronizes each device that ran a decode."""
+    found = 0
+    for ordinal, (word, _) in list(_status_words.items()):
+        if SIMULATOR:
+            found |= int(word[0])
+            word[0] = 0
+            continue
+        with cuda.gpus[ordinal]:
+            cuda.synchronize()
+            value = int(word.copy_to_host()[0])
+            if value:
+                word.copy_to_device(np.zeros(1, np.int32))
+                cuda.synchronize()
+        found |= value
+    if found:
+        raise RuntimeError("; ".join(message for flag, message in device_status.MESSAGES.items()
+                                     if found & flag))

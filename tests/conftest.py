@@ -51,6 +51,16 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+@pytest.fixture(autouse=True)
+def device_status_is_clean():
+    """After every test: no kernel reported a bad device-side value (docs/api.md, "Errors") that
+    the test did not itself read with ``nf.check_errors()``."""
+    yield
+    api = sys.modules.get("numba_flash.api")
+    if api is not None and api._status_words:
+        api.check_errors()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     report = (yield).get_result()

@@ -54,6 +54,7 @@ def test_forward_refuses_bad_input_before_launch(case, rng):
     (dict(softmax_scale=float("nan")), ValueError, "softmax_scale"),
     (dict(softmax_scale=-0.5), ValueError, "softmax_scale"),
     (dict(softmax_scale="0.1"), ValueError, "softmax_scale"),
+    (dict(softmax_scale=1e38), ValueError, "softmax_scale: .*up to"),
     (dict(causal="yes"), TypeError, "causal"),
 ])
 def test_forward_refuses_bad_options(kwargs, exc, words, rng):
@@ -81,6 +82,52 @@ def test_host_array_on_a_gpu_is_a_type_error(rng):
 
 def _rand(rng, shape, fmt="float16"):
     return to_device(randn(rng, shape, fmt))
+
+
+def test_outputs_that_overlap_inputs_or_repeat_elements_are_refused(rng):
+    """An output may share no memory with an input or another output (the kernels read the
+    inputs while they write), and may not repeat elements through a zero stride."""
+    q, k, v = _qkv(rng)
+    with pytest.raises(ValueError, match="^out: overlaps q"):
+        nf.flash_attn_fwd(q, k, v, out=q)
+    xp = np if SIMULATOR else __import__("cupy")
+    repeated = xp.broadcast_to(to_device(randn(rng, (1, 1, 2, 16), "float16")), (1, 5, 2, 16))
+    with pytest.raises(ValueError, match="^out: a zero stride"):
+        nf.flash_attn_fwd(q, k, v, out=repeated)
+    dout, out = _rand(rng, (1, 5, 2, 16)), _rand(rng, (1, 5, 2, 16))
+    lse = _rand(rng, (1, 2, 5), "float32")
+    with pytest.raises(ValueError, match="^dk: overlaps k"):
+        nf.flash_attn_bwd(dout, q, k, v, out, lse, dk=k)
+    dk = nan_like(randn(rng, (1, 6, 1, 16), "float16"))
+    with pytest.raises(ValueError, match="^dv: overlaps dk"):
+        nf.flash_attn_bwd(dout, q, k, v, out, lse, dk=dk, dv=dk)
+    assert np.isnan(to_host(dk).astype(np.float32)).all(), "a refused call wrote to dk"
+
+
+@pytest.mark.parametrize("backend", ["simt", "tc"])
+def test_a_nan_in_a_query_row_gives_that_row_a_nan_lse(backend, rng):
+    """NaN propagates: +inf stays the marker of a row that sees no key."""
+    q = randn(rng, (1, 5, 2, 16), "float16")
+    q[0, 2, 1, 3] = np.nan
+    _, k, v = _qkv(rng)
+    _, lse = nf.flash_attn_fwd(to_device(q), k, v, backend=backend)
+    lse = to_host(lse)
+    assert np.isnan(lse[0, 1, 2])
+    lse[0, 1, 2] = 0.0
+    assert np.isfinite(lse).all()
+
+
+def test_a_device_that_lacks_the_shared_memory_refuses_before_launch(rng):
+    """Tiles that need more shared memory per block than the device has are never launched: on
+    a 99 KiB-per-block GPU (sm_86, sm_89) the simt forward's D = 256 tiles are refused."""
+    from numba_flash.runtime import device
+
+    q, k, v = (to_device(randn(rng, (1, 5, 2, 256), "float16")) for _ in range(3))
+    out = nan_like(randn(rng, (1, 5, 2, 256), "float16"))
+    small = device.Device(cc=(8, 6), sms=8, shared_per_block=99 * 1024, shared_per_sm=100 * 1024)
+    with device.plan_for(small), pytest.raises(ValueError, match="shared memory per block"):
+        nf.flash_attn_fwd(q, k, v, backend="simt", out=out)
+    assert np.isnan(to_host(out).astype(np.float32)).all(), "a refused call wrote to out"
 
 
 # name -> (arguments replacing good ones, exception, message pattern). Good arguments: q, dout,

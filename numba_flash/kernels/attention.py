@@ -145,7 +145,8 @@ class DecodeConfig(NamedTuple):
 
 class DecodeSpec(KernelSpec):
     """(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse, o_acc, lse_acc,
-    s_q, group, page_size, scale_log2); grid (metadata rows, h_kv, ceil(q_rows / BLOCK_M))."""
+    status, s_q, group, page_size, scale_log2); grid (metadata rows, h_kv, ceil(q_rows /
+    BLOCK_M)). ``status`` is the device status word (common/status.py)."""
 
     Config = DecodeConfig
 
@@ -156,7 +157,7 @@ class DecodeSpec(KernelSpec):
         t = tensor_type(config.fmt)
         i1, i2 = types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A")
         f4 = types.Array(types.float32, 4, "A")
-        return types.void(t, t, i2, i1, i2, i1, t, F32_3D, f4, F32_3D, I32, I32, I32, F32)
+        return types.void(t, t, i2, i1, i2, i1, t, F32_3D, f4, F32_3D, i1, I32, I32, I32, F32)
 
     def grid(self, config, tiles, p):
         return (p["metadata"].shape[0], p["k_cache"].shape[2], cdiv(config.q_rows, tiles.BLOCK_M))
@@ -164,6 +165,7 @@ class DecodeSpec(KernelSpec):
     def arguments(self, config, p):
         s_q, h_q = p["q"].shape[1:3]
         return (p["q"], p["k_cache"], p["block_table"], p["cache_seqlens"], p["metadata"],
-                p["num_splits"], p["out"], p["lse"], p["o_acc"], p["lse_acc"], np.int32(s_q),
+                p["num_splits"], p["out"], p["lse"], p["o_acc"], p["lse_acc"], p["status"],
+                np.int32(s_q),
                 np.int32(h_q // p["k_cache"].shape[2]), np.int32(p["k_cache"].shape[1]),
                 np.float32(p["scale"] * LOG2E))

@@ -20,6 +20,7 @@ itself (0.46 ms of host time against 0.15 ms on the H200). Views that are built 
 descriptor: a view owns no memory and keeps nothing alive, so sharing it is exact.
 """
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
@@ -171,6 +172,7 @@ def _adapt_torch(x, name):
 
 
 _views = OrderedDict()  # (pointer, device, shape, byte strides, typestr) -> Numba device array
+_views_lock = threading.Lock()
 _MAX_VIEWS = 256
 
 
@@ -178,16 +180,18 @@ def _device_view(ptr, device, shape, strides, typestr):
     """A Numba device array over existing device memory (no owner: the caller's array keeps the
     memory alive for the duration of the call), cached by its descriptor."""
     key = (ptr, device, shape, strides, typestr)
-    view = _views.get(key)
-    if view is None:
-        desc = {"shape": shape, "strides": strides, "typestr": typestr, "data": (ptr, False),
-                "version": 3}
-        view = cuda.from_cuda_array_interface(desc, owner=None, sync=False)
+    with _views_lock:  # an LRU update is two steps: no other thread may evict between them
+        view = _views.get(key)
+        if view is not None:
+            _views.move_to_end(key)
+            return view
+    desc = {"shape": shape, "strides": strides, "typestr": typestr, "data": (ptr, False),
+            "version": 3}
+    view = cuda.from_cuda_array_interface(desc, owner=None, sync=False)
+    with _views_lock:
         _views[key] = view
         if len(_views) > _MAX_VIEWS:
             _views.popitem(last=False)
-    else:
-        _views.move_to_end(key)
     return view
 
 

@@ -19,6 +19,8 @@ from numba.cuda.cudadrv.driver import driver
 from .arrays import Tensor
 from .device import DEFAULT_SHARED_LIMIT, SIMULATOR
 
+_SIMULATED_LAUNCH = threading.Lock()
+
 # Kernel parameter codes for struct; an array argument is Numba's array struct flattened into
 # 5 + 2 * ndim 64-bit parameters: meminfo, parent, nitems, itemsize, data, shape..., strides...
 # (bytes). meminfo and parent are host-side bookkeeping that kernels never read: 0.
@@ -101,8 +103,9 @@ def launch(kernel, grid, threads, stream, shared_bytes, *args):
     ``arrays.Tensor`` records, the others plain numbers in the signature's order. The simulator
     ignores streams and receives the records' views."""
     if SIMULATOR:
-        kernel[grid, threads, 0, shared_bytes](*(a.view if isinstance(a, Tensor) else a
-                                                  for a in args))
+        with _SIMULATED_LAUNCH:  # the simulator keeps one launch's state in globals
+            kernel[grid, threads, 0, shared_bytes](*(a.view if isinstance(a, Tensor) else a
+                                                      for a in args))
         return
     block = kernel.parameters
     values, device = block.values(args)

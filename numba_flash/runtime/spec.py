@@ -87,12 +87,20 @@ class KernelSpec:
         return compile_options(tiles.max_registers, self.unroll_loops)
 
     def choose(self, config, device):
-        """The ``Tiles`` of ``config`` on ``device``: the forced entry, else the table's."""
+        """The ``Tiles`` of ``config`` on ``device``: the forced entry, else the table's;
+        ``ValueError`` (before anything is launched) when they need more shared memory per
+        block than the device has."""
         key = (config, device, self._forced)
         tiles = self._tiles.get(key)
         if tiles is None:
             entry = self._forced if self._forced is not None else self.entry(config, device)
-            tiles = self._tiles[key] = self.tiles(config, entry)
+            tiles = self.tiles(config, entry)
+            if device is not None and tiles.shared_bytes > (device.shared_per_block or 1 << 62):
+                raise ValueError(
+                    f"{self.name}: {config} needs {tiles.shared_bytes} bytes of shared memory "
+                    f"per block, the device (compute capability {device.cc}) allows "
+                    f"{device.shared_per_block}; use another backend or head dim")
+            self._tiles[key] = tiles
         return tiles
 
     def build(self, config, entry=None, device=None):

@@ -8,6 +8,7 @@ that reads one slot or table entry too many fails (NaN in the output, or an out-
 """
 
 import numpy as np
+import pytest
 
 import numba_flash as nf
 from numba_flash import reference as ref
@@ -76,3 +77,56 @@ def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, sp
     ro, rl = ref.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=causal)
     assert_close_rule(o, ro, mla_lowp(q, k_cache, table, seqlens, dv, causal), fmt)
     assert_lse(lse, rl)
+
+
+def check_bad_device_values(rng, backend):
+    """Values only the device sees, each wrong in one way: a block-table entry inside a
+    sequence that is no page of the cache (past its end, -1), a length past the table's columns,
+    metadata naming requests outside the batch, split counts naming slots that do not exist.
+    The decode must stay inside its arrays (on a GPU: no illegal address), leave the requests the
+    bad value does not touch as they were, and report the value through ``nf.check_errors``."""
+    seqlens = np.array([40, 33], np.int32)
+    d = dv = 32
+    k_cache, table = paged_cache(rng, seqlens, 16, 1, d, "bfloat16", spare_columns=0)
+    q = to_device(randn(rng, (2, 1, 4, d), "bfloat16"))
+    cache = to_device(k_cache)
+    lens = to_device(seqlens)
+    meta, splits = (to_host(x) for x in nf.get_mla_metadata(lens, 4, 1, num_sms=4))
+
+    def decode(table=table, lens=lens, meta=meta, splits=splits):
+        out = nan_like(np.zeros((2, 1, 4, dv), DTYPES["bfloat16"]))
+        nf.flash_mla_with_kvcache(q, cache, to_device(table), lens, dv, to_device(meta),
+                                  to_device(splits), backend=backend, out=out)
+        return to_host(out)
+
+    good = decode()
+    nf.check_errors()  # good inputs: nothing to report
+    bad_table = table.copy()
+    bad_table[0, 0], bad_table[0, 1] = SENTINEL, -1
+    bad_meta = meta.copy()
+    bad_meta[0, 1] = 7  # the last request of part 0 past the batch
+    cases = [("block_table", dict(table=bad_table), [1]),
+             ("cache_seqlens", dict(lens=to_device(np.array([40, 100], np.int32))), [0]),
+             ("tile_scheduler_metadata", dict(meta=bad_meta), []),
+             ("num_splits", dict(splits=np.array([0, 1 << 20, 1 << 21], np.int32)), [])]
+    for name, change, untouched in cases:
+        got = decode(**change)
+        for r in untouched:
+            np.testing.assert_array_equal(got[r], good[r])
+        with pytest.raises(RuntimeError, match=name):
+            nf.check_errors()
+        nf.check_errors()  # cleared
+
+
+def check_nan_query_row(rng, backend):
+    """A NaN in one query row gives that row a NaN lse (and out); the other rows stay finite."""
+    seqlens = np.array([100, 7], np.int32)
+    k_cache, table = paged_cache(rng, seqlens, 16, 1, 32, "bfloat16")
+    q = randn(rng, (2, 1, 4, 32), "bfloat16")
+    q[0, 0, 2, 5] = np.nan
+    out, lse = nf.flash_mla_with_kvcache(to_device(q), to_device(k_cache), to_device(table),
+                                         to_device(seqlens), 32, backend=backend)
+    lse = to_host(lse)
+    assert np.isnan(lse[0, 2, 0])
+    lse[0, 2, 0] = 0.0
+    assert np.isfinite(lse).all()

@@ -5,7 +5,8 @@ lse
     the scale rides in every exponent, ``exp2(s * scale_log2 - m2)``) and its sum ``l`` of
     ``exp2`` terms; the natural-log lse is then ``(m2 + log2 l) ln 2``. A row that saw no key
     (causal with Sq > Sk) has l = 0 and gets +inf, the marker the backward and the MLA combine
-    read as "contributes nothing".
+    read as "contributes nothing". A row whose scores hold a NaN has a NaN ``l`` and gets a NaN
+    lse, never the +inf of "no key".
 
 Staged 16-byte stores
     A thread of an mma C fragment owns 2 adjacent columns of a row, so straight from the
@@ -31,7 +32,7 @@ ZERO = float32(0.0)
 @cuda.jit(device=True, inline="always")
 def lse_of(m2, l):
     """Natural-log lse of a row from its maximum ``m2`` in base-2 units and its sum ``l``."""
-    return (m2 + math.log2(l)) * LN2 if l > ZERO else POS_INF
+    return POS_INF if l == ZERO else (m2 + math.log2(l)) * LN2  # NaN stays NaN
 
 
 @cuda.jit(device=True, inline="always")

@@ -13,20 +13,21 @@ which the combine kernel merges.
 
 ``make_paged_kv_walk`` returns the device functions, specialised for one decode configuration:
 
-    cta_work(metadata, batch)                -> part, kv head, first packed row, first/last req
+    cta_work(metadata, batch, status)        -> part, kv head, first packed row, first/last req
     piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req)
                                              -> n_lo, n_hi, seqlen, split, slot
-    row_source(block_table, num_pages, req, pos, n_end, page_size) -> page, slot, valid
+    row_source(block_table, num_pages, req, pos, n_end, page_size, status)
+                                             -> page, slot, valid
     copy_row(tile, at, k_cache, hk, page, slot, valid, rl)   (this thread's share of a row)
-    put(out, o_acc, split, req, slot, t, h, col, x)          (one output element)
-    put_lse(lse, lse_acc, split, req, slot, t, h, m, l)      (a row's lse from m_i, l_i)
+    put(out, o_acc, split, req, slot, t, h, col, x, status)  (one output element)
+    put_lse(lse, lse_acc, split, req, slot, t, h, m, l, status)  (a row's lse from m_i, l_i)
 
 Values only the device sees are bounded here, so no metadata, length or table entry can move an
 access outside its array: a part whose first request is not in the batch is idle and its last
 request is clamped to the batch; a piece never starts before key 0; a cache row whose block lies
 past the table's width, or whose page number is not a page of the cache, reads nothing and is
 zero-filled (as rows past the piece end are); a partial result whose slot is not a row of the
-accumulators is not written.
+accumulators is not written. Each of these sets its bit of the status word (``status.py``).
 """
 
 import math
@@ -37,6 +38,7 @@ from numba import cuda, float32, int32, uint64
 from ... import scheduler
 from ..instructions import convert, memory
 from . import constants, formats
+from .status import BAD_METADATA, BAD_SPLITS, BAD_TABLE_ENTRY, PAST_TABLE, report
 
 SCHED_BLOCK = scheduler.BLOCK_N  # keys per scheduling block (64)
 
@@ -60,15 +62,20 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
                                             scheduler.LAST_SPLIT)
 
     @cuda.jit(device=True, inline="always")
-    def cta_work(metadata, batch):
+    def cta_work(metadata, batch, status):
         """(part, KV head, first packed query row, first and last request) of this CTA; a part
-        whose first request is not a request of the batch is idle (first request = batch)."""
+        whose first request is not a request of the batch is idle (first request = batch), one
+        whose last request is past the batch stops at its end."""
         part = cuda.blockIdx.x
         begin_req = metadata[part, BEGIN_REQ]
-        if begin_req < 0:
-            begin_req = batch
+        end_req = metadata[part, END_REQ]
+        if begin_req < 0 or (begin_req < batch and end_req >= batch):
+            if cuda.threadIdx.x == 0:
+                report(status, BAD_METADATA)
+            if begin_req < 0:
+                begin_req = batch
         return (part, cuda.blockIdx.y, cuda.blockIdx.z * BLOCK_M, begin_req,
-                min(metadata[part, END_REQ], batch - 1))
+                min(end_req, batch - 1))
 
     @cuda.jit(device=True, inline="always")
     def piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req):
@@ -86,7 +93,7 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
                 num_splits[req] + piece)
 
     @cuda.jit(device=True, inline="always")
-    def row_source(block_table, num_pages, req, pos, n_end, page_size):
+    def row_source(block_table, num_pages, req, pos, n_end, page_size, status):
         """(page, slot, valid) of cache row ``pos``; a row at or past n_end reads no table
         entry, and one whose block is past the table or whose entry is not a page of the
         cache is not valid either: each gets page 0, slot 0 (an address inside the cache,
@@ -104,6 +111,10 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
                 if valid:
                     page = entry
                     slot = pos32 - blk * page_size
+                else:
+                    report(status, BAD_TABLE_ENTRY)
+            else:
+                report(status, PAST_TABLE)
         return page, slot, valid
 
     @cuda.jit(device=True, inline="always")
@@ -126,21 +137,25 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
                     tile[uint64(at + col)] = x
 
     @cuda.jit(device=True, inline="always")
-    def put(out, o_acc, split, req, slot, t, h, col, x):
+    def put(out, o_acc, split, req, slot, t, h, col, x, status):
         if split:
             if slot >= 0 and slot < o_acc.shape[0]:
                 o_acc[slot, t, h, uint64(col)] = x
+            else:
+                report(status, BAD_SPLITS)
         else:
             out[req, t, h, uint64(col)] = store(x)
 
     @cuda.jit(device=True, inline="always")
-    def put_lse(lse, lse_acc, split, req, slot, t, h, m, l):
+    def put_lse(lse, lse_acc, split, req, slot, t, h, m, l, status):
         """Base-2 partial lse (split) or the final natural-log lse of a row (m_i, l_i)."""
-        lse2 = m + math.log2(l) if l > ZERO else NEG_INF
+        lse2 = NEG_INF if l == ZERO else m + math.log2(l)  # NaN stays NaN
         if split:
             if slot >= 0 and slot < lse_acc.shape[0]:
                 lse_acc[slot, h, t] = lse2
+            else:
+                report(status, BAD_SPLITS)
         else:
-            lse[req, h, t] = lse2 * LN2 if l > ZERO else POS_INF
+            lse[req, h, t] = POS_INF if l == ZERO else lse2 * LN2
 
     return cta_work, piece_of, row_source, copy_row, put, put_lse

@@ -22,9 +22,10 @@ Grid / block mapping
     same addresses across the warp: one broadcast load each); no shared memory, no barriers.
 
 Limits
-    Any HEAD_DIM_V; any number of pieces. Accumulators: ``o_acc (slots, s_q, h_q,
-    HEAD_DIM_V)`` and ``lse_acc (slots, h_q, s_q)`` float32. Column indices are uint64, as in
-    mla_decode.py (no negative-index wraparound code).
+    Any HEAD_DIM_V; any number of pieces; split counts that name slots past the accumulators
+    are skipped and reported in the status word (common/status.py). Accumulators: ``o_acc
+    (slots, s_q, h_q, HEAD_DIM_V)`` and ``lse_acc (slots, h_q, s_q)`` float32. Column indices
+    are uint64, as in mla_decode.py (no negative-index wraparound code).
 """
 
 import math
@@ -37,6 +38,7 @@ from ...runtime.launcher import cdiv
 from ...runtime.spec import KernelSpec, Tiles
 
 from ..common import constants, formats
+from ..common.status import BAD_SPLITS, report
 
 THREADS = 128
 ROWS = THREADS // 32  # query rows per CTA, one per warp
@@ -48,10 +50,11 @@ def make_combine_kernel(HEAD_DIM_V, FMT):
     TD = -(-HEAD_DIM_V // 32)  # columns per lane
     DV_EXACT = HEAD_DIM_V % 32 == 0
     store = formats.storer(FMT)
-    NEG_INF, POS_INF, LN2 = constants.NEG_INF, constants.POS_INF, constants.LN2
+    NEG_INF, POS_INF, LN2, NAN = (constants.NEG_INF, constants.POS_INF, constants.LN2,
+                                  constants.NAN)
     ZERO = float32(0.0)
 
-    def mla_combine_simt(o_acc, lse_acc, num_splits, out, lse):
+    def mla_combine_simt(o_acc, lse_acc, num_splits, out, lse, status):
         req = cuda.blockIdx.x
         s_q = out.shape[1]
         h_q = out.shape[2]
@@ -61,17 +64,28 @@ def make_combine_kernel(HEAD_DIM_V, FMT):
         n = num_splits[req + 1] - first
         if n <= 1 or row >= s_q * h_q:
             return  # written by the decode kernel / past the last row
+        if first < 0 or first + n > lse_acc.shape[0]:  # slots that do not exist
+            if lane == 0:
+                report(status, BAD_SPLITS)
+            return
         t = row // h_q
         h = row - t * h_q
 
         M = NEG_INF
+        nan = False  # a NaN partial makes the row NaN (max() would pass over it)
         for i in range(n):
-            M = max(M, lse_acc[first + i, h, t])
+            x = lse_acc[first + i, h, t]
+            nan |= x != x
+            M = max(M, x)
         acc = cuda.local.array(TD, float32)
         for jd in range(TD):
             acc[jd] = ZERO
         G = POS_INF  # no key in any piece: out = 0, lse = +inf
-        if M != NEG_INF:
+        if nan:
+            G = NAN
+            for jd in range(TD):
+                acc[jd] = NAN
+        elif M != NEG_INF:
             S = ZERO
             for i in range(n):
                 S += math.exp2(lse_acc[first + i, h, t] - M)
@@ -100,8 +114,8 @@ class Config(NamedTuple):
 
 
 class Spec(KernelSpec):
-    """(o_acc, lse_acc, num_splits, out, lse); grid (b, ceil(s_q * h_q / ROWS)): ROWS query
-    rows (one per warp) per CTA, no shared memory."""
+    """(o_acc, lse_acc, num_splits, out, lse, status); grid (b, ceil(s_q * h_q / ROWS)): ROWS
+    query rows (one per warp) per CTA, no shared memory."""
 
     name = "mla_combine_simt"
     Config = Config
@@ -118,14 +132,15 @@ class Spec(KernelSpec):
     def signature(self, config):
         t = types.Array(formats.storage_type(config.fmt), 4, "A")
         f3, f4 = types.Array(types.float32, 3, "A"), types.Array(types.float32, 4, "A")
-        return types.void(f4, f3, types.Array(types.int32, 1, "A"), t, f3)
+        i1 = types.Array(types.int32, 1, "A")
+        return types.void(f4, f3, i1, t, f3, i1)
 
     def grid(self, config, tiles, p):
         b, s_q, h_q, _ = p["out"].shape
         return (b, cdiv(s_q * h_q, tiles.BLOCK_M))
 
     def arguments(self, config, p):
-        return p["o_acc"], p["lse_acc"], p["num_splits"], p["out"], p["lse"]
+        return p["o_acc"], p["lse_acc"], p["num_splits"], p["out"], p["lse"], p["status"]
 
 
 SPEC = Spec()

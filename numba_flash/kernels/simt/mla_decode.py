@@ -263,7 +263,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
         Q_STEPS, Q_STEPS_EXACT = _cdiv(HEAD_DIM, THREADS), HEAD_DIM % THREADS == 0
 
         def mla_decode_narrow(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out,
-                              lse, o_acc, lse_acc, s_q, group, page_size, scale_log2):
+                              lse, o_acc, lse_acc, status, s_q, group, page_size, scale_log2):
             tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
             words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
             floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
@@ -271,7 +271,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
             tid = cuda.threadIdx.x
             warp = tid >> 5
             lane = tid & 31
-            part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0])
+            part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0], status)
             if begin_req >= cache_seqlens.shape[0]:
                 return  # idle part
             num_pages = k_cache.shape[0]
@@ -295,13 +295,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     n0 = n_lo + st * BLOCK_N
                     if n0 < n_hi:
                         page, pslot, ok = row_source(block_table, num_pages, req, n0 + row,
-                                                     n_hi, page_size)
+                                                     n_hi, page_size, status)
                         copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk,
                                  page, pslot, ok, rl)
                     memory.cp_async_commit()
                 page, pslot, ok = row_source(block_table, num_pages, req,
                                              n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi,
-                                             page_size)
+                                             page_size, status)
 
                 # The query rows, pre-scaled so that S is in base-2 units, go through the ring's
                 # last slot (free until the first tile's barrier): loaded in consecutive columns
@@ -348,7 +348,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                                  page, pslot, ok, rl)
                     memory.cp_async_commit()
                     page, pslot, ok = row_source(block_table, num_pages, req,
-                                                 n0 + NSTAGES * BLOCK_N + row, n_hi, page_size)
+                                                 n0 + NSTAGES * BLOCK_N + row, n_hi, page_size,
+                                                 status)
 
                     for b in range(BATCHES):
                         key = warp * KPW + b * KBW  # first tile row of the batch
@@ -434,9 +435,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                                 for w in range(WARPS):
                                     o += floats[uint64(O_OFF + O_STRIDE * (w * BLOCK_M + m)
                                                        + col)] * wscale[w]
-                                put(out, o_acc, split, req, slot, t, h, col, o * inv)
+                                put(out, o_acc, split, req, slot, t, h, col, o * inv, status)
                         if tid == 0:
-                            put_lse(lse, lse_acc, split, req, slot, t, h, mx, l)
+                            put_lse(lse, lse_acc, split, req, slot, t, h, mx, l, status)
 
         return mla_decode_narrow
 
@@ -453,7 +454,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
     Q_ROWS_PER_WARP = _cdiv(BLOCK_M, WARPS)
 
     def mla_decode_wide(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
-                        o_acc, lse_acc, s_q, group, page_size, scale_log2):
+                        o_acc, lse_acc, status, s_q, group, page_size, scale_log2):
         tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
         floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
@@ -461,7 +462,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
-        part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0])
+        part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0], status)
         if begin_req >= cache_seqlens.shape[0]:
             return  # idle part
         num_pages = k_cache.shape[0]
@@ -497,12 +498,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                 n0 = n_lo + st * BLOCK_N
                 if n0 < n_hi:
                     page, pslot, ok = row_source(block_table, num_pages, req, n0 + row, n_hi,
-                                                 page_size)
+                                                 page_size, status)
                     copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk, page,
                              pslot, ok, rl)
                 memory.cp_async_commit()
             page, pslot, ok = row_source(block_table, num_pages, req,
-                                         n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi, page_size)
+                                         n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi, page_size,
+                                         status)
             # Q_i -> shared as storage bits; padding rows are zeros.
             for jr in range(Q_ROWS_PER_WARP):
                 r = warp + WARPS * jr
@@ -539,7 +541,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                              pslot, ok, rl)
                 memory.cp_async_commit()
                 page, pslot, ok = row_source(block_table, num_pages, req,
-                                             n0 + NSTAGES * BLOCK_N + row, n_hi, page_size)
+                                             n0 + NSTAGES * BLOCK_N + row, n_hi, page_size, status)
                 kv_at = RING_P + rd * SLOT_P  # the tile's first pair
 
                 # S = Q K^T: each thread the micro-tile over its pair slice, one partial sum per
@@ -632,10 +634,11 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                         for e in range(2):
                             col = 2 * (co + Co * jd) + e
                             if col < HEAD_DIM_V:
-                                put(out, o_acc, split, req, slot, t, h, col, O_i[im, jd, e] * inv)
+                                put(out, o_acc, split, req, slot, t, h, col, O_i[im, jd, e] * inv,
+                                    status)
                     if co == 0:
                         put_lse(lse, lse_acc, split, req, slot, t, h,
-                                floats[uint64(M_OFF + r)], l)
+                                floats[uint64(M_OFF + r)], l, status)
 
     return mla_decode_wide
 

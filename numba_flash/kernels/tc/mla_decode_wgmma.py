@@ -164,7 +164,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                        (page, slot, hk, uint64(8 * (rl + TPR * i))), ok)
 
     def mla_decode_wgmma(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
-                         o_acc, lse_acc, s_q, group, page_size, scale_log2):
+                         o_acc, lse_acc, status, s_q, group, page_size, scale_log2):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         xchg = cuda.shared.array(XCHG, float32)
@@ -176,7 +176,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         lane = tid & 31
         g = lane >> 2
         t2 = (lane & 3) * 2
-        part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0])
+        part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0], status)
         if begin_req >= cache_seqlens.shape[0]:
             return  # idle part
         num_pages = k_cache.shape[0]
@@ -220,12 +220,12 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     copy16(smem, base + Q_OFF + chunk_at(i, BLOCK_M, even, odd), q,
                            (req, tq, hq, uint64(8 * (rl + TPR * i))), q_ok)
             page, pslot, ok = row_source(block_table, num_pages, req, n_lo + row, n_hi,
-                                         page_size)
+                                         page_size, status)
             if n_tiles > 0:
                 copy_cache_row(smem, base + K_OFF, k_cache, hk, page, pslot, ok, even, odd, rl)
             memory.cp_async_commit()
             page, pslot, ok = row_source(block_table, num_pages, req, n_lo + BLOCK_N + row, n_hi,
-                                         page_size)
+                                         page_size, status)
 
             # Keys each of the thread's rows may see: the piece's, and (causal) those before its
             # token's diagonal.
@@ -260,7 +260,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                                    pslot, ok, even, odd, rl)
                     memory.cp_async_commit()
                     page, pslot, ok = row_source(block_table, num_pages, req,
-                                                 n0 + 2 * BLOCK_N + row, n_hi, page_size)
+                                                 n0 + 2 * BLOCK_N + row, n_hi, page_size, status)
                 wgmma.wait(0)
                 wgmma.fence_operands(S, S_REGS)
                 for half in range(2):  # keys past the row's limit: -inf
@@ -322,10 +322,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                             col = VH * wg + 8 * dt + t2 + e
                             if col < HEAD_DIM_V:
                                 put(out, o_acc, split, req, slot, t, h, col,
-                                    O_i[0, dt, 2 * half + e] * inv)
+                                    O_i[0, dt, 2 * half + e] * inv, status)
                     if wg == 0 and t2 == 0:
                         put_lse(lse, lse_acc, split, req, slot, t, h, m_i[0, half] * scale_log2,
-                                l)
+                                l, status)
 
     return mla_decode_wgmma
 

@@ -11,7 +11,7 @@ from numba_flash import scheduler
 from numba_flash.kernels.simt import mla_decode
 from numba_flash.runtime import device, ptxcheck
 from helpers import SIMULATOR, to_device, to_host
-from kernels._decode_cases import run_case
+from kernels._decode_cases import check_bad_device_values, check_nan_query_row, run_case
 
 # (seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits): page sizes 1 / 16 / 64,
 # lengths 0 and off the page and tile grid, s_q 1 and 2, causal, h_kv = 2, odd head_dim_v, both
@@ -64,6 +64,14 @@ def test_unaligned_cache_copies_elements(case, rng):
     """A cache view whose rows are not 16-byte aligned: the API picks the element-copy kernel
     (VEC = False), which must give the same results as the 16-byte copies of the other tests."""
     run_case(rng, *case, unaligned=True, backend="simt")
+
+
+def test_bad_device_values_are_bounded_and_reported(rng):
+    check_bad_device_values(rng, "simt")
+
+
+def test_a_nan_query_row_gives_a_nan_lse(rng):
+    check_nan_query_row(rng, "simt")
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="a GPU runs these layouts in every case")

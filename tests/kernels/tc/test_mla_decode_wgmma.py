@@ -2,14 +2,13 @@
 reference, on the adversarial caches of kernels/_decode_cases.py. Simulator: emulated wgmma, tiny
 head dims; GPU: DeepSeek's sizes, where the device is a Hopper."""
 
-import numpy as np
 import pytest
 from numba import cuda
 
 import numba_flash as nf
 from numba_flash.kernels.tc import mla_decode_wgmma
-from helpers import SIMULATOR, assert_compiles_clean, nan_like, randn, to_device, to_host
-from kernels._decode_cases import SENTINEL, paged_cache, run_case
+from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
+from kernels._decode_cases import check_bad_device_values, check_nan_query_row, run_case
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -47,26 +46,15 @@ def test_decode_matches_reference(case, rng):
     run_case(rng, *case, backend="tc")
 
 
-def test_table_entries_outside_the_cache_read_nothing(rng):
-    """Block-table entries inside a sequence that name no page of the cache (past its end, -1)
-    make the kernel skip those rows: no access outside k_cache (on a GPU: no illegal address),
-    and the other requests of the batch come out as without the bad entries."""
-    seqlens = np.array([40, 33], np.int32)
-    d, dv = (32, 32) if SIMULATOR else (576, 512)
-    k_cache, table = paged_cache(rng, seqlens, 16, 1, d, "bfloat16")
-    q = randn(rng, (2, 1, 4, d), "bfloat16")
-    args = (to_device(q), to_device(k_cache))
-    good, _ = nf.flash_mla_with_kvcache(*args, to_device(table), to_device(seqlens), dv,
-                                        backend="tc")
-    table[0, 0], table[0, 1] = SENTINEL, -1
-    out = nan_like(np.zeros((2, 1, 4, dv), q.dtype))
-    nf.flash_mla_with_kvcache(*args, to_device(table), to_device(seqlens), dv, backend="tc",
-                              out=out)
-    np.testing.assert_array_equal(to_host(out)[1], to_host(good)[1])
-    assert np.isfinite(to_host(out).astype(np.float32)).all()
+def test_bad_device_values_are_bounded_and_reported(rng):
+    check_bad_device_values(rng, "tc")
 
 
-def test_auto_takes_the_tensor_cores_above_two_rows(rng):
+def test_a_nan_query_row_gives_a_nan_lse(rng):
+    check_nan_query_row(rng, "tc")
+
+
+def test_auto_takes_the_tensor_cores_above_one_row(rng):
     """auto: the simt decode's narrow variant up to SIMT_DECODE_ROWS packed rows, tc above."""
     from numba_flash import api
     from numba_flash.kernels.simt import mla_decode as simt_mla_decode
