@@ -323,3 +323,18 @@ def test_tc_forward_refuses_views_off_16_bytes_and_auto_runs_them(rng):
     o, _ = nf.flash_attn_fwd(q, k, v)
     want, _ = ref.attention_fwd_ref(wide[..., 1:], to_host(k), to_host(v))
     np.testing.assert_allclose(to_host(o).astype(np.float64), want, atol=2e-3)
+
+
+def test_calls_from_four_threads_give_the_serial_results(rng):
+    """Launches from several host threads: the simulator serializes them, the device-view cache
+    is locked; every thread gets what a serial call gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    inputs = [_qkv(rng, Sq=7, Sk=9) for _ in range(4)]
+    serial = [to_host(nf.flash_attn_fwd(*qkv, backend="simt")[0]) for qkv in inputs]
+    for _ in range(1 if SIMULATOR else 20):
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            results = list(pool.map(lambda qkv: to_host(nf.flash_attn_fwd(*qkv, backend="simt")[0]),
+                                    inputs))
+        for got, want in zip(results, serial):
+            np.testing.assert_array_equal(got, want)
