@@ -11,7 +11,8 @@
 # Stages: tests (GPU test suite, PTX checks excluded: they need no GPU; TESTS=paths narrows it),
 # fwd / bwd (the attention grid of docs/design.md; FWD_ARGS adds bench_attention.py flags to fwd),
 # mla (decode grid; FLASHMLA_DIR adds FlashMLA, MLA_ARGS adds bench_mla.py flags), host (a decode call's host vs GPU time), io (HBM bytes under ncu),
-# sweep (tc tiles), profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
+# sweep (tc tiles), sanitize (bench/every_kernel.py under compute-sanitizer's four tools),
+# profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/numba_flash-gpu-run}
@@ -51,6 +52,12 @@ for stage in "$@"; do
           --section InstructionStats --section MemoryWorkloadAnalysis_Tables --section LaunchStats \
           python3 bench/bench_attention.py --providers nf-tc --dtypes float16 --head-dims $d \
           --seqlens 4096 --causal 0 --no-plot --out-dir /tmp/profile_$d
+      done ;;
+    sanitize)  # every kernel under each compute-sanitizer tool; a tool's errors fail the stage
+      SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+      for tool in memcheck racecheck synccheck initcheck; do
+        run "sanitize $tool" "${LIMIT_SANITIZE:-300}" "$SAN" --tool "$tool" \
+          --report-api-errors no --error-exitcode 1 python3 bench/every_kernel.py
       done ;;
     profile-mla)  # MLA_PROVIDER (nf-simt, nf-tc) at h_q = MLA_HEADS; launches 7+ are timed ones
       run "profile decode" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \

@@ -1,0 +1,114 @@
+"""Every kernel of every family once, on small odd shapes, checked against the float64 reference:
+the workload that `bench/gpu_run.sh sanitize` runs under compute-sanitizer (memcheck, racecheck,
+synccheck, initcheck), so that one process touches every launch path.
+
+    python bench/every_kernel.py          # exit status 0 when every result is right
+    python bench/every_kernel.py --quick  # float16, causal and the s_q = 2 decode only
+
+Covers the naive baseline, the simt and tc forwards (on a Hopper the tc forward is the wgmma
+kernel, elsewhere mma.sync) and backwards, the MLA planner on the device, both MLA decodes
+(where the device runs the tc one) with split pieces and the combine. Shapes are off every
+tile multiple: Sq 37, Sk 53, GQA 4:2, head dim 40, a paged cache of 5-row pages. Under the
+simulator (no GPU) the same calls run on emulated instructions, on smaller shapes; the tests
+run it there.
+"""
+
+import sys
+
+import numpy as np
+
+
+def _device(x):
+    from numba_flash.runtime.device import SIMULATOR
+
+    if SIMULATOR:
+        return x
+    import cupy
+
+    return cupy.asarray(x)
+
+
+def _host(x):
+    if isinstance(x, np.ndarray):
+        return x
+    import cupy
+
+    return cupy.asnumpy(x)
+
+
+def _error(got, want):
+    return float(np.max(np.abs(_host(got).astype(np.float64) - want)))
+
+
+def main(argv=None):
+    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
+    import ml_dtypes
+
+    import numba_flash as nf
+    from numba_flash import reference
+    from numba_flash import api
+    from numba_flash.runtime.device import SIMULATOR
+
+    rng = np.random.default_rng(7)
+    bf16 = ml_dtypes.bfloat16
+    failures = []
+
+    def check(name, got, want, atol):
+        err = _error(got, want)
+        print(f"{name:36s} max error {err:.2e}", flush=True)
+        if not err <= atol:
+            failures.append(name)
+
+    # Attention: B 2, Sq 37, Sk 53, Hq 4, Hk 2, D 40 (the simulator: one batch, 13 x 21, 2:1, 16).
+    B, Sq, Sk, Hq, Hk, D = (1, 13, 21, 2, 1, 16) if SIMULATOR else (2, 37, 53, 4, 2, 40)
+    for fmt, dtype in (("float16", np.float16),) + ((("bfloat16", bf16),) if not quick else ()):
+        q, k, v, dout = (rng.standard_normal(s).astype(np.float32).astype(dtype)
+                         for s in ((B, Sq, Hq, D), (B, Sk, Hk, D), (B, Sk, Hk, D), (B, Sq, Hq, D)))
+        for causal in (True,) if quick else (False, True):
+            want, _ = reference.attention_fwd_ref(q, k, v, causal)
+            for backend in ("simt", "tc"):
+                tag = f"{backend} {fmt} causal={causal}"
+                out, lse = nf.flash_attn_fwd(_device(q), _device(k), _device(v), causal=causal,
+                                             backend=backend)
+                check(f"forward {tag}", out, want, 2e-2)
+                grads = nf.flash_attn_bwd(_device(dout), _device(q), _device(k), _device(v),
+                                          out, lse, causal=causal, backend=backend)
+                ref = reference.attention_bwd_ref(dout, q, k, v, causal)
+                for name, got, w in zip(("dq", "dk", "dv"), grads, ref):
+                    check(f"backward {name} {tag}", got, w, 8e-2)
+        if fmt == "float16":
+            check("naive float16", api.naive_attention(_device(q), _device(k), _device(v))[0],
+                  reference.attention_fwd_ref(q, k, v, False)[0], 2e-2)
+
+    # Paged MLA decode: lengths off the page and tile grid, a split request, 5-row pages.
+    seqlens = np.array([140, 1, 0, 77] if SIMULATOR else [300, 1, 0, 77], np.int32)
+    page, d, dv = 5, 48, 32
+    pages = [max(-(-int(n) // page), 1) for n in seqlens]
+    k_cache = rng.standard_normal((sum(pages), page, 1, d)).astype(np.float32).astype(bf16)
+    table = np.zeros((len(seqlens), max(pages)), np.int32)
+    order = iter(rng.permutation(sum(pages)))
+    for i, n in enumerate(pages):
+        table[i, :n] = [next(order) for _ in range(n)]
+    for s_q, h_q in ((2, 8),) if quick else ((1, 1), (2, 8)):
+        q = rng.standard_normal((len(seqlens), s_q, h_q, d)).astype(np.float32).astype(bf16)
+        meta = nf.get_mla_metadata(_device(seqlens), s_q * h_q, 1, num_sms=6)
+        want, _ = reference.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=s_q > 1)
+        for backend in ("simt", "tc"):
+            try:
+                out, _ = nf.flash_mla_with_kvcache(_device(q), _device(k_cache), _device(table),
+                                                   _device(seqlens), dv, *meta, causal=s_q > 1,
+                                                   backend=backend)
+            except ValueError as exc:  # a device without the tc decode says so
+                print(f"decode {backend} s_q={s_q} h_q={h_q}: not run ({exc})")
+                continue
+            check(f"decode {backend} s_q={s_q} h_q={h_q}", out, want, 3e-2)
+    nf.check_errors()
+    if failures:
+        print("wrong results:", ", ".join(failures))
+        return 1
+    print("every kernel ran and agreed with the reference")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

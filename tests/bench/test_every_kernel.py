@@ -1,0 +1,11 @@
+"""bench/every_kernel.py (the sanitizer stage's workload): every kernel runs and agrees with the
+reference, here in its quick form (under the simulator when there is no GPU)."""
+
+
+def test_every_kernel_runs_and_agrees(bench_module, capsys):
+    every = bench_module("every_kernel")
+    assert every.main(["--quick"]) == 0
+    printed = capsys.readouterr().out
+    for kernel in ("forward simt", "forward tc", "backward dq tc", "naive", "decode simt",
+                   "decode tc"):
+        assert kernel in printed, kernel
