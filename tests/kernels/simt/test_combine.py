@@ -37,6 +37,15 @@ CASES = [
 ]
 
 
+def run_combine(o_acc, lse_acc, num_splits, out, lse, status, dv, fmt):
+    problem = {name: arrays.adapt(to_device(x), name) for name, x in
+               (("o_acc", o_acc), ("lse_acc", lse_acc), ("num_splits", num_splits))}
+    problem.update(out=arrays.adapt(out, "out"), lse=arrays.adapt(lse, "lse"),
+                   status=arrays.adapt(status, "status"))
+    combine.SPEC.launch(combine.Config(dv, fmt), problem, arrays.stream_of(problem["lse"]),
+                        device.current())
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_combine_merges_pieces(case, rng):
     pieces, s_q, h_q, dv, fmt = case
@@ -52,11 +61,9 @@ def test_combine_merges_pieces(case, rng):
     out = nan_like(np.zeros((b, s_q, h_q, dv), DTYPES[fmt]))
     lse = nan_like(np.zeros((b, h_q, s_q), np.float32))
 
-    problem = {name: arrays.adapt(to_device(x), name) for name, x in
-               (("o_acc", o_acc), ("lse_acc", lse_acc), ("num_splits", num_splits))}
-    problem.update(out=arrays.adapt(out, "out"), lse=arrays.adapt(lse, "lse"))
-    combine.SPEC.launch(combine.Config(dv, fmt), problem, arrays.stream_of(problem["lse"]),
-                        device.current())
+    status = to_device(np.zeros(1, np.int32))
+    run_combine(o_acc, lse_acc, num_splits, out, lse, status, dv, fmt)
+    assert to_host(status)[0] == 0  # good split counts: nothing to report
 
     ro, rl = combine_ref(o_acc, lse_acc, num_splits, s_q, h_q)
     got_o, got_l = to_host(out).astype(np.float64), to_host(lse)
@@ -70,6 +77,22 @@ def test_combine_merges_pieces(case, rng):
         eps = {"float32": 1e-5, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[fmt]
         np.testing.assert_allclose(got_o[r], ro[r], rtol=eps, atol=eps)
     assert (got_o[split[0], -1, -1] == 0).all()
+
+
+def test_split_counts_naming_missing_slots_are_skipped_and_reported(rng):
+    """num_splits past the accumulators (only the device sees them): the combine reads no slot
+    that does not exist, writes nothing for those requests and sets BAD_SPLITS."""
+    from numba_flash.kernels.common import status as device_status
+
+    o_acc = rng.standard_normal((4, 1, 2, 8)).astype(np.float32)
+    lse_acc = rng.standard_normal((4, 2, 1)).astype(np.float32)
+    out = nan_like(np.zeros((2, 1, 2, 8), np.float32))
+    lse = nan_like(np.zeros((2, 2, 1), np.float32))
+    status = to_device(np.zeros(1, np.int32))
+    run_combine(o_acc, lse_acc, np.array([0, 3, 9], np.int32), out, lse, status, 8, "float32")
+    assert to_host(status)[0] == device_status.BAD_SPLITS
+    assert np.isnan(to_host(out)[1]).all() and np.isnan(to_host(lse)[1]).all()
+    assert np.isfinite(to_host(out)[0]).all()  # slots 0 .. 2 exist: merged
 
 
 def test_combine_kernel_compiles_without_spills():
