@@ -195,8 +195,9 @@ def _decode_spec(backend, config, q, k_cache, dev):
     """The decode kernel of ``backend`` for ``config`` = (q_rows, d, dv, causal, fmt), and its
     spec's config: adding a decode family is one line here."""
     q_rows, d, dv, causal, fmt = config
+    cache_aligned = arrays.rows_16_byte_aligned(k_cache)
     if resolve_backend(backend, fmt, dev) == "tc":  # (auto: a 16-bit decode the tc family may run)
-        aligned = arrays.rows_16_byte_aligned(q, k_cache)
+        aligned = cache_aligned and arrays.rows_16_byte_aligned(q)
         why = None
         if not (SIMULATOR or tuple(dev.cc[:2]) == (9, 0)):
             why = f"the tensor-core decode is built for compute capability 9.0, got {dev.cc}"
@@ -216,8 +217,7 @@ def _decode_spec(backend, config, q, k_cache, dev):
     if backend == "tc":
         spec = tc_mla_decode_wgmma.SPEC
         return spec, spec.Config(*config, True)
-    return simt_mla_decode.SPEC, simt_mla_decode.SPEC.Config(
-        *config, arrays.rows_16_byte_aligned(k_cache))
+    return simt_mla_decode.SPEC, simt_mla_decode.SPEC.Config(*config, cache_aligned)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -373,7 +373,14 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
             raise ValueError(f"cache_seqlens: expected shape (n,), got {host.shape}")
         plan = scheduler.plan_mla(host, q_rows, h_kv, num_sms)
         return tuple(cuda.to_device(values) for values in plan)
-    seqlens = _index_array(cache_seqlens, "cache_seqlens", (None,))
+    metadata, num_splits = _plan_on_device(
+        _index_array(cache_seqlens, "cache_seqlens", (None,)), q_rows, h_kv, num_sms, dev)
+    return metadata.obj, num_splits.obj
+
+
+def _plan_on_device(seqlens, q_rows, h_kv, num_sms, dev):
+    """Metadata and num_splits (adapted, in seqlens's library) planned by the one-warp kernel
+    of kernels/simt/mla_metadata.py on seqlens's stream."""
     parts = scheduler.num_sm_parts(num_sms, h_kv, q_rows)
     problem = dict(cache_seqlens=seqlens, parts=np.int32(parts),
                    metadata=arrays.empty(seqlens, (parts, scheduler.METADATA_SIZE), "int32",
@@ -382,7 +389,7 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
                                            "num_splits"))
     plan = simt_mla_metadata.SPEC
     plan.launch(plan.Config(), problem, arrays.stream_of(seqlens), dev)
-    return problem["metadata"].obj, problem["num_splits"].obj
+    return problem["metadata"], problem["num_splits"]
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
@@ -438,9 +445,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                         + ([metadata, num_splits] if planned else []))
     decode.choose(config, dev)
     if not planned:
-        metadata, num_splits = (arrays.adapt(x, name) for x, name in zip(
-            get_mla_metadata(cache_seqlens.obj, q_rows, h_kv, num_sms=dev.sms),
-            ("tile_scheduler_metadata", "num_splits")))
+        metadata, num_splits = _plan_on_device(cache_seqlens, q_rows, h_kv, dev.sms, dev)
 
     parts = metadata.shape[0]
     # Split requests: one slot per piece, at most b + parts - 1 of them (see scheduler.py).

@@ -7,10 +7,12 @@ under either target), the rest plain Python:
     ldmatrix_a_rowcol(lane), ldmatrix_b_rowcol(lane)  the (row, col) a lane's ldmatrix row starts
                                                       at (``mma``'s docstring has the tables)
     tile_offset(row, col, rows)                       element offset in a 128-byte-swizzled tile
+    k_step(ks, rows)                                  descriptor offset of k-step ks, K-major
     padded_cols(cols)                                 columns rounded up to whole 64-col blocks
     make_aligned_base(shared_address)                 -> aligned_base(smem) for a binding
     make_descriptor(shared_address)                   -> descriptor(smem, offset, lbo, sbo)
-    CP_ASYNC_BYTES, SCRATCH_DTYPE, SCRATCH_WORDS, SWIZZLE_BYTES, BLOCK_COLS, TILE_ALIGN
+    CP_ASYNC_BYTES, SCRATCH_DTYPE, SCRATCH_WORDS, SWIZZLE_BYTES, BLOCK_COLS, TILE_ALIGN,
+    SBO, MN_K_STEP
 
 ``aligned_base`` and ``descriptor`` read a shared address, which is an intrinsic on a GPU and a
 byte offset under the simulator: each ``wgmma`` module builds them from its own
@@ -65,6 +67,21 @@ def tile_offset(row, col, rows):
     multiple of 2 stays in its 32-bit word, a multiple of 8 starts a 16-byte chunk."""
     chunk = ((col >> 3) & 7) ^ (row & 7)
     return (col >> 6) * rows * BLOCK_COLS + row * BLOCK_COLS + (chunk << 3) + (col & 7)
+
+
+# Descriptor arithmetic, in the 16-byte units of a descriptor's address fields (kernels/ptx/
+# wgmma.py, "Shared-memory operands"): eight rows of 128 bytes from one core-matrix group to the
+# next (the stride byte offset of both readings), and the step of one k-step (16 rows) of an
+# MN-major operand.
+SBO = 8 * SWIZZLE_BYTES
+MN_K_STEP = 16 * SWIZZLE_BYTES // 16
+
+
+@cuda.jit(device=True, inline="always")
+def k_step(ks, rows):
+    """Descriptor offset (16-byte units) of k-step ``ks`` of a K-major tile of ``rows`` rows: 32
+    bytes along its rows, or on to the next 64-column block."""
+    return uint64(((ks >> 2) * rows * SWIZZLE_BYTES + (ks & 3) * 32) >> 4)
 
 
 def make_aligned_base(shared_address):

@@ -57,6 +57,9 @@ simulator's emulation):
     tile_offset(row, col, rows)                      -> element offset in a swizzled tile
     aligned_base(smem)                               -> first 1024-byte-aligned element of smem
     descriptor(smem, offset, lbo, sbo)               -> uint64 128-byte-swizzle descriptor
+    k_step(ks, rows)                                 its offset for k-step ks of a K-major tile
+    SBO, MN_K_STEP                                   the stride between 8-row groups; the offset
+                                                     of one k-step of an MN-major tile
     mma_ss(fmt, n, trans_b)(acc, start, desc_a, desc_b, scale_d, smem, scratch, tid)
     mma_rs(fmt, n, trans_b)(acc, start, a, desc_b, scale_d, smem, scratch, tid)  a: 4 x uint32
     fence(), commit(), wait(n), fence_operands(acc, count)
@@ -75,7 +78,8 @@ from numba.cuda.extending import intrinsic
 from . import memory
 from .codegen import F32, I32, I64, void_asm
 from .layout import (BLOCK_COLS, SWIZZLE_BYTES, TILE_ALIGN, make_aligned_base,  # noqa: F401
-                     make_descriptor, padded_cols, tile_offset)
+                     make_descriptor, padded_cols, tile_offset, SBO, MN_K_STEP,
+                     k_step)
 
 
 def scratch_size(threads):

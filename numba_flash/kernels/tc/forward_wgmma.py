@@ -99,13 +99,12 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
-    # Descriptor arithmetic, in 16-byte units (kernels/ptx/wgmma.py, "Shared-memory operands"):
-    # a k-step of a K-major operand moves 32 bytes along its row, or to the next 64-column block;
-    # a k-step of V moves 16 rows of 128 bytes; a buffer is TILE elements.
-    SBO = 8 * wgmma.SWIZZLE_BYTES
+    # Descriptor arithmetic, in 16-byte units (kernels/ptx/wgmma.py, "Shared-memory operands";
+    # wgmma.k_step for K-major k-steps): V's 64-column blocks are BLOCK_N rows of 128 bytes
+    # apart, a buffer is TILE elements.
+    SBO, V_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
     BUF_STEP = TILE * 2 // 16
-    V_STEP = 16 * wgmma.SWIZZLE_BYTES // 16
 
     # Copy geometry: each thread copies chunk column ``tid % CHUNK_SLOTS`` of rows ``tid //
     # CHUNK_SLOTS + pass * ROWS_PER_PASS`` (CHUNKS rounded up to a power of two).
@@ -115,11 +114,6 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     ROW_CHUNKS = HEAD_DIM // 8                        # 16-byte chunks of an output row
     OUT_CHUNKS = 16 * ROW_CHUNKS                      # ... of a warp's 16 output rows
     ALIGN_MASK = uint64(15)
-
-    @cuda.jit(device=True, inline="always")
-    def k_step(ks, rows):
-        """Descriptor offset (16-byte units) of k-step ``ks`` of a K-major tile of ``rows``."""
-        return uint64(((ks >> 2) * rows * wgmma.SWIZZLE_BYTES + (ks & 3) * 32) >> 4)
 
     @cuda.jit(device=True, inline="always")
     def load_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c):

@@ -132,20 +132,14 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
-    # Descriptor arithmetic in 16-byte units (ptx/wgmma.py, "Shared-memory operands"): a k-step
-    # of a K-major operand moves 32 bytes along its rows, or to the next 64-column block; one of
-    # V moves 16 rows of 128 bytes; the second cache buffer is TILE elements on.
-    SBO = 8 * wgmma.SWIZZLE_BYTES
+    # Descriptor arithmetic in 16-byte units (ptx/wgmma.py, "Shared-memory operands";
+    # wgmma.k_step for K-major k-steps): V's 64-column blocks are BLOCK_N rows of 128 bytes
+    # apart, the second cache buffer is TILE elements on.
+    SBO, V_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
     BUF_STEP = TILE * 2 // 16
-    V_STEP = 16 * wgmma.SWIZZLE_BYTES // 16
     KEYS_STEP = KEYS * wgmma.SWIZZLE_BYTES // 16     # warpgroup 1's keys: rows 32 .. 63
     V_COLS_STEP = VH * BLOCK_N * 2 // 16             # warpgroup 1's V: VH columns on
-
-    @cuda.jit(device=True, inline="always")
-    def k_step(ks, rows):
-        """Descriptor offset (16-byte units) of k-step ``ks`` of a K-major tile of ``rows``."""
-        return uint64(((ks >> 2) * rows * wgmma.SWIZZLE_BYTES + (ks & 3) * 32) >> 4)
 
     @cuda.jit(device=True, inline="always")
     def chunk_at(i, rows, even, odd):
@@ -293,7 +287,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 # 4. O_i[:, own columns] += P V[:, own columns], 16 keys per wgmma.
                 wgmma.fence()
                 for kk in range(BLOCK_N // 16):
-                    mma_o(O_i, 0, desc_p + uint64(2 * kk), desc_v + buf + uint64(kk * V_STEP), 1,
+                    mma_o(O_i, 0, desc_p + k_step(kk, BLOCK_M), desc_v + buf + uint64(kk * V_STEP), 1,
                           smem, scratch, tid)
                 wgmma.commit()
                 wgmma.wait(0)
