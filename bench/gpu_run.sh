@@ -14,6 +14,7 @@
 # sweep (tc tiles), sanitize (bench/every_kernel.py under compute-sanitizer's four tools),
 # profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
+declare -A pids
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/numba_flash-gpu-run}
 mkdir -p "$OUT"
@@ -53,11 +54,18 @@ for stage in "$@"; do
           python3 bench/bench_attention.py --providers nf-tc --dtypes float16 --head-dims $d \
           --seqlens 4096 --causal 0 --no-plot --out-dir /tmp/profile_$d
       done ;;
-    sanitize)  # every kernel under each compute-sanitizer tool; a tool's errors fail the stage
+    sanitize)  # every kernel under each compute-sanitizer tool, the four tools side by side
+      # (each process compiles every kernel: CPU-bound); a tool's errors fail its line
       SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+      echo "=== sanitize (limit ${LIMIT_SANITIZE:-420}s, $(date +%T))" | tee -a "$L"
       for tool in memcheck racecheck synccheck initcheck; do
-        run "sanitize $tool" "${LIMIT_SANITIZE:-300}" "$SAN" --tool "$tool" \
-          --report-api-errors no --error-exitcode 1 python3 bench/every_kernel.py
+        timeout "${LIMIT_SANITIZE:-420}" "$SAN" --tool "$tool" --report-api-errors no \
+          --error-exitcode 1 python3 bench/every_kernel.py > "$OUT/sanitize-$tool.txt" 2>&1 &
+        pids[$tool]=$!
+      done
+      for tool in memcheck racecheck synccheck initcheck; do
+        wait "${pids[$tool]}"
+        echo "=== sanitize $tool: exit $? ($(tail -1 "$OUT/sanitize-$tool.txt"))" | tee -a "$L"
       done ;;
     profile-mla)  # MLA_PROVIDER (nf-simt, nf-tc) at h_q = MLA_HEADS; launches 7+ are timed ones
       run "profile decode" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \

@@ -287,13 +287,13 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     dv = _out_buffer(dv, q, k.shape, q.fmt, "dv")
     _refuse_overlap([dq, dk, dv], [q, k, v, out, dout, lse])
     config = simt_backward.DKDV.Config(d, bool(causal), q.fmt)
-    simt_backward.PREPROCESS.choose(config._replace(causal=False), dev)
-    for spec in _backward_specs(chosen):  # every kernel's tiles fit, or nothing runs
-        spec.choose(config, dev)
     delta = arrays.empty(q, (b, hq, sq), "float32", "delta")  # D_i = rowsum(dout * out)
     stream = arrays.stream_of(q, stream)
     problem = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv,
                    scale=scale)
+    simt_backward.PREPROCESS.prepare(config._replace(causal=False), problem, dev)
+    for spec in _backward_specs(chosen):  # every kernel's tiles and grid fit, or nothing runs
+        spec.prepare(config, problem, dev)
     simt_backward.PREPROCESS.launch(config._replace(causal=False), problem, stream, dev)
     for spec in _backward_specs(chosen):
         spec.launch(config, problem, stream, dev)
@@ -321,6 +321,8 @@ def naive_attention(q, k, v, causal=False, softmax_scale=None):
                    lse=arrays.empty(q, (b, hq, sq), "float32", "lse"))
     stream = arrays.stream_of(q)
     config = naive.SCORES.Config(bool(causal), q.fmt)
+    for spec in (naive.SCORES, naive.SOFTMAX, naive.OUTPUT):
+        spec.prepare(config, problem, dev)
     for spec in (naive.SCORES, naive.SOFTMAX, naive.OUTPUT):
         spec.launch(config, problem, stream, dev)
     return problem["out"].obj, problem["lse"].obj
@@ -456,8 +458,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                    lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
     problem["status"] = _status_word(q)
     stream = arrays.stream_of(q, stream)
+    combine = simt_combine.SPEC.Config(dv, q.fmt)
+    simt_combine.SPEC.prepare(combine, problem, dev)  # its grid fits before the decode writes
     decode.launch(config, problem, stream, dev)
-    simt_combine.SPEC.launch(simt_combine.SPEC.Config(dv, q.fmt), problem, stream, dev)
+    simt_combine.SPEC.launch(combine, problem, stream, dev)
     return o.obj, problem["lse"].obj
 
 

@@ -7,9 +7,10 @@ Every forward kernel (``simt/forward.py``, ``tc/forward_mma.py``, ``tc/forward_w
     Sq, Sk, Hq, group = Hq / Hk (int32), scale_log2 = softmax_scale * log2(e) (float32)
 
 on a grid of one CTA per BLOCK_M query rows of one (batch, query head): ``(ceil(Sq /
-BLOCK_M), B * Hq)``. The backward is three kernels, each a ``KernelSpec`` base below that a
-family's module completes with its tiles and factory: the preprocess ``D_i = rowsum(dO_i *
-O_i)``, dK/dV (one CTA per BLOCK_N keys of one kv head) and dQ (one CTA per BLOCK_M queries).
+BLOCK_M), B * Hq)``, the B * Hq rows folded into y and z past 65535 (``common/grid.py``). The
+backward is three kernels, each a ``KernelSpec`` base below that a family's module completes
+with its tiles and factory: the preprocess ``D_i = rowsum(dO_i * O_i)``, dK/dV (one CTA per
+BLOCK_N keys of one kv head) and dQ (one CTA per BLOCK_M queries).
 The problem is a dict of adapted arrays (``arrays.Tensor``) and the softmax scale.
 
 The paged MLA decode kernels (``simt/mla_decode.py``, ``tc/mla_decode_wgmma.py``) share
@@ -25,6 +26,7 @@ from numba import types
 from ..runtime.launcher import cdiv
 from ..runtime.spec import KernelSpec
 from .common.formats import storage_type
+from .common.grid import fold
 
 LOG2E = math.log2(math.e)
 I32, F32 = types.int32, types.float32
@@ -63,7 +65,7 @@ class ForwardSpec(KernelSpec):
 
     def grid(self, config, tiles, p):
         b, sq, hq, _ = p["q"].shape
-        return (cdiv(sq, tiles.BLOCK_M), b * hq)
+        return (cdiv(sq, tiles.BLOCK_M), *fold(b * hq))
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
@@ -82,7 +84,7 @@ class PreprocessSpec(KernelSpec):
 
     def grid(self, config, tiles, p):
         b, sq, hq, _ = p["out"].shape
-        return (cdiv(sq, tiles.BLOCK_M), b * hq)
+        return (cdiv(sq, tiles.BLOCK_M), *fold(b * hq))
 
     def arguments(self, config, p):
         _, sq, hq, _ = p["out"].shape
@@ -105,7 +107,7 @@ class DkdvSpec(KernelSpec):
 
     def grid(self, config, tiles, p):
         b, sk, hk, _ = p["k"].shape
-        return (cdiv(sk, tiles.BLOCK_N), b * hk)
+        return (cdiv(sk, tiles.BLOCK_N), *fold(b * hk))
 
     def arguments(self, config, p):
         sq, sk, _, group = _sizes(p)
@@ -125,7 +127,7 @@ class DqSpec(KernelSpec):
 
     def grid(self, config, tiles, p):
         b, sq, hq, _ = p["q"].shape
-        return (cdiv(sq, tiles.BLOCK_M), b * hq)
+        return (cdiv(sq, tiles.BLOCK_M), *fold(b * hq))
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dq"], *_sizes(p),

@@ -19,7 +19,7 @@ Memory traffic
     read finds it in cache.)
 
 Grid / block mapping
-    scores  grid (ceil(Sk / 64), ceil(Sq / 64), B * Hq), block 256 = 16 x 16 threads: a tiled
+    scores  grid (ceil(Sk / 64), ceil(Sq / 64) * B * Hq), block 256 = 16 x 16 threads: a tiled
             matrix product. Each 64 x 64 tile of S is accumulated in registers over the head
             dimension, 16 columns of Q and K at a time staged in shared memory (transposed, so
             each step of the product reads one row of each tile). Thread (ty, tx) owns the 4 x 4
@@ -29,8 +29,9 @@ Grid / block mapping
             online softmax of chapter 9.4.2 over its strided columns (a running maximum m and a
             sum l rescaled whenever m grows); the 128 pairs (m, l) are then merged in shared
             memory by a tree with the same rescaling rule. Pass 2 writes P = exp(S - m) / l.
-    output  grid (ceil(D / 64), ceil(Sq / 64), B * Hq), block 256: the same tiled product with
+    output  grid (ceil(D / 64), ceil(Sq / 64) * B * Hq), block 256: the same tiled product with
             the reduction running over the Sk columns of P, 16 at a time.
+    The y rows fold into y and z past 65535 (common/grid.py).
 
 Shared memory
     2 x 16 x 65 float32 words (8.1 KiB, static) per product block; 2 x 128 words per softmax
@@ -57,6 +58,7 @@ from numba import cuda, float32, types
 
 from ..runtime.launcher import cdiv
 from ..runtime.spec import KernelSpec, Tiles
+from .common.grid import fold, folded_row
 
 from .common import constants, formats
 
@@ -101,10 +103,15 @@ def make_scores_kernel(FMT):
         tid = cuda.threadIdx.x
         tx = tid % SIDE
         ty = tid // SIDE
+        m_tiles = (seqlen_q + TILE - 1) // TILE
+        row = folded_row()  # (batch, head, query tile), query tiles fastest
+        if row >= m_tiles * q.shape[0] * n_heads_q:
+            return  # past the last row: see common/grid.py
+        bh = row // m_tiles
         n0 = cuda.blockIdx.x * TILE
-        m0 = cuda.blockIdx.y * TILE
-        b = cuda.blockIdx.z // n_heads_q
-        h = cuda.blockIdx.z - b * n_heads_q
+        m0 = (row - bh * m_tiles) * TILE
+        b = bh // n_heads_q
+        h = bh - b * n_heads_q
         hk = h // group
         head_dim = q.shape[3]
         for i in range(MICRO):
@@ -152,9 +159,12 @@ def make_softmax_kernel(CAUSAL):
         m_s = cuda.shared.array(SOFTMAX_THREADS, float32)
         l_s = cuda.shared.array(SOFTMAX_THREADS, float32)
         tid = cuda.threadIdx.x
+        bh = folded_row()
+        if bh >= s.shape[0] * s.shape[1]:
+            return  # past the last (batch, head): see common/grid.py
         r = cuda.blockIdx.x
-        b = cuda.blockIdx.y // s.shape[1]
-        h = cuda.blockIdx.y - b * s.shape[1]
+        b = bh // s.shape[1]
+        h = bh - b * s.shape[1]
         visible = seqlen_k  # this row sees keys 0 .. visible - 1
         if CAUSAL:
             visible = max(min(seqlen_k, r + seqlen_k - seqlen_q + 1), 0)
@@ -213,10 +223,15 @@ def make_output_kernel(FMT):
         tid = cuda.threadIdx.x
         tx = tid % SIDE
         ty = tid // SIDE
+        m_tiles = (seqlen_q + TILE - 1) // TILE
+        row = folded_row()  # (batch, head, query tile), query tiles fastest
+        if row >= m_tiles * out.shape[0] * n_heads_q:
+            return  # past the last row: see common/grid.py
+        bh = row // m_tiles
         c0 = cuda.blockIdx.x * TILE
-        m0 = cuda.blockIdx.y * TILE
-        b = cuda.blockIdx.z // n_heads_q
-        h = cuda.blockIdx.z - b * n_heads_q
+        m0 = (row - bh * m_tiles) * TILE
+        b = bh // n_heads_q
+        h = bh - b * n_heads_q
         hk = h // group
         head_dim = v.shape[3]
         for i in range(MICRO):
@@ -281,7 +296,7 @@ class _Spec(KernelSpec):
 
 
 class Scores(_Spec):
-    """S = Q K^T * scale: (q, k, s, Sq, Sk, Hq, group, scale); grid (Sk, Sq, B * Hq) in tiles."""
+    """S = Q K^T * scale: (q, k, s, Sq, Sk, Hq, group, scale); grid (Sk, Sq * B * Hq) in tiles."""
 
     name = "naive_scores"
 
@@ -299,7 +314,7 @@ class Scores(_Spec):
 
     def grid(self, config, tiles, p):
         b, sq, hq, _ = p["q"].shape
-        return (cdiv(p["k"].shape[1], TILE), cdiv(sq, TILE), b * hq)
+        return (cdiv(p["k"].shape[1], TILE), *fold(cdiv(sq, TILE) * b * hq))
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["scores"], *self.sizes(p), np.float32(p["scale"]))
@@ -325,14 +340,14 @@ class Softmax(_Spec):
 
     def grid(self, config, tiles, p):
         b, sq, hq, _ = p["q"].shape
-        return (sq, b * hq)
+        return (sq, *fold(b * hq))
 
     def arguments(self, config, p):
         return p["scores"], p["lse"], np.int32(p["q"].shape[1]), np.int32(p["k"].shape[1])
 
 
 class Output(_Spec):
-    """O = P V: (p, v, out, Sq, Sk, Hq, group); grid (D, Sq, B * Hq) in tiles."""
+    """O = P V: (p, v, out, Sq, Sk, Hq, group); grid (D, Sq * B * Hq) in tiles."""
 
     name = "naive_output"
 
@@ -350,7 +365,7 @@ class Output(_Spec):
 
     def grid(self, config, tiles, p):
         b, sq, hq, d = p["q"].shape
-        return (cdiv(d, TILE), cdiv(sq, TILE), b * hq)
+        return (cdiv(d, TILE), *fold(cdiv(sq, TILE) * b * hq))
 
     def arguments(self, config, p):
         return (p["scores"], p["v"], p["out"], *self.sizes(p))

@@ -20,6 +20,7 @@ from .arrays import Tensor
 from .device import DEFAULT_SHARED_LIMIT, SIMULATOR
 
 _SIMULATED_LAUNCH = threading.Lock()
+MAX_GRID = (2**31 - 1, 65535, 65535)  # CTAs per grid dimension, every compute capability
 
 # Kernel parameter codes for struct; an array argument is Numba's array struct flattened into
 # 5 + 2 * ndim 64-bit parameters: meminfo, parent, nitems, itemsize, data, shape..., strides...
@@ -115,6 +116,14 @@ def launch(kernel, grid, threads, stream, shared_bytes, *args):
         block.format.pack_into(block.buffer, 0, *values)
         driver.cuLaunchKernel(function, gx, gy, gz, threads, 1, 1, shared_bytes, stream.handle,
                               ctypes.addressof(block.pointers), 0)
+
+
+def check_grid(name, grid):
+    """``ValueError`` naming ``name`` when ``grid`` passes CUDA's per-dimension limits."""
+    for extent, limit, axis in zip(grid, MAX_GRID, "xyz"):
+        if extent > limit:
+            raise ValueError(f"{name}: the problem needs {extent} CTAs in grid {axis}, CUDA "
+                             f"allows {limit} (grid {tuple(grid)}); split the call")
 
 
 def cdiv(a, b):

@@ -11,6 +11,8 @@ that says, in one place,
   types, ``unroll_loops`` and the tiles' register cap: its compile options;
 - ``grid(config, tiles, problem)`` and ``arguments(config, problem)``: how a launch follows from
   the problem, a dict of the adapted arrays (``arrays.Tensor``) and numbers the API passes.
+  ``prepare`` checks the tiles against the device and the grid against CUDA's limits before
+  anything is launched.
 
 The runtime compiles each (code, tiles, compute capability) once: ``compiled`` caches by
 ``code_key(config, tiles)`` (the config, unless a kernel's code depends on less of it), the
@@ -123,11 +125,21 @@ class KernelSpec:
                         device.cc, self.options(tiles))
         return kernel, tiles
 
+    def prepare(self, config, problem, device):
+        """``(tiles, grid)`` of a launch of ``config`` for ``problem``, checked: ``ValueError``
+        when the tiles do not fit the device (``choose``) or the grid passes CUDA's limits. A
+        call that launches several kernels prepares them all before the first launch."""
+        tiles = self.choose(config, device)
+        grid = self.grid(config, tiles, problem)
+        launcher.check_grid(self.name, grid)
+        return tiles, grid
+
     def launch(self, config, problem, stream, device):
         """Compile if needed, then launch ``config`` for ``problem`` on ``stream``."""
+        _, grid = self.prepare(config, problem, device)
         kernel, tiles = self.compiled(config, device)
-        launcher.launch(kernel, self.grid(config, tiles, problem), tiles.threads, stream,
-                        tiles.shared_bytes, *self.arguments(config, problem))
+        launcher.launch(kernel, grid, tiles.threads, stream, tiles.shared_bytes,
+                        *self.arguments(config, problem))
         return tiles
 
     @contextmanager

@@ -70,6 +70,7 @@ from numba import cuda, float32
 from ...runtime.spec import Tiles
 from ..attention import DkdvSpec, DqSpec, PreprocessSpec
 from ..common import constants, formats
+from ..common.grid import folded_row
 from ..common.masks import make_kv_end
 from ..instructions import sync
 from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, place,
@@ -142,9 +143,12 @@ def make_preprocess_kernel(HEAD_DIM, FMT):
         scratch = cuda.shared.array(SCRATCH, float32)
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
+        bh = folded_row()
+        if bh >= out.shape[0] * n_heads_q:
+            return  # past the last (batch, head): see common/grid.py
         r = cuda.blockIdx.x * ROW_GROUPS + (tid >> 3)
-        b = cuda.blockIdx.y // n_heads_q
-        h = cuda.blockIdx.y - b * n_heads_q
+        b = bh // n_heads_q
+        h = bh - b * n_heads_q
         D_i = ZERO
         if r < seqlen_q:
             for jd in range(TD):
@@ -187,9 +191,12 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
         row0 = (tid >> 3) * TN  # first of this thread's TN kv rows within the tile
+        bh = folded_row()
+        if bh >= k.shape[0] * n_heads_k:
+            return  # past the last (batch, head): see common/grid.py
         n0 = cuda.blockIdx.x * BLOCK_N
-        b = cuda.blockIdx.y // n_heads_k
-        hk = cuda.blockIdx.y - b * n_heads_k
+        b = bh // n_heads_k
+        hk = bh - b * n_heads_k
 
         # K_j, V_j stay in shared memory for the whole CTA; dK_j, dV_j in registers.
         load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, ONE, tid)
@@ -296,9 +303,12 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
         row0 = (tid >> 3) * TM  # first of this thread's TM query rows within the tile
+        bh = folded_row()
+        if bh >= q.shape[0] * n_heads_q:
+            return  # past the last (batch, head): see common/grid.py
         m0 = cuda.blockIdx.x * BLOCK_M
-        b = cuda.blockIdx.y // n_heads_q
-        h = cuda.blockIdx.y - b * n_heads_q
+        b = bh // n_heads_q
+        h = bh - b * n_heads_q
         hk = h // group
 
         # Q_i, dO_i stay in shared memory; lse_i, D_i and dQ_i in registers.

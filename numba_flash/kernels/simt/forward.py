@@ -55,6 +55,7 @@ from ...runtime.spec import Tiles
 from ..attention import ForwardSpec
 from ..common import constants, formats
 from ..common.epilogue import lse_of
+from ..common.grid import folded_row
 from ..common.masks import make_kv_end, make_needs_mask
 from ..instructions import sync
 from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, place,
@@ -97,9 +98,12 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
         row0 = (tid >> 3) * TM  # first of this thread's TM rows within the tile
+        bh = folded_row()
+        if bh >= q.shape[0] * n_heads_q:
+            return  # past the last (batch, head): see common/grid.py
         m0 = cuda.blockIdx.x * BLOCK_M
-        b = cuda.blockIdx.y // n_heads_q
-        h = cuda.blockIdx.y - b * n_heads_q
+        b = bh // n_heads_q
+        h = bh - b * n_heads_q
         hk = h // group
 
         # Q_i -> shared (transposed), pre-scaled so that S is in base-2 units.

@@ -69,6 +69,7 @@ from ..instructions import convert, memory, sync
 from ..instructions import mma as mma_sync
 from ..common.copies import make_tile_copy
 from ..common.epilogue import lse_of, store_chunk
+from ..common.grid import folded_row
 from ..common.masks import make_kv_end
 from ..common.softmax import make_softmax_step
 
@@ -149,9 +150,12 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         k_lane = K_OFF + b_row * STRIDE + b_col
         v_lane = V_OFF + a_row * STRIDE + a_col
         # Causal: the longest query tiles first (the grid's last CTAs are then the short ones).
+        bh = folded_row()
+        if bh >= q.shape[0] * n_heads_q:
+            return  # past the last (batch, head): see common/grid.py
         m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
-        b = cuda.blockIdx.y // n_heads_q
-        h = cuda.blockIdx.y - b * n_heads_q
+        b = bh // n_heads_q
+        h = bh - b * n_heads_q
         hk = h // group
 
         diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag

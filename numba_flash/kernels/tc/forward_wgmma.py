@@ -54,6 +54,7 @@ from ..attention import ForwardSpec
 from ..common import constants
 from ..instructions import convert, memory, sync, wgmma
 from ..common.epilogue import lse_of, store_chunk
+from ..common.grid import folded_row
 from ..common.masks import make_kv_end
 from ..common.softmax import make_softmax_step
 
@@ -142,9 +143,12 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         copy_r0 = (tid & TID_MASK) // CHUNK_SLOTS  # masked: tid's range is known to the compiler
         copy_c = tid & (CHUNK_SLOTS - 1)
         base = wgmma.aligned_base(smem)  # the tiles start on a 1024-byte boundary
+        bh = folded_row()
+        if bh >= q.shape[0] * n_heads_q:
+            return  # past the last (batch, head): see common/grid.py
         m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
-        b = int32(convert.div_u32(cuda.blockIdx.y, n_heads_q))  # 32-bit: no division subroutine
-        h = cuda.blockIdx.y - b * n_heads_q
+        b = int32(convert.div_u32(bh, n_heads_q))  # 32-bit: no division subroutine
+        h = bh - b * n_heads_q
         hk = int32(convert.div_u32(h, group))
 
         diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
