@@ -58,6 +58,10 @@ def specializations():
     add("simt fwd d=8 causal=True bfloat16", (SM80, SM90), "simt.forward", [8, True, "bfloat16"])
     add("simt fwd d=72 causal=False bfloat16", (SM80, SM90), "simt.forward",
         [72, False, "bfloat16"])
+    for d in (8, 64, 128):
+        for causal in (False, True):
+            add(f"simt rowwise fwd d={d} causal={causal} float16", (SM80, SM90),
+                "simt.forward_rowwise", [d, causal, "float16"])
 
     for d in (64, 128, 256):
         for kernel in ("dkdv", "dq"):
