@@ -1,44 +1,145 @@
-"""torch autograd adapter: attention whose ``loss.backward()`` runs the flash backward.
+"""torch integration: the kernels as ``torch.library`` operations, differentiable attention.
 
     from numba_flash.torch import flash_attn_func
     out = flash_attn_func(q, k, v, causal=True)   # q (B, Sq, Hq, D), k, v (B, Sk, Hk, D)
     out.float().square().sum().backward()         # q.grad, k.grad, v.grad
 
-Import this module explicitly: the package itself never imports torch. Tensors go to the kernels
-zero-copy (runtime/arrays.py adapts torch CUDA tensors, and CPU tensors under the simulator); results
-are torch tensors on q's device, computed on torch's current stream. The forward saves ``out``
-and ``lse`` (not the attention matrix) for ``nf.flash_attn_bwd``.
+Import this module explicitly: the package itself never imports torch. Importing it registers
+four operations in the namespace ``numba_flash`` (``torch.ops.numba_flash.*``), one per public
+call of the host layer: ``flash_attn_fwd``, ``flash_attn_bwd``, ``get_mla_metadata`` and
+``flash_mla_with_kvcache``. Each has two implementations:
+
+- the real one hands the tensors to ``api.py`` zero-copy (runtime/arrays.py adapts torch CUDA
+  tensors, and CPU tensors under the simulator) and runs on torch's current stream;
+- a fake one that only says the outputs' shapes and dtypes. ``torch.compile`` traces that one,
+  so a compiled model keeps each call as one node of its graph and never enters Numba, whose
+  compiler cannot be traced.
+
+The forward's autograd is registered with ``torch.library.register_autograd``: it saves ``out``
+and ``lse`` (not the attention matrix), and its backward is the ``flash_attn_bwd`` operation, so
+AOT autograd sees the backward as one node as well.
 """
+
+from typing import Optional
 
 import torch
 
-from . import api
+from . import api, scheduler
+
+Tensor = torch.Tensor
 
 
-class FlashAttnFunc(torch.autograd.Function):
-    """``out = softmax(q k^T * scale) v`` with gradients for q, k and v."""
+def _new(like, shape, dtype=None):
+    """A new contiguous tensor on ``like``'s device: what the real operations allocate."""
+    return like.new_empty(shape, dtype=like.dtype if dtype is None else dtype)
 
-    @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, backend):
-        # The kernels see raw memory: detached views (zero copy; torch refuses to export tensors
-        # that require grad through __cuda_array_interface__).
-        out, lse = api.flash_attn_fwd(q.detach(), k.detach(), v.detach(), causal=causal,
-                                      softmax_scale=softmax_scale, backend=backend)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.softmax_scale = causal, softmax_scale
-        return out
 
-    @staticmethod
-    def backward(ctx, dout):
-        if dout.stride(-1) != 1:  # e.g. out.sum()'s gradient: ones expanded with zero strides
-            dout = dout.contiguous()
-        q, k, v, out, lse = (t.detach() for t in ctx.saved_tensors)
-        dq, dk, dv = api.flash_attn_bwd(dout.detach(), q, k, v, out, lse, causal=ctx.causal,
-                                        softmax_scale=ctx.softmax_scale)
-        return dq, dk, dv, None, None, None
+# ----------------------------------------------------------------------------- attention
+
+@torch.library.custom_op("numba_flash::flash_attn_fwd", mutates_args=())
+def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
+                    softmax_scale: Optional[float], backend: str) -> tuple[Tensor, Tensor]:
+    return api.flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                              backend=backend)
+
+
+@_flash_attn_fwd.register_fake
+def _(q, k, v, causal, softmax_scale, backend):
+    b, sq, hq, _ = q.shape
+    return _new(q, q.shape), _new(q, (b, hq, sq), torch.float32)
+
+
+@torch.library.custom_op("numba_flash::flash_attn_bwd", mutates_args=())
+def _flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                    causal: bool, softmax_scale: Optional[float],
+                    backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    return api.flash_attn_bwd(dout, q, k, v, out, lse, causal=causal,
+                              softmax_scale=softmax_scale, backend=backend)
+
+
+@_flash_attn_bwd.register_fake
+def _(dout, q, k, v, out, lse, causal, softmax_scale, backend):
+    return _new(q, q.shape), _new(q, k.shape), _new(q, k.shape)
+
+
+def _save_for_backward(ctx, inputs, output):
+    q, k, v, causal, softmax_scale, _ = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.softmax_scale = causal, softmax_scale
+    ctx.mark_non_differentiable(lse)  # the backward takes no lse gradient
+
+
+def _attention_backward(ctx, dout, _dlse):
+    if dout.stride(-1) != 1:  # e.g. out.sum()'s gradient: ones expanded with zero strides
+        dout = dout.contiguous()
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _flash_attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, "auto")
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("numba_flash::flash_attn_fwd", _attention_backward,
+                                setup_context=_save_for_backward)
 
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, backend="auto"):
     """Differentiable exact attention on torch tensors. ``backend`` picks the forward's kernels
-    (see ``numba_flash.flash_attn_fwd``); the backward is ``numba_flash.flash_attn_bwd``'s."""
-    return FlashAttnFunc.apply(q, k, v, causal, softmax_scale, backend)
+    (see ``numba_flash.flash_attn_fwd``); the backward is ``numba_flash.flash_attn_bwd``'s with
+    ``backend="auto"``."""
+    return _flash_attn_fwd(q, k, v, causal, softmax_scale, backend)[0]
+
+
+# ----------------------------------------------------------------------------- paged MLA decode
+
+@torch.library.custom_op("numba_flash::get_mla_metadata", mutates_args=())
+def _get_mla_metadata(cache_seqlens: Tensor, num_q_tokens_per_head_k: int, num_heads_k: int,
+                      num_heads_q: Optional[int], is_fp8_kvcache: bool, topk: Optional[int],
+                      num_sms: Optional[int]) -> tuple[Tensor, Tensor]:
+    return api.get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k,
+                                num_heads_q, is_fp8_kvcache, topk, num_sms=num_sms)
+
+
+@_get_mla_metadata.register_fake
+def _(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache, topk,
+      num_sms):
+    if num_sms is None:  # the device's SM count, as the real call reads it
+        num_sms = api.device.current().sms
+    parts = scheduler.num_sm_parts(num_sms, num_heads_k, num_q_tokens_per_head_k)
+    return (_new(cache_seqlens, (parts, scheduler.METADATA_SIZE), torch.int32),
+            _new(cache_seqlens, (cache_seqlens.shape[0] + 1,), torch.int32))
+
+
+def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
+                     is_fp8_kvcache=False, topk=None, *, num_sms=None):
+    """``numba_flash.get_mla_metadata`` as a torch operation (CUDA ``cache_seqlens``; CPU under
+    the simulator): the plan is made on the device, capturable in a CUDA graph."""
+    return _get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q,
+                             is_fp8_kvcache, topk, num_sms)
+
+
+@torch.library.custom_op("numba_flash::flash_mla_with_kvcache", mutates_args=())
+def _flash_mla_with_kvcache(q: Tensor, k_cache: Tensor, block_table: Tensor,
+                            cache_seqlens: Tensor, head_dim_v: int,
+                            tile_scheduler_metadata: Optional[Tensor],
+                            num_splits: Optional[Tensor], softmax_scale: Optional[float],
+                            causal: bool, is_fp8_kvcache: bool, indices: Optional[Tensor],
+                            backend: str) -> tuple[Tensor, Tensor]:
+    return api.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                                      tile_scheduler_metadata, num_splits, softmax_scale, causal,
+                                      is_fp8_kvcache, indices, backend)
+
+
+@_flash_mla_with_kvcache.register_fake
+def _(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+      softmax_scale, causal, is_fp8_kvcache, indices, backend):
+    b, s_q, h_q, _ = q.shape
+    return _new(q, (b, s_q, h_q, head_dim_v)), _new(q, (b, h_q, s_q), torch.float32)
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                           tile_scheduler_metadata=None, num_splits=None, softmax_scale=None,
+                           causal=False, is_fp8_kvcache=False, indices=None, backend="auto"):
+    """``numba_flash.flash_mla_with_kvcache`` as a torch operation: ``(out, lse)``."""
+    return _flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                                   tile_scheduler_metadata, num_splits, softmax_scale, causal,
+                                   is_fp8_kvcache, indices, backend)

@@ -1,13 +1,24 @@
-"""numba_flash.torch: ``loss.backward()`` through the flash kernels (skipped without torch)."""
+"""numba_flash.torch: ``loss.backward()`` through the flash kernels, the ``torch.library``
+operations (opcheck, their results against the float64 references) and a toy transformer trained
+eagerly and under ``torch.compile(fullgraph=True)`` (skipped without torch).
+
+The compiled runs use the ``aot_eager`` backend: it traces the fake implementations and the
+registered autograd as Inductor does, but runs the graph without generating C++, which CI's
+machine would have to compile for the CPU. Graph breaks are counted by ``torch._dynamo.explain``.
+"""
+
+import copy
 
 import numpy as np
 import pytest
 
 from numba_flash import reference as ref
-from helpers import SIMULATOR, assert_close_rule, randn, to_host
+from numba_flash import scheduler
+from helpers import SIMULATOR, assert_close_rule, assert_lse, randn, to_host
 
 torch = pytest.importorskip("torch")
-from numba_flash.torch import flash_attn_func  # noqa: E402  (needs torch)
+import numba_flash.torch as nft  # noqa: E402  (needs torch)
+from numba_flash.torch import flash_attn_func  # noqa: E402
 
 DEVICE = "cpu" if SIMULATOR else "cuda"  # the simulator takes CPU tensors
 
@@ -52,3 +63,156 @@ def test_sum_loss_has_zero_stride_gradient(rng):
     want = ref.attention_bwd_ref(np.ones_like(host[0]), *host)
     for name, t, w in zip(("dq", "dk", "dv"), (q, k, v), want):
         assert_close_rule(to_host(t.grad), w, None, "float32", what=name)
+
+
+def _tensor(x):
+    """A host array as a tensor on DEVICE, without grad."""
+    return _leaf(x).detach() if x.dtype.kind == "f" else torch.from_numpy(x).to(DEVICE)
+
+
+# ----------------------------------------------------------------------------- the operations
+
+def _mla_inputs(rng):
+    """b 1, s_q 2, h_q 2, h_kv 1, d 16, head_dim_v 8, pages of 4 rows, length 6 (two pages)."""
+    return dict(q=randn(rng, (1, 2, 2, 16), "float32"),
+                k_cache=randn(rng, (2, 4, 1, 16), "float32"),
+                block_table=np.array([[1, 0]], np.int32), cache_seqlens=np.array([6], np.int32))
+
+
+def _opcheck_cases(rng):
+    """(operation, arguments) for every operation, inputs as small as the kernels take."""
+    host = [randn(rng, (1, 3, 1, 8), "float32") for _ in range(4)]
+    q, k, v = (_leaf(x) for x in host[:3])
+    ops = torch.ops.numba_flash
+    out, lse = ops.flash_attn_fwd(*(t.detach() for t in (q, k, v)), True, None, "simt")
+    mla = {name: _tensor(x) for name, x in _mla_inputs(rng).items()}
+    return {
+        "flash_attn_fwd": (ops.flash_attn_fwd.default, (q, k, v, True, None, "simt")),
+        "flash_attn_bwd": (ops.flash_attn_bwd.default,
+                           (_tensor(host[3]), q.detach(), k.detach(), v.detach(), out, lse, True,
+                            None, "simt")),
+        "get_mla_metadata": (ops.get_mla_metadata.default,
+                             (mla["cache_seqlens"], 4, 1, 2, False, None, 2)),
+        "flash_mla_with_kvcache": (ops.flash_mla_with_kvcache.default,
+                                   (mla["q"], mla["k_cache"], mla["block_table"],
+                                    mla["cache_seqlens"], 8, None, None, None, True, False, None,
+                                    "auto")),
+    }
+
+
+@pytest.mark.parametrize("name", ["flash_attn_fwd", "flash_attn_bwd", "get_mla_metadata",
+                                  "flash_mla_with_kvcache"])
+def test_operation_passes_opcheck(name, rng):
+    """Schema, fake implementation (shapes, dtypes, strides), autograd registration and AOT
+    dispatch with dynamic shapes: ``torch.library.opcheck``'s every test."""
+    op, args = _opcheck_cases(rng)[name]
+    torch.library.opcheck(op, args)
+
+
+def test_mla_operations_match_the_reference(rng):
+    host = _mla_inputs(rng)
+    t = {name: _tensor(x) for name, x in host.items()}
+    metadata, num_splits = nft.get_mla_metadata(t["cache_seqlens"], 4, 1, num_sms=2)
+    want_metadata, want_splits = scheduler.plan_mla(host["cache_seqlens"], 4, 1, 2)
+    np.testing.assert_array_equal(to_host(metadata), want_metadata)
+    np.testing.assert_array_equal(to_host(num_splits), want_splits)
+    out, lse = nft.flash_mla_with_kvcache(t["q"], t["k_cache"], t["block_table"],
+                                          t["cache_seqlens"], 8, metadata, num_splits,
+                                          causal=True)
+    want_out, want_lse = ref.mla_decode_ref(host["q"], host["k_cache"], host["block_table"],
+                                            host["cache_seqlens"], 8, causal=True)
+    assert out.shape == (1, 2, 2, 8) and out.dtype == torch.float32
+    assert_close_rule(to_host(out), want_out, None, "float32")
+    assert_lse(lse, want_lse)
+
+
+# ----------------------------------------------------------------------------- a compiled model
+
+def _reference_attention(q, k, v, causal):
+    """Exact attention in float64 (the reference model's)."""
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    if causal:
+        scores = scores.masked_fill(~torch.from_numpy(ref.causal_mask(q.shape[1], k.shape[1])),
+                                    float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v)
+
+
+class _Block(torch.nn.Module):
+    """Pre-norm transformer block: causal attention on q, k, v sliced out of one packed
+    projection (strided views, as models produce them), then an MLP."""
+
+    def __init__(self, dim, heads, attention):
+        super().__init__()
+        self.heads, self.attention = heads, attention
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(),
+                                       torch.nn.Linear(2 * dim, dim))
+
+    def forward(self, x):
+        b, s, dim = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, dim // self.heads).unbind(2)
+        x = x + self.proj(self.attention(q, k, v, causal=True).reshape(b, s, dim))
+        return x + self.mlp(self.norm2(x))
+
+
+def _train(model, x, target, steps):
+    """Losses of ``steps`` plain SGD steps on a mean-squared error."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return np.array(losses)
+
+
+def test_toy_transformer_trains_the_same_eager_and_compiled(rng):
+    """Two blocks trained a few steps: with the flash operations eagerly, and under
+    ``torch.compile(fullgraph=True)`` (one graph, no break, the attention as the numba_flash
+    operation), losses equal; both follow a float64 model with exact attention."""
+    dim, heads, seq, steps = 16, 2, 5, 2
+    torch.manual_seed(int(rng.integers(2**31)))
+    blocks = [_Block(dim, heads, flash_attn_func) for _ in range(2)]
+    eager = torch.nn.Sequential(*blocks).to(DEVICE)
+    x = torch.from_numpy(randn(rng, (1, seq, dim), "float32")).to(DEVICE)
+    target = torch.from_numpy(randn(rng, (1, seq, dim), "float32")).to(DEVICE)
+
+    compiled_model = copy.deepcopy(eager)
+    explained = torch._dynamo.explain(compiled_model)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    calls = [n.target for n in explained.graphs[0].graph.nodes if n.op == "call_function"]
+    assert calls.count(torch.ops.numba_flash.flash_attn_fwd.default) == 2
+    torch._dynamo.reset()
+
+    reference = copy.deepcopy(eager).double()
+    for block in reference:
+        block.attention = _reference_attention
+    want = _train(reference, x.double(), target.double(), steps)
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
+    got_eager = _train(eager, x, target, steps)
+    got_compiled = _train(compiled, x, target, steps)
+    np.testing.assert_allclose(got_compiled, got_eager, rtol=1e-6)
+    np.testing.assert_allclose(got_eager, want, rtol=1e-4)
+    assert want[-1] < want[0]  # the steps train: the comparison is not of constants
+
+
+@pytest.mark.skipif(SIMULATOR, reason="CUDA graphs need a GPU")
+def test_compiled_forward_is_captured_in_a_cuda_graph(rng):
+    """After a first call compiled the kernels, a compiled forward replays from a CUDA graph."""
+    host = [randn(rng, (2, 300, 4, 64), "float16") for _ in range(3)]
+    q, k, v = (_tensor(x) for x in host)
+    attention = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True),
+                              fullgraph=True)
+    attention(q, k, v)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention(q, k, v)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    want = ref.attention_fwd_ref(*host, True)[0]
+    assert_close_rule(to_host(out), want, ref.attention_lowp(*host, True), "float16")
