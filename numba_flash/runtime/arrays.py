@@ -1,4 +1,5 @@
-"""Device-array adapter: CuPy, Numba, torch and (under the simulator) NumPy, zero copy.
+"""Device-array adapter: CuPy, Numba, torch, any DLPack or CUDA-array-interface producer (JAX,
+...) and (under the simulator) NumPy, zero copy.
 
 Every public call turns its array arguments into ``Tensor`` records first. A record keeps the
 caller's object, the library it came from, the element format (``float16``, ``bfloat16``,
@@ -10,6 +11,12 @@ out of a packed ``qkv`` tensor) keep their strides. Only the last dimension must
 
 Outputs are allocated in the library of a given input and launched on that library's current
 stream, so CuPy code gets CuPy arrays back and torch code gets torch tensors on its own stream.
+Arrays of other libraries ("foreign": JAX, say) are read through cuda.core's
+``StridedMemoryView``, from ``__dlpack__`` (which names the device) or else
+``__cuda_array_interface__``; their outputs are allocated as Numba's (NumPy under the simulator)
+and handed over by DLPack: to the ``from_dlpack`` of the caller's library when it has one, else
+as the ``StridedMemoryView`` itself, which any DLPack consumer takes. Foreign work runs on the
+legacy default stream, which the producer is asked to order its pending writes before.
 
 On a GPU, kernels are launched from the record's device pointer, shape and strides
 (``launcher.launch`` writes them into the kernel's parameter block), so the Numba device view is
@@ -20,9 +27,11 @@ itself (0.46 ms of host time against 0.15 ms on the H200). Views that are built 
 descriptor: a view owns no memory and keeps nothing alive, so sharing it is exact.
 """
 
+import ctypes
+import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -40,7 +49,7 @@ class Tensor:
 
     name: str        # argument name, for error messages
     obj: object      # the caller's array
-    lib: str         # "cupy" | "torch" | "numba" | "numpy"
+    lib: str         # "cupy" | "torch" | "numba" | "numpy" | "foreign"
     fmt: str         # "float16" | "bfloat16" | "float32" | "int32" | other dtype name
     shape: tuple
     strides: tuple   # in elements
@@ -78,6 +87,8 @@ def _library(x):
         return mod
     if getattr(x, "__cuda_ndarray__", False):  # Numba device arrays (simulated ones too)
         return "numba"
+    if hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__"):
+        return "foreign"
     return None
 
 
@@ -95,13 +106,16 @@ def adapt(x, name):
     """Adapt one array argument; ``TypeError`` naming ``name`` if it is not a usable array."""
     lib = _library(x)
     if lib is None:
-        raise TypeError(f"{name}: expected a CuPy array, torch CUDA tensor or Numba device array, "
+        raise TypeError(f"{name}: expected a CuPy array, torch CUDA tensor, Numba device array or "
+                        f"an object with __dlpack__ or __cuda_array_interface__, "
                         f"got {type(x).__name__}")
     if lib == "numpy" and not SIMULATOR:
         raise TypeError(f"{name}: got a host NumPy array; pass a device array instead "
                         f"(e.g. cupy.asarray({name}) or numba.cuda.to_device({name}))")
     if lib == "torch":
         return _adapt_torch(x, name)
+    if lib == "foreign":
+        return _adapt_foreign(x, name)
     if lib == "numba" and SIMULATOR:
         host = _sim_device_view(x)
         return _adapt_numpy_like(host, name, "numba", obj=x, view_of=host)
@@ -171,6 +185,53 @@ def _adapt_torch(x, name):
     return Tensor(name, x, "torch", fmt, shape, strides, itemsize, x.data_ptr(), None, storage)
 
 
+def _adapt_foreign(x, name):
+    """An array of another library, through cuda.core's ``StridedMemoryView`` (zero copy)."""
+    from cuda.core.utils import StridedMemoryView
+
+    if hasattr(x, "__dlpack__"):
+        # stream 1: the legacy default stream foreign work runs on; -1: host memory, no stream
+        view = StridedMemoryView.from_dlpack(x, stream_ptr=-1 if SIMULATOR else 1)
+    elif SIMULATOR:
+        raise TypeError(f"{name}: under the simulator, {type(x).__name__} (a "
+                        f"__cuda_array_interface__ producer) names no host memory; pass a NumPy "
+                        f"array or a DLPack producer on the CPU")
+    else:
+        view = StridedMemoryView.from_cuda_array_interface(x, stream_ptr=0)
+    dtype = np.dtype(view.dtype)
+    shape = tuple(int(n) for n in view.shape)
+    strides = tuple(int(s) for s in view.strides) if view.strides is not None \
+        else _contiguous_strides(shape)
+    if SIMULATOR:
+        if view.is_device_accessible:
+            raise TypeError(f"{name}: got device memory under the simulator; pass a host array")
+        host = _host_array(view.ptr, shape, strides, dtype)
+        return _adapt_numpy_like(host, name, "foreign", obj=x, view_of=host)
+    if not view.is_device_accessible:
+        raise TypeError(f"{name}: got host memory ({type(x).__name__}); pass a device array")
+    return Tensor(name, x, "foreign", dtype.name, shape, strides, dtype.itemsize, int(view.ptr),
+                  int(view.device_id), None)
+
+
+def _contiguous_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _host_array(ptr, shape, strides, dtype):
+    """A NumPy array over host memory at ``ptr`` (strides in elements, any sign); it owns nothing:
+    the caller's object keeps the memory alive for the call."""
+    steps = [(n - 1) * s * dtype.itemsize for n, s in zip(shape, strides)]
+    lo = sum(step for step in steps if step < 0)
+    hi = sum(step for step in steps if step > 0) + dtype.itemsize
+    memory = (ctypes.c_byte * (hi - lo)).from_address(ptr + lo)
+    return np.ndarray(shape, dtype, buffer=memory, offset=-lo,
+                      strides=tuple(s * dtype.itemsize for s in strides))
+
+
 _views = OrderedDict()  # (pointer, device, shape, byte strides, typestr) -> Numba device array
 _views_lock = threading.Lock()
 _MAX_VIEWS = 256
@@ -215,6 +276,8 @@ def empty(like, shape, fmt, name):
         obj = torch.empty(shape, dtype=dt, device=like.obj.device)
         return _adapt_torch(obj, name)
     dt = numpy_dtype(fmt)
+    if lib == "foreign":
+        return _foreign_empty(like, shape, dt, name)
     if lib == "cupy":
         import cupy
 
@@ -228,6 +291,46 @@ def empty(like, shape, fmt, name):
         dev = cuda.to_device(obj)
         return _adapt_numpy_like(obj, name, "numba", obj=dev, view_of=_sim_device_view(dev))
     return _adapt_numpy_like(obj, name, "numpy", obj=obj, view_of=obj)
+
+
+def _foreign_empty(like, shape, dtype, name):
+    """An output for a foreign caller: Numba memory (NumPy under the simulator) handed to the
+    ``from_dlpack`` of the caller's library, or as a ``StridedMemoryView`` when it has none."""
+    from cuda.core.utils import StridedMemoryView
+
+    if SIMULATOR:
+        storage = np.empty(shape, dtype=dtype)
+        t = _adapt_numpy_like(storage, name, "foreign", obj=storage, view_of=storage)
+    else:
+        with cuda.gpus[like.device]:
+            storage = cuda.device_array(shape, dtype=dtype)
+        t = replace(_adapt_numpy_like(storage, name, "numba", obj=storage, view_of=storage),
+                    lib="foreign")
+    consumer = foreign_consumer(like.obj)
+    try:
+        result = exporter = (StridedMemoryView.from_dlpack(storage, stream_ptr=-1) if SIMULATOR
+                             else StridedMemoryView.from_cuda_array_interface(storage, -1))
+        if consumer is not None:
+            result = consumer(exporter)
+    except BufferError as e:  # DLPack has no code for the dtype (bfloat16, for NumPy's)
+        raise TypeError(f"{name}: a {dtype.name} result cannot be handed to "
+                        f"{type(like.obj).__name__}'s library through DLPack ({e})") from None
+    if consumer is not None and StridedMemoryView.from_dlpack(result, stream_ptr=-1).ptr != t.ptr:
+        raise RuntimeError(f"{name}: {consumer.__module__}.from_dlpack copied the result "
+                           f"instead of sharing its memory")
+    return replace(t, obj=result)
+
+
+# The module whose from_dlpack takes arrays back into a library, where it is not the top-level
+# module of the library's array type.
+_CONSUMER_MODULES = {"jax": "jax.numpy", "jaxlib": "jax.numpy"}
+
+
+def foreign_consumer(obj):
+    """The ``from_dlpack`` of ``obj``'s library, or None when it has none."""
+    top = type(obj).__module__.split(".")[0]
+    module = sys.modules.get(_CONSUMER_MODULES.get(top, top))
+    return getattr(module, "from_dlpack", None)
 
 
 def numpy_dtype(fmt):

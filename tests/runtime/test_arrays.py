@@ -1,5 +1,8 @@
 """The device-array adapter: libraries, dtypes as bit views, strides, allocation, zero copy."""
 
+import sys
+import types
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -7,7 +10,8 @@ from numba import cuda
 
 import numba_flash as nf
 from numba_flash.runtime import arrays
-from helpers import DTYPES, SIMULATOR, randn, to_device, to_host
+from numba_flash import reference as ref
+from helpers import DTYPES, SIMULATOR, assert_close_rule, assert_lse, randn, to_device, to_host
 
 
 @pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float32"])
@@ -75,3 +79,82 @@ def test_16_byte_rows_check_pointer_row_length_and_strides():
     assert copies_16(cache[:, ::3, 1:])  # strides 288 and 96 bytes
     assert not copies_16(cache[:, ::3, :, :20])  # rows of 40 bytes
     assert not copies_16(wider[..., :24])  # head stride 56 bytes
+
+
+# ----------------------------------------------------------------------------- other libraries
+
+class _Producer:
+    """An array of no library the adapter knows: only the DLPack protocol, over NumPy memory
+    under the simulator (CuPy memory on a GPU)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+class _InterfaceProducer:
+    """Only ``__cuda_array_interface__``."""
+
+    def __init__(self, interface):
+        self.__cuda_array_interface__ = interface
+
+
+def test_a_dlpack_producer_is_read_zero_copy_with_its_strides(rng):
+    x = to_device(randn(rng, (2, 3, 4, 8), "float16"))[:, 1:, ::2]
+    t = arrays.adapt(_Producer(x), "x")
+    iface = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__
+    assert t.lib == "foreign" and t.fmt == "float16" and t.shape == (2, 2, 2, 8)
+    assert t.ptr == iface["data"][0] and t.strides == (3 * 4 * 8, 4 * 8, 2 * 8, 1)
+
+
+def test_dlpack_producers_in_give_dlpack_results_out(rng):
+    """A caller whose library has no ``from_dlpack`` gets results that any DLPack consumer
+    takes (here NumPy's or CuPy's)."""
+    host = [randn(rng, (1, 5, 2, 16), "float16") for _ in range(3)]
+    out, lse = nf.flash_attn_fwd(*(_Producer(to_device(x)) for x in host), causal=True)
+    assert hasattr(out, "__dlpack__") and hasattr(lse, "__dlpack__")
+    take = np.from_dlpack if SIMULATOR else __import__("cupy").from_dlpack
+    want, want_lse = ref.attention_fwd_ref(*host, causal=True)
+    assert_close_rule(to_host(take(out)), want, ref.attention_lowp(*host, causal=True), "float16")
+    assert_lse(to_host(take(lse)), want_lse)
+
+
+def test_results_go_to_the_from_dlpack_of_the_callers_library(rng, monkeypatch):
+    """A library with a ``from_dlpack`` (JAX's is ``jax.numpy.from_dlpack``) gets its own arrays
+    back, sharing the memory the kernels wrote."""
+    library = types.ModuleType("toylib")
+
+    class ToyArray(_Producer):
+        pass
+
+    ToyArray.__module__ = "toylib"
+    take = np.from_dlpack if SIMULATOR else __import__("cupy").from_dlpack
+    library.from_dlpack = lambda x: ToyArray(take(x))
+    monkeypatch.setitem(sys.modules, "toylib", library)
+    host = [randn(rng, (1, 4, 1, 8), "float32") for _ in range(3)]
+    out, lse = nf.flash_attn_fwd(*(ToyArray(to_device(x)) for x in host))
+    assert type(out) is ToyArray and type(lse) is ToyArray
+    want, want_lse = ref.attention_fwd_ref(*host)
+    assert_close_rule(to_host(out.array), want, None, "float32")
+    assert_lse(to_host(lse.array), want_lse)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's refusal")
+def test_an_interface_producer_under_the_simulator_is_a_type_error():
+    with pytest.raises(TypeError, match="^q: under the simulator"):
+        nf.flash_attn_fwd(_InterfaceProducer(dict(shape=(1, 4, 1, 8), typestr="<f4",
+                                                  data=(0, False), version=3)),
+                          *(np.zeros((1, 4, 1, 8), np.float32) for _ in range(2)))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="__cuda_array_interface__ describes device memory")
+def test_an_interface_producer_is_read_zero_copy(rng):
+    x = cuda.to_device(randn(rng, (2, 3, 4, 8), "float32"))[:, 1:]
+    t = arrays.adapt(_InterfaceProducer(x.__cuda_array_interface__), "x")
+    assert t.lib == "foreign" and t.ptr == x.__cuda_array_interface__["data"][0]
+    assert t.shape == (2, 2, 4, 8) and t.strides == (3 * 4 * 8, 4 * 8, 8, 1)
