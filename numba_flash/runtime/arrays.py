@@ -298,23 +298,22 @@ def _foreign_empty(like, shape, dtype, name):
     ``from_dlpack`` of the caller's library, or as a ``StridedMemoryView`` when it has none."""
     from cuda.core.utils import StridedMemoryView
 
+    if dtype.name == "bfloat16":  # NumPy's and cuda.core's DLPack export have no code for it
+        raise TypeError(f"{name}: a bfloat16 result cannot be handed to "
+                        f"{type(like.obj).__name__}'s library through DLPack; pass a buffer of "
+                        f"your own as out= (or torch or CuPy arrays)")
     if SIMULATOR:
         storage = np.empty(shape, dtype=dtype)
         t = _adapt_numpy_like(storage, name, "foreign", obj=storage, view_of=storage)
+        exporter = StridedMemoryView.from_dlpack(storage, stream_ptr=-1)
     else:
         with cuda.gpus[like.device]:
             storage = cuda.device_array(shape, dtype=dtype)
         t = replace(_adapt_numpy_like(storage, name, "numba", obj=storage, view_of=storage),
                     lib="foreign")
+        exporter = StridedMemoryView.from_cuda_array_interface(storage, stream_ptr=-1)
     consumer = foreign_consumer(like.obj)
-    try:
-        result = exporter = (StridedMemoryView.from_dlpack(storage, stream_ptr=-1) if SIMULATOR
-                             else StridedMemoryView.from_cuda_array_interface(storage, -1))
-        if consumer is not None:
-            result = consumer(exporter)
-    except BufferError as e:  # DLPack has no code for the dtype (bfloat16, for NumPy's)
-        raise TypeError(f"{name}: a {dtype.name} result cannot be handed to "
-                        f"{type(like.obj).__name__}'s library through DLPack ({e})") from None
+    result = exporter if consumer is None else consumer(exporter)
     if consumer is not None and StridedMemoryView.from_dlpack(result, stream_ptr=-1).ptr != t.ptr:
         raise RuntimeError(f"{name}: {consumer.__module__}.from_dlpack copied the result "
                            f"instead of sharing its memory")

@@ -158,3 +158,12 @@ def test_an_interface_producer_is_read_zero_copy(rng):
     t = arrays.adapt(_InterfaceProducer(x.__cuda_array_interface__), "x")
     assert t.lib == "foreign" and t.ptr == x.__cuda_array_interface__["data"][0]
     assert t.shape == (2, 2, 4, 8) and t.strides == (3 * 4 * 8, 4 * 8, 8, 1)
+
+
+def test_bfloat16_results_that_dlpack_cannot_export_are_refused_before_launch(rng):
+    torch = pytest.importorskip("torch")
+    x = randn(rng, (1, 4, 1, 8), "bfloat16")
+    bits = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    q = _Producer(bits if SIMULATOR else bits.cuda())
+    with pytest.raises(TypeError, match="^out: a bfloat16 result cannot be handed"):
+        nf.flash_attn_fwd(q, q, q)
