@@ -7,7 +7,7 @@ numba_flash`` and the test suite can still choose Numba's CUDA simulator when th
 
 __version__ = "0.1.0"
 __all__ = ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_func", "get_mla_metadata",
-           "flash_mla_with_kvcache", "check_errors"]
+           "flash_mla_with_kvcache", "check_errors", "warmup"]
 
 
 def __getattr__(name):

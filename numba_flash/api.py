@@ -509,3 +509,78 @@ def check_errors():
     if found:
         raise RuntimeError("; ".join(message for flag, message in device_status.MESSAGES.items()
                                      if found & flag))
+
+
+# ----------------------------------------------------------------------------- warmup
+
+WARMUP_CALLS = ("flash_attn_fwd", "flash_attn_func", "flash_attn_bwd", "flash_mla_with_kvcache")
+
+
+def warmup(configs):
+    """Compile ahead of time the kernels of each configuration in ``configs`` (and, with the
+    persistent cache on, store them for later processes), so that no later call pays a compile.
+
+    A configuration is a dict naming the ``call`` and the values that decide its kernels:
+    ``head_dim``, ``dtype`` (a name, NumPy or torch dtype), ``causal`` (default False) and
+    ``backend`` (default ``"auto"``) for ``flash_attn_fwd`` / ``flash_attn_func`` /
+    ``flash_attn_bwd``; for ``flash_mla_with_kvcache`` also ``head_dim_v``, ``s_q`` (default 1),
+    ``num_heads_q`` and ``num_heads_k`` (it compiles the planner and the combine too). Each is run
+    once on the smallest inputs of its shape, contiguous, on the current device, so that exactly
+    the kernels a real call picks get compiled. Bad configurations raise what the call raises
+    (``ValueError`` / ``TypeError`` naming the argument), or ``ValueError`` naming the key.
+    """
+    for i, config in enumerate(configs):
+        where = f"configs[{i}]"
+        if not isinstance(config, dict):
+            raise TypeError(f"{where}: expected a dict, got {type(config).__name__}")
+        config = dict(config)
+        call = config.pop("call", None)
+        if call not in WARMUP_CALLS:
+            raise ValueError(f"{where}: 'call' must be one of {WARMUP_CALLS}, got {call!r}")
+        fmt = _warmup_format(config.pop("dtype", None), where)
+        options = dict(causal=config.pop("causal", False), backend=config.pop("backend", "auto"))
+        d = _positive_int(config.pop("head_dim", None), f"{where}['head_dim']")
+        if call == "flash_mla_with_kvcache":
+            s_q = _positive_int(config.pop("s_q", 1), f"{where}['s_q']")
+            h_q = _positive_int(config.pop("num_heads_q", None), f"{where}['num_heads_q']")
+            h_kv = _positive_int(config.pop("num_heads_k", None), f"{where}['num_heads_k']")
+            dv = config.pop("head_dim_v", None)
+            _refuse_extra_keys(config, where)
+            flash_mla_with_kvcache(_zeros((1, s_q, h_q, d), fmt), _zeros((1, 1, h_kv, d), fmt),
+                                   _zeros((1, 1), "int32"), _zeros((1,), "int32"), dv, **options)
+            continue
+        _refuse_extra_keys(config, where)
+        q, k, v = (_zeros((1, 1, 1, d), fmt) for _ in range(3))  # heads do not decide the code
+        if call == "flash_attn_bwd":
+            flash_attn_bwd(_zeros((1, 1, 1, d), fmt), q, k, v, _zeros((1, 1, 1, d), fmt),
+                           _zeros((1, 1, 1), "float32"), **options)
+        else:
+            flash_attn_fwd(q, k, v, **options)
+
+
+def _warmup_format(dtype, where):
+    fmt = str(dtype).replace("torch.", "")
+    if fmt not in FLOAT_FORMATS and dtype is not None:
+        try:
+            fmt = np.dtype(dtype).name
+        except TypeError:
+            pass
+    if fmt not in FLOAT_FORMATS:
+        raise TypeError(f"{where}['dtype']: expected one of {FLOAT_FORMATS}, got {dtype!r}")
+    return fmt
+
+
+def _refuse_extra_keys(config, where):
+    if config:
+        raise ValueError(f"{where}: unknown keys {sorted(config)}")
+
+
+def _zeros(shape, fmt):
+    """Zeros on the current device (NumPy under the simulator); bfloat16 through its bits, which
+    Numba's to_device does not take as ml_dtypes values."""
+    host = np.zeros(shape, arrays.numpy_dtype(fmt))
+    if SIMULATOR:
+        return host
+    if fmt == "bfloat16":
+        return cuda.to_device(host.view(np.uint16)).view(host.dtype)
+    return cuda.to_device(host)

@@ -338,3 +338,36 @@ def test_calls_from_four_threads_give_the_serial_results(rng):
                                     inputs))
         for got, want in zip(results, serial):
             np.testing.assert_array_equal(got, want)
+
+
+# ----------------------------------------------------------------------------- warmup
+
+def test_warmup_compiles_the_kernels_a_call_picks():
+    from numba_flash.kernels.simt import combine, forward, mla_decode, mla_metadata
+
+    for spec in (forward.SPEC, mla_decode.SPEC, combine.SPEC, mla_metadata.SPEC):
+        spec._kernels.clear()
+    nf.warmup([dict(call="flash_attn_func", head_dim=8, dtype=np.float32, causal=True),
+               dict(call="flash_mla_with_kvcache", head_dim=16, head_dim_v=8, num_heads_q=1,
+                    num_heads_k=1, dtype="float32")])
+    assert [key[0] for key in forward.SPEC._kernels] == [forward.SPEC.Config(8, True, "float32")]
+    assert len(mla_decode.SPEC._kernels) == len(combine.SPEC._kernels) == 1
+    assert len(mla_metadata.SPEC._kernels) == 1
+
+
+@pytest.mark.parametrize("config, exc, words", [
+    (dict(call="flash_attn", head_dim=8, dtype="float16"), ValueError, r"configs\[0\]: 'call'"),
+    (dict(call="flash_attn_fwd", dtype="float16"), ValueError, r"configs\[0\]\['head_dim'\]"),
+    (dict(call="flash_attn_fwd", head_dim=8, dtype="int8"), TypeError, r"configs\[0\]\['dtype'\]"),
+    (dict(call="flash_attn_fwd", head_dim=8, dtype="float16", heads=2), ValueError,
+     r"configs\[0\]: unknown keys \['heads'\]"),
+    (dict(call="flash_attn_bwd", head_dim=12, dtype="float16"), ValueError, "^q: head dim"),
+    (dict(call="flash_attn_fwd", head_dim=8, dtype="float32", backend="tc"), ValueError,
+     "^backend"),
+    (dict(call="flash_mla_with_kvcache", head_dim=16, dtype="float16", num_heads_q=2,
+          num_heads_k=1), ValueError, "^head_dim_v"),
+    ("flash_attn_fwd", TypeError, r"configs\[0\]: expected a dict"),
+])
+def test_warmup_refuses_bad_configurations_by_name(config, exc, words):
+    with pytest.raises(exc, match=words):
+        nf.warmup([config])

@@ -5,15 +5,22 @@ Kernel modules export *factories*: plain Python functions closed over compile-ti
 a ``launcher.Kernel`` for an explicit signature and compute capability, by the steps
 ``cuda.jit`` takes plus the project's two options: ``max_registers`` (a cap for the assembler)
 and ``unroll_loops`` (``mark_loops_for_unrolling``). ``ptxcheck`` compiles through the same
-``kernel_library``, so what the offline checks see is what runs.
+``kernel_library``, so what the offline checks see is what runs. A kernel compiled with a
+``key`` (its spec's name, code key and tiles) goes through the persistent cache (``cache.py``):
+loaded from disk when an earlier process compiled it, else compiled and stored.
 """
 
+import logging
 import re
+import time
 
 from numba import cuda, types
 
+from . import cache
 from .device import SIMULATOR
 from .launcher import Kernel
+
+log = logging.getLogger("numba_flash")
 
 # Options of every kernel compile. Fast math without its "no infinities / no NaNs" assumptions:
 # ``exp2`` still becomes one ``ex2.approx`` ("afn") and multiply-adds fuse ("contract"), while
@@ -85,10 +92,20 @@ def kernel_library(pyfunc, signature, cc, options=COMPILE_OPTIONS):
     return library
 
 
-def compile_kernel(pyfunc, signature, shared_bytes, cc, options=COMPILE_OPTIONS):
+def compile_kernel(pyfunc, signature, shared_bytes, cc, options=COMPILE_OPTIONS, key=None):
     """``pyfunc`` compiled for ``signature`` on compute capability ``cc`` with ``options``,
-    allowed ``shared_bytes`` of dynamic shared memory. Under the simulator: a simulated kernel."""
+    allowed ``shared_bytes`` of dynamic shared memory. Under the simulator: a simulated kernel.
+    With ``key`` = (spec name, code key, tiles) and the cache on, through the disk cache."""
     if SIMULATOR:
         return cuda.jit(pyfunc)
-    library = kernel_library(pyfunc, signature, cc, options)
-    return Kernel(library, argument_types(signature), shared_bytes)
+    types_ = argument_types(signature)
+    entry = cache.key(*key, types_, options, cc) if key is not None and cache.enabled() else None
+    library = cache.load(entry) if entry is not None else None
+    if library is None:
+        start = time.perf_counter()
+        library = kernel_library(pyfunc, signature, cc, options)
+        if entry is not None:
+            cache.store(entry, library, cc)
+        log.info("numba_flash: compiled %s for sm_%d%d in %.2f s", key[0] if key else
+                 pyfunc.__name__, cc[0], cc[1], time.perf_counter() - start)
+    return Kernel(library, types_, shared_bytes)

@@ -18,7 +18,8 @@ The runtime compiles each (code, tiles, compute capability) once: ``compiled`` c
 ``code_key(config, tiles)`` (the config, unless a kernel's code depends on less of it), the
 tiles and the device's compute capability, so two GPUs of different architectures in one
 process each get their own build, and a forced tile entry (tests, the tile tuner) is a
-different key rather than a stale cache.
+different key rather than a stale cache. The same key, with the spec's name, finds the kernel
+in the persistent cache of ``cache.py`` when an earlier process compiled it.
 """
 
 import threading
@@ -122,7 +123,8 @@ class KernelSpec:
                 if kernel is None:
                     kernel = self._kernels[key] = compile_kernel(
                         self.make(config, tiles), self.signature(config), tiles.shared_bytes,
-                        device.cc, self.options(tiles))
+                        device.cc, self.options(tiles),
+                        key=(f"{type(self).__module__}:{self.name}",) + key[:2])
         return kernel, tiles
 
     def prepare(self, config, problem, device):
