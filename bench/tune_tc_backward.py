@@ -1,11 +1,13 @@
 """Tile sweep for the tensor-core backward: times each kernel (dK/dV, dQ) of
-kernels/tc/backward_mma.py for tile candidates (BLOCK_M x BLOCK_N x warps) on one problem per
-head dim and causal mode, so the ``TILES`` table there is set by measurement. The gradients of
-every candidate are compared with torch autograd through SDPA first (err_vs_sdpa, max over dq,
-dk, dv).
+kernels/tc/backward_mma.py (tile candidates BLOCK_M x BLOCK_N x warps) or, with ``--family
+wgmma``, of kernels/tc/backward_wgmma.py (BLOCK_M x BLOCK_N) on one problem per head dim and
+causal mode, so the ``TILES`` tables there are set by measurement. The gradients of every
+candidate are compared with torch autograd through SDPA first (err_vs_sdpa, max over dq, dk,
+dv).
 
     python bench/tune_tc_backward.py --head-dims 64,128 --seqlens 4096
     python bench/tune_tc_backward.py --head-dims 128 --dkdv 64x64x4,32x128x8 --dq 64x64x4
+    python bench/tune_tc_backward.py --family wgmma      # tune_tc_backward_wgmma.csv
 """
 
 import argparse
@@ -14,13 +16,21 @@ import sys
 
 import common
 
-CANDIDATES = {  # dK/dV: BLOCK_N = 16 warps / (warps sharing 16 keys); dQ: BLOCK_M = 16 warps
-    "dkdv": {64: "64x64x4,32x64x4,128x64x4,64x128x8,32x128x8",
-             128: "32x64x4,64x64x4,16x64x4,32x128x8,64x128x8",
-             256: "32x32x4,16x32x4"},
-    "dq": {64: "64x64x4,64x32x4,64x128x4,128x64x8,128x32x8",
-           128: "64x64x4,64x32x4,128x64x8,128x32x8",
-           256: "64x32x4,64x16x4"},
+CANDIDATES = {
+    "mma": {  # dK/dV: BLOCK_N = 16 warps / (warps sharing 16 keys); dQ: BLOCK_M = 16 warps
+        "dkdv": {64: "64x64x4,32x64x4,128x64x4,64x128x8,32x128x8",
+                 128: "32x64x4,64x64x4,16x64x4,32x128x8,64x128x8",
+                 256: "32x32x4,16x32x4"},
+        "dq": {64: "64x64x4,64x32x4,64x128x4,128x64x8,128x32x8",
+               128: "64x64x4,64x32x4,128x64x8,128x32x8",
+               256: "64x32x4,64x16x4"},
+    },
+    "wgmma": {  # dK/dV: BLOCK_N = 64 keys per warpgroup; dQ: BLOCK_M = 64 queries per warpgroup
+        "dkdv": {64: "64x128,128x128,64x64,128x64,64x192",
+                 128: "64x128,32x128,64x64,128x64"},
+        "dq": {64: "128x64,128x128,64x128,192x64",
+               128: "128x64,128x32,64x64,64x128"},
+    },
 }
 
 
@@ -29,8 +39,9 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--head-dims", default="64,128")
     p.add_argument("--seqlens", default="4096", help="comma-separated N (B = 32k / N)")
-    p.add_argument("--dkdv", default=None, help="BMxBNxWARPS,... (default: per head dim)")
-    p.add_argument("--dq", default=None, help="BMxBNxWARPS,... (default: per head dim)")
+    p.add_argument("--family", choices=("mma", "wgmma"), default="mma")
+    p.add_argument("--dkdv", default=None, help="BMxBN[xWARPS],... (default: per head dim)")
+    p.add_argument("--dq", default=None, help="BMxBN[xWARPS],... (default: per head dim)")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--out-dir", default=None)
     args = p.parse_args(argv)
@@ -39,18 +50,20 @@ def main(argv=None):
 
     import numba_flash as nf
     from numba_flash.kernels.simt import backward as simt_backward
-    from numba_flash.kernels.tc import backward_mma
+    from numba_flash.kernels.tc import backward_mma, backward_wgmma
     from numba_flash.runtime import arrays, device, launcher
 
     out = common.results_dir(args.out_dir)
     dev = device.current()
     rows = []
-    specs = (("dkdv", backward_mma.DKDV), ("dq", backward_mma.DQ))
+    module = backward_wgmma if args.family == "wgmma" else backward_mma
+    specs = (("dkdv", module.DKDV), ("dq", module.DQ))
+    csv = "tune_tc_backward_wgmma.csv" if args.family == "wgmma" else "tune_tc_backward.csv"
     for d, causal in itertools.product([int(x) for x in args.head_dims.split(",")], (False, True)):
         config = backward_mma.DKDV.Config(d, causal, args.dtype)
         compiled = []
         for name, spec in specs:
-            for cand in (getattr(args, name) or CANDIDATES[name][d]).split(","):
+            for cand in (getattr(args, name) or CANDIDATES[args.family][name][d]).split(","):
                 with spec.forcing(tuple(int(x) for x in cand.split("x"))):
                     kernel, t = spec.compiled(config, dev)
                 compiled.append((name, cand, spec, kernel, t))
@@ -88,7 +101,7 @@ def main(argv=None):
                                  smem_kb=tiles.shared_bytes / 1024, err_vs_sdpa=err, ms=ms,
                                  tflops=flops / ms * 1e-9))
                 print(common.format_table(rows[-1:], list(rows[-1])), flush=True)
-                common.write_csv(out / "tune_tc_backward.csv", rows)  # kept if cut short
+                common.write_csv(out / csv, rows)  # kept if cut short
     print(common.format_table(rows, list(rows[0])))
 
 

@@ -22,6 +22,7 @@ from .kernels.simt import forward as simt_forward
 from .kernels.simt import mla_decode as simt_mla_decode
 from .kernels.simt import mla_metadata as simt_mla_metadata
 from .kernels.tc import backward_mma as tc_backward_mma
+from .kernels.tc import backward_wgmma as tc_backward_wgmma
 from .kernels.tc import forward_mma as tc_forward_mma
 from .kernels.tc import forward_wgmma as tc_forward_wgmma
 from .kernels.tc import mla_decode_wgmma as tc_mla_decode_wgmma
@@ -176,9 +177,12 @@ def _forward_spec(backend, dev):
     return TC_FORWARD[tc_family(dev.cc)] if backend == "tc" else simt_forward.SPEC
 
 
-def _backward_specs(backend):
-    """The dK/dV and dQ kernels of ``backend`` (after the shared D_i preprocess)."""
+def _backward_specs(backend, head_dim, dev):
+    """The dK/dV and dQ kernels of ``backend`` (after the shared D_i preprocess): on a Hopper
+    the wgmma ones up to their head-dim limit, mma.sync past it and on every other GPU."""
     if backend == "tc":
+        if tc_family(dev.cc) == "wgmma" and head_dim <= tc_backward_wgmma.MAX_HEAD_DIM:
+            return tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ
         return tc_backward_mma.DKDV, tc_backward_mma.DQ
     return simt_backward.DKDV, simt_backward.DQ
 
@@ -292,10 +296,11 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     problem = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv,
                    scale=scale)
     simt_backward.PREPROCESS.prepare(config._replace(causal=False), problem, dev)
-    for spec in _backward_specs(chosen):  # every kernel's tiles and grid fit, or nothing runs
+    specs = _backward_specs(chosen, d, dev)
+    for spec in specs:  # every kernel's tiles and grid fit, or nothing runs
         spec.prepare(config, problem, dev)
     simt_backward.PREPROCESS.launch(config._replace(causal=False), problem, stream, dev)
-    for spec in _backward_specs(chosen):
+    for spec in specs:
         spec.launch(config, problem, stream, dev)
     return dq.obj, dk.obj, dv.obj
 

@@ -136,6 +136,17 @@ def specializations():
             add(f"tc mma bwd {name} d={d} causal={causal} {fmt}", (SM80, SM90),
                 f"tc.backward_mma:{name.upper()}", [d, causal, fmt])
 
+    wgmma_bwd = [(64, ((128, 128), (128, 128)), ((128, 64), (128, 128))),
+                 (128, ((64, 128), (64, 64)), ((128, 64), (128, 64)))]
+    for d, dkdv, dq in wgmma_bwd:
+        for causal in (False, True):
+            for fmt in FMTS16:
+                for name, tiles in (("dkdv", dkdv), ("dq", dq)):
+                    entry = tiles[int(causal)]
+                    add(f"tc wgmma bwd {name} d={d} tiles={entry} causal={causal} {fmt}",
+                        (SM90A,), f"tc.backward_wgmma:{name.upper()}", [d, causal, fmt],
+                        list(entry))
+
     def test_kernel(key, target, ccs, *args):
         for cc in ccs:
             jobs.append((f"{key} sm_{''.join(map(str, cc))}", target, cc, args))

@@ -1,5 +1,8 @@
 """Tiles of rows global -> shared with 16-byte ``cp.async``, zero-filled past the sequence end.
 
+Two layouts: padded rows (``make_tile_copy``, the mma.sync kernels' ``ldmatrix`` tiles) and
+wgmma's 128-byte swizzle (``make_swizzled_copy``: ``ptx/layout.py`` ``tile_offset``).
+
 A tile is NROWS rows of one head of a (B, S, H, D) tensor, each row ``DPAD`` 16-bit elements
 (HEAD_DIM rounded up to the mma k-step; the padding columns are zero-filled) at ``STRIDE``
 elements apart in shared memory. A row is ``CHUNKS = DPAD / 8`` chunks of 16 bytes; thread
@@ -14,7 +17,7 @@ multiples of 16 bytes, which the host checks before it launches a kernel built o
 
 from numba import cuda
 
-from ..instructions import memory
+from ..instructions import memory, wgmma
 
 
 def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
@@ -44,3 +47,35 @@ def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
                            (b, row0 + r if valid else 0, head, col), valid and c < HEAD_DIM)
 
     return copy_slot, copy_rows
+
+
+def make_swizzled_copy(HEAD_DIM, DPAD, THREADS):
+    """``(copy_slot, copy_tile)`` for wgmma tiles: DPAD (a multiple of 64) columns in the
+    128-byte-swizzle layout, the tile's NROWS rows a column block of ``NROWS x 64`` elements
+    each. ``copy_slot(tid) -> (r0, c)``, the thread's first row and its chunk column (in
+    chunks); ``copy_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c)`` issues the
+    thread's copies of rows ``row0 .. row0 + NROWS - 1`` of ``src[b, :, head, :]`` into the tile
+    at ``offset`` (rows past ``seqlen`` and padding columns: zeros)."""
+    CHUNKS = DPAD // 8
+    CHUNK_SLOTS = 1 << (CHUNKS - 1).bit_length()
+    ROWS_PER_PASS = THREADS // CHUNK_SLOTS
+    TID_MASK = (1 << (THREADS - 1).bit_length()) - 1  # all bits of any tid
+    copy16 = memory.cp_async_16_zfill
+
+    @cuda.jit(device=True, inline="always")
+    def copy_slot(tid):
+        return (tid & TID_MASK) // CHUNK_SLOTS, tid & (CHUNK_SLOTS - 1)
+
+    @cuda.jit(device=True, inline="always")
+    def copy_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c):
+        if CHUNKS == CHUNK_SLOTS or c < CHUNKS:
+            col = 8 * c
+            src_col = col if col < HEAD_DIM else 0
+            for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
+                r = r0 + i * ROWS_PER_PASS
+                if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
+                    valid = row0 + r < seqlen
+                    copy16(smem, offset + wgmma.tile_offset(r, col, NROWS), src,
+                           (b, row0 + r if valid else 0, head, src_col), valid and col < HEAD_DIM)
+
+    return copy_slot, copy_tile

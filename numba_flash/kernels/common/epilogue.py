@@ -17,6 +17,11 @@ Staged 16-byte stores
     steps), and a warp whose rows are all in range and aligned stores without a test per chunk;
     ``store_chunk`` is the per-chunk store of the other warps, which also serves ``out=`` views
     whose rows are not 16-byte aligned (eight 2-byte stores instead of one).
+
+Fragment stores
+    The backward kernels write dQ, dK, dV once per CTA, after a whole loop of products, so they
+    store straight from the accumulator fragments (``make_fragment_store``): two adjacent 16-bit
+    elements per thread and 8-column tile, only where row and columns exist.
 """
 
 import math
@@ -24,6 +29,7 @@ import math
 from numba import cuda, float32
 
 from ..instructions import memory
+from . import formats
 from .constants import LN2, POS_INF
 
 ZERO = float32(0.0)
@@ -43,3 +49,22 @@ def store_chunk(dst, smem, src, aligned):
         memory.st_global_16(dst, smem, src)
     else:
         memory.st_global_16_unaligned(dst, smem, src)
+
+
+def make_fragment_store(HEAD_DIM, DT_W, FMT):
+    """``store_row(dst, b, row, h, seqlen, C, half, col0, t2, g_scale)``: the thread's two
+    columns of each of the DT_W 8-column tiles of C-fragment row ``half``, from column ``col0``
+    of row ``row`` of ``dst[b, :, h, :]``, times ``g_scale``, where row and columns exist: the
+    backward's outputs, written once per CTA straight from the accumulator fragments."""
+    store = formats.storer(FMT)
+
+    @cuda.jit(device=True, inline="always")
+    def store_row(dst, b, row, h, seqlen, C, half, col0, t2, g_scale):
+        if row < seqlen:
+            for dt in range(DT_W):
+                col = col0 + 8 * dt + t2
+                if col < HEAD_DIM:  # HEAD_DIM is a multiple of 8: col + 1 is in as well
+                    dst[b, row, h, col] = store(C[dt, 2 * half] * g_scale)
+                    dst[b, row, h, col + 1] = store(C[dt, 2 * half + 1] * g_scale)
+
+    return store_row

@@ -50,8 +50,9 @@ from numba import cuda, float32, uint16, uint32
 
 from ...runtime.spec import Tiles
 from ..attention import DkdvSpec, DqSpec
-from ..common import constants, formats
+from ..common import constants
 from ..common.copies import make_tile_copy
+from ..common.epilogue import make_fragment_store
 from ..common.masks import make_kv_end, make_needs_mask
 from ..instructions import convert, memory
 from ..instructions import mma as mma_sync
@@ -122,24 +123,6 @@ def _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS):
     return scores, accumulate
 
 
-def _make_store(HEAD_DIM, DT_W, FMT):
-    """``store_row(dst, b, row, h, seqlen, C, half, col0, t2, g_scale)``: the thread's two
-    columns of each of the DT_W 8-column tiles of C-fragment row ``half``, from column ``col0``
-    of row ``row`` of ``dst[b, :, h, :]``, times ``g_scale``, where row and columns exist."""
-    store = formats.storer(FMT)
-
-    @cuda.jit(device=True, inline="always")
-    def store_row(dst, b, row, h, seqlen, C, half, col0, t2, g_scale):
-        if row < seqlen:
-            for dt in range(DT_W):
-                col = col0 + 8 * dt + t2
-                if col < HEAD_DIM:  # HEAD_DIM is a multiple of 8: col + 1 is in as well
-                    dst[b, row, h, col] = store(C[dt, 2 * half] * g_scale)
-                    dst[b, row, h, col + 1] = store(C[dt, 2 * half + 1] * g_scale)
-
-    return store_row
-
-
 @lru_cache(maxsize=None)
 def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     """Kernel 1: dK_j, dV_j of one tile of BLOCK_N keys of one (batch, kv head). NWARPS = 16 /
@@ -162,7 +145,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     SCRATCH = mma_sync.scratch_size(THREADS)
     scores, accumulate = _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS)
     copy_slot, copy_rows = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
-    store_row = _make_store(HEAD_DIM, DT, FMT)
+    store_row = make_fragment_store(HEAD_DIM, DT, FMT)
     exp2 = convert.exp2_approx
     LOG2E, POS_INF = constants.LOG2E, constants.POS_INF
     ZERO, ONE = float32(0.0), float32(1.0)
@@ -280,7 +263,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     SCRATCH = mma_sync.scratch_size(THREADS)
     scores, accumulate = _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS)
     copy_slot, copy_rows = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
-    store_row = _make_store(HEAD_DIM, DT, FMT)
+    store_row = make_fragment_store(HEAD_DIM, DT, FMT)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
     exp2 = convert.exp2_approx

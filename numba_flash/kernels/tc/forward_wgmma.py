@@ -53,6 +53,7 @@ from ...runtime.spec import Tiles
 from ..attention import ForwardSpec
 from ..common import constants
 from ..instructions import convert, memory, sync, wgmma
+from ..common.copies import make_swizzled_copy
 from ..common.epilogue import lse_of, store_chunk
 from ..common.grid import folded_row
 from ..common.masks import make_kv_end
@@ -83,7 +84,6 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     NT = BLOCK_N // 8            # 8-column tiles of S
     DT = DPAD // 8               # 8-column tiles of O
     S_REGS, O_REGS = 4 * NT, 4 * DT  # accumulator registers per thread (constants for fences)
-    CHUNKS = DPAD // 8           # 16-byte chunks per row
     Q_OFF = 0
     K_OFF = BLOCK_M * DPAD
     V_OFF = K_OFF + 2 * BLOCK_N * DPAD
@@ -93,7 +93,6 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     mma_s = wgmma.mma_ss(FMT, BLOCK_N, 0)   # S = Q K^T, K read K-major
     mma_o = wgmma.mma_rs(FMT, DPAD, 1)      # O += P V, V read MN-major
     pack = convert.pack(FMT)
-    copy16 = memory.cp_async_16_zfill
     shfl_xor = sync.shfl_xor
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(1, NT, DT, BLOCK_N, CAUSAL)
@@ -107,28 +106,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
     BUF_STEP = TILE * 2 // 16
 
-    # Copy geometry: each thread copies chunk column ``tid % CHUNK_SLOTS`` of rows ``tid //
-    # CHUNK_SLOTS + pass * ROWS_PER_PASS`` (CHUNKS rounded up to a power of two).
-    CHUNK_SLOTS = 1 << (CHUNKS - 1).bit_length()
-    ROWS_PER_PASS = THREADS // CHUNK_SLOTS
-    TID_MASK = (1 << (THREADS - 1).bit_length()) - 1  # all bits of any tid (THREADS: 128 NWG)
     ROW_CHUNKS = HEAD_DIM // 8                        # 16-byte chunks of an output row
     OUT_CHUNKS = 16 * ROW_CHUNKS                      # ... of a warp's 16 output rows
     ALIGN_MASK = uint64(15)
-
-    @cuda.jit(device=True, inline="always")
-    def load_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c):
-        """Issue the cp.async copies of rows row0 .. row0 + NROWS - 1 of src[b, :, head, :] into
-        the swizzled tile at ``offset``; rows past seqlen and padding columns are zero-filled."""
-        if CHUNKS == CHUNK_SLOTS or c < CHUNKS:
-            col = 8 * c
-            src_col = col if col < HEAD_DIM else 0
-            for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
-                r = r0 + i * ROWS_PER_PASS
-                if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
-                    valid = row0 + r < seqlen
-                    copy16(smem, offset + wgmma.tile_offset(r, col, NROWS), src,
-                           (b, row0 + r if valid else 0, head, src_col), valid and col < HEAD_DIM)
+    copy_slot, load_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
 
     def flash_fwd_wgmma(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
@@ -140,8 +121,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         lane = tid & 31
         g = lane >> 2
         t2 = (lane & 3) * 2
-        copy_r0 = (tid & TID_MASK) // CHUNK_SLOTS  # masked: tid's range is known to the compiler
-        copy_c = tid & (CHUNK_SLOTS - 1)
+        copy_r0, copy_c = copy_slot(tid)
         base = wgmma.aligned_base(smem)  # the tiles start on a 1024-byte boundary
         bh = folded_row()
         if bh >= q.shape[0] * n_heads_q:

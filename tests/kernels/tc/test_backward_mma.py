@@ -11,6 +11,7 @@ import numba_flash as nf
 from helpers import SIMULATOR, assert_compiles_clean, nan_like, to_device, to_host
 from kernels._backward_cases import (check_bitwise_deterministic, check_gradients,
                                      check_large_logits, check_rows_without_keys, inputs)
+from kernels.tc._forward_cases import planned_for_family
 from numba_flash.kernels.tc import backward_mma
 from numba_flash.runtime.device import Device
 
@@ -47,12 +48,15 @@ def _backward(dout, q, k, v, causal, softmax_scale=None, **buffers):
 
 
 @pytest.fixture(autouse=True)
-def small_tiles():
-    if SIMULATOR:
-        with backward_mma.DKDV.forcing(SIM_TILES[0]), backward_mma.DQ.forcing(SIM_TILES[1]):
+def mma_family():
+    """The tc backend with the mma.sync kernels (a Hopper runs them compiled for sm_80), under
+    the simulator with small tiles."""
+    with planned_for_family("mma"):
+        if SIMULATOR:
+            with backward_mma.DKDV.forcing(SIM_TILES[0]), backward_mma.DQ.forcing(SIM_TILES[1]):
+                yield
+        else:
             yield
-    else:
-        yield
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))

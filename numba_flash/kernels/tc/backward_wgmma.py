@@ -1,0 +1,441 @@
+"""FlashAttention backward on Hopper's warpgroup tensor cores: FA2's two kernels on ``wgmma``.
+
+What it computes
+    The gradients of ``tc/backward_mma.py`` (read it first: the recomputation from lse, D_i, the
+    causal rules and the fixed summation order are the same), with every product issued as
+    ``wgmma.mma_async`` (``ptx/wgmma.py``; ``tc/forward_wgmma.py`` explains the accumulator and
+    operand layouts). A warpgroup multiplies its 64 rows by a whole tile of the other side in one
+    chain of asynchronous instructions that read both operands from shared memory, where
+    ``mma.sync`` made each warp pull every fragment through its own registers:
+
+        dK/dV (keys are the 64 rows):   S^T = K_j Q_i^T        dP^T = V_j dO_i^T        (ss)
+                                        dV_j += P^T dO_i       dK_j += dS^T Q_i         (rs)
+        dQ (queries are the 64 rows):   S = Q_i K_j^T          dP = dO_i V_j^T          (ss)
+                                        dQ_i += dS K_j                                  (rs)
+
+    with ``P = exp2(S scale_log2 - lse_i log2 e)`` and ``dS = P (dP - D_i)`` computed in the
+    accumulator registers in between, and P^T, dS^T (P, dS) rounded to 16 bits as the register
+    A operand of the next products. No atomics: each output element is written by one CTA, once,
+    and dK/dV sums the query heads of its kv head's group in a fixed order, so the gradients are
+    bitwise reproducible.
+
+Grid / block mapping
+    dK/dV: grid (ceil(Sk / BLOCK_N), B * Hk) with B * Hk folded into y and z
+    (``common/grid.py``); BLOCK_N = 64 NWG keys, warpgroup ``wg`` owns keys ``64 wg .. 64 wg +
+    63`` and streams BLOCK_M queries per step. dQ: grid (ceil(Sq / BLOCK_M), B * Hq), causal
+    query tiles from the last; BLOCK_M = 64 NWG queries, BLOCK_N keys per step. Per thread, in
+    registers: the two ss accumulators (BLOCK / 2 floats each) and the rs ones (DPAD / 2 floats
+    each: dK and dV, or dQ).
+
+Memory pipeline
+    cp.async 16-byte copies into 128-byte-swizzled tiles (``common/copies.py``), published to
+    wgmma by wait -> proxy fence -> barrier as in the forward. dK/dV: K_j, V_j once; Q_i, dO_i
+    double buffered with lse_i log2 e and D_i beside them, tile i + 1 in flight while tile i is
+    computed. dQ: Q_i, dO_i once; K_j, V_j double buffered.
+
+Shared memory (16-bit elements, DPAD = HEAD_DIM rounded up to 64, + 1 KiB of alignment)
+    dK/dV: K, V  BLOCK_N x DPAD each; Q, dO  2 x BLOCK_M x DPAD each; 4 BLOCK_M float32.
+    dQ:    Q, dO  BLOCK_M x DPAD each; K, V  2 x BLOCK_N x DPAD each.
+    e.g. D = 128, dK/dV 128 keys x 64 queries: 64 + 64 + 1 + 1 = 130 KiB; dQ 128 x 64: 129 KiB.
+    One block per SM either way: each kernel runs 8 warps, and the accumulators take 166-255
+    registers per thread.
+
+Limits
+    float16 / bfloat16; HEAD_DIM a multiple of 8 up to 128 (dK and dV of a 64-key warpgroup are
+    DPAD floats per thread: at 256 they would not fit the registers, and ``tc`` runs
+    ``backward_mma.py`` there); any Sq, Sk; q, k, v, dout with 16-byte aligned rows (the host
+    checks); compute capability 9.0 (sm_90a).
+"""
+
+from functools import lru_cache
+
+from numba import cuda, float32, int32, uint16, uint32, uint64
+
+from ...runtime.spec import Tiles
+from ..attention import DkdvSpec, DqSpec
+from ..common import constants
+from ..common.copies import make_swizzled_copy
+from ..common.epilogue import make_fragment_store
+from ..common.grid import folded_row
+from ..common.masks import make_kv_end, make_needs_mask
+from ..instructions import convert, memory, sync, wgmma
+
+SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
+WARPGROUP = 128  # threads
+MAX_HEAD_DIM = 128
+
+
+def padded_head_dim(head_dim):
+    return wgmma.padded_cols(head_dim)
+
+
+def dkdv_shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM):
+    return 2 * (2 * BLOCK_N + 4 * BLOCK_M) * padded_head_dim(HEAD_DIM) + 16 * BLOCK_M \
+        + wgmma.TILE_ALIGN
+
+
+def dq_shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM):
+    return 2 * (2 * BLOCK_M + 4 * BLOCK_N) * padded_head_dim(HEAD_DIM) + wgmma.TILE_ALIGN
+
+
+@lru_cache(maxsize=None)
+def make_pack_a(FMT):
+    """``pack_a(C, kk)``: columns ``16 kk .. 16 kk + 15`` of accumulator C rounded to 16 bits,
+    the A operand of an rs wgmma (the accumulator and A-fragment layouts line up)."""
+    pack = convert.pack(FMT)
+
+    @cuda.jit(device=True, inline="always")
+    def pack_a(C, kk):
+        return (pack(C[2 * kk, 0], C[2 * kk, 1]), pack(C[2 * kk, 2], C[2 * kk, 3]),
+                pack(C[2 * kk + 1, 0], C[2 * kk + 1, 1]),
+                pack(C[2 * kk + 1, 2], C[2 * kk + 1, 3]))
+
+    return pack_a
+
+
+@lru_cache(maxsize=None)
+def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+    """Kernel 1: dK_j, dV_j of BLOCK_N = 64 NWG keys of one (batch, kv head)."""
+    assert FMT in ("float16", "bfloat16") and BLOCK_N % 64 == 0 and BLOCK_M % 16 == 0
+    THREADS = BLOCK_N // 64 * WARPGROUP
+    DPAD = padded_head_dim(HEAD_DIM)
+    KSTEPS, MT, DT = DPAD // 16, BLOCK_M // 8, DPAD // 8
+    S_REGS, D_REGS = 4 * MT, 4 * DT
+    K_OFF = 0
+    V_OFF = BLOCK_N * DPAD
+    Q_OFF = 2 * BLOCK_N * DPAD               # two buffers of Q, then two of dO
+    TILE = BLOCK_M * DPAD                    # elements of one Q (or dO) buffer
+    DO_OFF = Q_OFF + 2 * TILE
+    ROWS_OFF = (DO_OFF + 2 * TILE) // 2      # float32 words: lse_i log2 e, D_i per buffer
+    SCRATCH = wgmma.scratch_size(THREADS)
+    mma_t = wgmma.mma_ss(FMT, BLOCK_M, 0)    # S^T = K Q^T, dP^T = V dO^T: Q, dO read K-major
+    mma_g = wgmma.mma_rs(FMT, DPAD, 1)       # dV += P^T dO, dK += dS^T Q: dO, Q read MN-major
+    pack_a = make_pack_a(FMT)
+    copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
+    store_row = make_fragment_store(HEAD_DIM, DT, FMT)
+    exp2 = convert.exp2_approx
+    LOG2E, POS_INF = constants.LOG2E, constants.POS_INF
+    ZERO, ONE = float32(0.0), float32(1.0)
+    SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
+    QT_LBO = BLOCK_M * wgmma.SWIZZLE_BYTES   # Q, dO as MN-major B: 64-column blocks apart
+    BUF_STEP = TILE * 2 // 16                # one Q (dO) buffer in descriptor units
+
+    def flash_bwd_dkdv_wgmma(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
+                             group, scale, scale_log2):
+        smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
+        words = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # the same bytes
+        scratch = cuda.shared.array(SCRATCH, uint32)
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t2 = (lane & 3) * 2
+        r0, c = copy_slot(tid)
+        base = wgmma.aligned_base(smem)
+        rows0 = base // 2 + ROWS_OFF
+        bh = folded_row()
+        if bh >= k.shape[0] * n_heads_k:
+            return  # past the last (batch, head): see common/grid.py
+        b = int32(convert.div_u32(bh, n_heads_k))
+        hk = bh - b * n_heads_k
+        n0 = cuda.blockIdx.x * BLOCK_N
+        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+
+        # Queries that may see these keys: all, or (causal) from the first tile reaching them.
+        m_begin = 0
+        if CAUSAL:
+            m_begin = max(0, n0 - diag) // BLOCK_M * BLOCK_M
+        q_tiles = (seqlen_q - m_begin + BLOCK_M - 1) // BLOCK_M if seqlen_q > m_begin else 0
+        steps = group * q_tiles  # (query head, query tile) pairs, in order
+
+        copy_tile(smem, base + K_OFF, k, b, n0, hk, BLOCK_N, seqlen_k, r0, c)
+        copy_tile(smem, base + V_OFF, v, b, n0, hk, BLOCK_N, seqlen_k, r0, c)
+        if steps > 0:
+            copy_tile(smem, base + Q_OFF, q, b, m_begin, hk * group, BLOCK_M, seqlen_q, r0, c)
+            copy_tile(smem, base + DO_OFF, dout, b, m_begin, hk * group, BLOCK_M, seqlen_q, r0, c)
+        memory.cp_async_commit()
+
+        # This warpgroup's 64 keys of K and V as the A operand; Q and dO of buffer 0 as B.
+        keys = (tid >> 7) * 64 * wgmma.BLOCK_COLS
+        desc_k = wgmma.descriptor(smem, base + K_OFF + keys, 16, SBO)
+        desc_v = wgmma.descriptor(smem, base + V_OFF + keys, 16, SBO)
+        desc_q = wgmma.descriptor(smem, base + Q_OFF, 16, SBO)
+        desc_do = wgmma.descriptor(smem, base + DO_OFF, 16, SBO)
+        desc_qt = wgmma.descriptor(smem, base + Q_OFF, QT_LBO, SBO)
+        desc_dot = wgmma.descriptor(smem, base + DO_OFF, QT_LBO, SBO)
+
+        dK = cuda.local.array((DT, 4), float32)
+        dV = cuda.local.array((DT, 4), float32)
+        S = cuda.local.array((MT, 4), float32)   # S^T, then P^T
+        dP = cuda.local.array((MT, 4), float32)  # dP^T, then dS^T
+        for dt in range(DT):
+            for e in range(4):
+                dK[dt, e] = ZERO
+                dV[dt, e] = ZERO
+        key_g = n0 + 16 * warp + g  # the key of this thread's fragment rows (and + 8)
+
+        for step in range(steps):
+            head_step = int32(convert.div_u32(step, q_tiles))  # 32-bit: no division call
+            h = hk * group + head_step
+            m0 = m_begin + (step - head_step * q_tiles) * BLOCK_M
+            rows = rows0 + (step & 1) * 2 * BLOCK_M
+            # lse_i log2 e and D_i of this tile (+inf, 0 past the queries: P = 0 there).
+            for r in range(tid, BLOCK_M, THREADS):
+                lse_r, D_r = POS_INF, ZERO
+                if m0 + r < seqlen_q:
+                    lse_r = lse[b, h, m0 + r] * LOG2E
+                    D_r = delta[b, h, m0 + r]
+                words[rows + r] = lse_r
+                words[rows + BLOCK_M + r] = D_r
+            memory.cp_async_wait(0)  # tile i (and K, V) landed ...
+            sync.proxy_fence()       # ... is visible to wgmma reads ...
+            cuda.syncthreads()       # ... for every thread; every warpgroup is done with i - 1
+            if step + 1 < steps:     # so its buffers take tile i + 1 while tile i is computed
+                next_head = int32(convert.div_u32(step + 1, q_tiles))
+                nh = hk * group + next_head
+                nm = m_begin + (step + 1 - next_head * q_tiles) * BLOCK_M
+                nxt = TILE - (step & 1) * TILE
+                copy_tile(smem, base + Q_OFF + nxt, q, b, nm, nh, BLOCK_M, seqlen_q, r0, c)
+                copy_tile(smem, base + DO_OFF + nxt, dout, b, nm, nh, BLOCK_M, seqlen_q, r0, c)
+                memory.cp_async_commit()
+            buf = uint64((step & 1) * BUF_STEP)
+
+            # S^T = K_j Q_i^T and dP^T = V_j dO_i^T: one batch of two chains.
+            wgmma.fence()
+            for ks in range(KSTEPS):
+                mma_t(S, 0, desc_k + k_step(ks, BLOCK_N), desc_q + buf + k_step(ks, BLOCK_M),
+                      ks > 0, smem, scratch, tid)
+            for ks in range(KSTEPS):
+                mma_t(dP, 0, desc_v + k_step(ks, BLOCK_N), desc_do + buf + k_step(ks, BLOCK_M),
+                      ks > 0, smem, scratch, tid)
+            wgmma.commit()
+            wgmma.wait(0)
+            wgmma.fence_operands(S, S_REGS)
+            wgmma.fence_operands(dP, S_REGS)
+
+            # P^T = exp2(S^T scale_log2 - lse_i log2 e), masked above the causal diagonal;
+            # dS^T = P^T (dP^T - D_i). Element (mt, e): key key_g + 8 (e >> 1), query
+            # m0 + t2 + 8 mt + (e & 1).
+            masked = CAUSAL and m0 + diag < n0 + BLOCK_N - 1
+            for mt in range(MT):
+                for e in range(4):
+                    col = t2 + 8 * mt + (e & 1)
+                    p = exp2(S[mt, e] * scale_log2 - words[rows + col])
+                    if masked and m0 + col + diag < key_g + 8 * (e >> 1):
+                        p = ZERO
+                    S[mt, e] = p
+                    dP[mt, e] = p * (dP[mt, e] - words[rows + BLOCK_M + col])
+
+            # dV_j += P^T dO_i and dK_j += dS^T Q_i, 16 queries per wgmma.
+            wgmma.fence()
+            for kk in range(MT // 2):
+                mma_g(dV, 0, pack_a(S, kk), desc_dot + buf + uint64(kk * MN_STEP), 1,
+                      smem, scratch, tid)
+            for kk in range(MT // 2):
+                mma_g(dK, 0, pack_a(dP, kk), desc_qt + buf + uint64(kk * MN_STEP), 1,
+                      smem, scratch, tid)
+            wgmma.commit()
+            wgmma.wait(0)
+            wgmma.fence_operands(dV, D_REGS)
+            wgmma.fence_operands(dK, D_REGS)
+
+        memory.cp_async_wait(0)  # K, V (and nothing else) where no query tile waited
+        for half in range(2):
+            store_row(dk, b, key_g + 8 * half, hk, seqlen_k, dK, half, 0, t2, scale)
+            store_row(dv, b, key_g + 8 * half, hk, seqlen_k, dV, half, 0, t2, ONE)
+
+    return flash_bwd_dkdv_wgmma
+
+
+@lru_cache(maxsize=None)
+def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+    """Kernel 2: dQ_i of BLOCK_M = 64 NWG queries of one (batch, query head)."""
+    assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
+    THREADS = BLOCK_M // 64 * WARPGROUP
+    DPAD = padded_head_dim(HEAD_DIM)
+    KSTEPS, NT, DT = DPAD // 16, BLOCK_N // 8, DPAD // 8
+    S_REGS, D_REGS = 4 * NT, 4 * DT
+    Q_OFF = 0
+    DO_OFF = BLOCK_M * DPAD
+    K_OFF = 2 * BLOCK_M * DPAD               # two buffers of K, then two of V
+    TILE = BLOCK_N * DPAD
+    V_OFF = K_OFF + 2 * TILE
+    SCRATCH = wgmma.scratch_size(THREADS)
+    mma_s = wgmma.mma_ss(FMT, BLOCK_N, 0)    # S = Q K^T, dP = dO V^T: K, V read K-major
+    mma_q = wgmma.mma_rs(FMT, DPAD, 1)       # dQ += dS K: K read MN-major
+    pack_a = make_pack_a(FMT)
+    copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
+    store_row = make_fragment_store(HEAD_DIM, DT, FMT)
+    kv_end = make_kv_end(BLOCK_M, CAUSAL)
+    needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
+    exp2 = convert.exp2_approx
+    LOG2E, POS_INF = constants.LOG2E, constants.POS_INF
+    ZERO = float32(0.0)
+    SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
+    K_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES    # K as MN-major B: 64-column blocks apart
+    BUF_STEP = TILE * 2 // 16
+
+    def flash_bwd_dq_wgmma(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
+                           scale, scale_log2):
+        smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
+        scratch = cuda.shared.array(SCRATCH, uint32)
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t2 = (lane & 3) * 2
+        r0, c = copy_slot(tid)
+        base = wgmma.aligned_base(smem)
+        bh = folded_row()
+        if bh >= q.shape[0] * n_heads_q:
+            return  # past the last (batch, head): see common/grid.py
+        b = int32(convert.div_u32(bh, n_heads_q))
+        h = bh - b * n_heads_q
+        hk = int32(convert.div_u32(h, group))
+        # Causal: the longest query tiles first (the grid's last CTAs are then the short ones).
+        m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
+        diag = seqlen_k - seqlen_q
+        end = kv_end(m0, diag, seqlen_k)
+        n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
+
+        copy_tile(smem, base + Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, r0, c)
+        copy_tile(smem, base + DO_OFF, dout, b, m0, h, BLOCK_M, seqlen_q, r0, c)
+        if n_tiles > 0:
+            copy_tile(smem, base + K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, r0, c)
+            copy_tile(smem, base + V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, r0, c)
+        memory.cp_async_commit()
+
+        # This warpgroup's 64 rows of Q and dO as the A operand; K and V of buffer 0 as B.
+        rows = (tid >> 7) * 64 * wgmma.BLOCK_COLS
+        desc_q = wgmma.descriptor(smem, base + Q_OFF + rows, 16, SBO)
+        desc_do = wgmma.descriptor(smem, base + DO_OFF + rows, 16, SBO)
+        desc_k = wgmma.descriptor(smem, base + K_OFF, 16, SBO)
+        desc_v = wgmma.descriptor(smem, base + V_OFF, 16, SBO)
+        desc_kt = wgmma.descriptor(smem, base + K_OFF, K_LBO, SBO)
+
+        dQ = cuda.local.array((DT, 4), float32)
+        S = cuda.local.array((NT, 4), float32)   # S, then P
+        dP = cuda.local.array((NT, 4), float32)  # dP, then dS
+        for dt in range(DT):
+            for e in range(4):
+                dQ[dt, e] = ZERO
+        row_g = m0 + 16 * warp + g  # this thread's fragment rows: row_g and row_g + 8
+        lse_r = cuda.local.array(2, float32)
+        D_r = cuda.local.array(2, float32)
+        for half in range(2):
+            lse_r[half] = POS_INF  # past the queries: P = 0
+            D_r[half] = ZERO
+            if row_g + 8 * half < seqlen_q:
+                lse_r[half] = lse[b, h, row_g + 8 * half] * LOG2E
+                D_r[half] = delta[b, h, row_g + 8 * half]
+
+        for j in range(n_tiles):
+            n0 = j * BLOCK_N
+            memory.cp_async_wait(0)
+            sync.proxy_fence()
+            cuda.syncthreads()
+            if j + 1 < n_tiles:
+                nxt = TILE - (j & 1) * TILE
+                copy_tile(smem, base + K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                          r0, c)
+                copy_tile(smem, base + V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                          r0, c)
+                memory.cp_async_commit()
+            buf = uint64((j & 1) * BUF_STEP)
+
+            # S = Q_i K_j^T and dP = dO_i V_j^T: one batch of two chains.
+            wgmma.fence()
+            for ks in range(KSTEPS):
+                mma_s(S, 0, desc_q + k_step(ks, BLOCK_M), desc_k + buf + k_step(ks, BLOCK_N),
+                      ks > 0, smem, scratch, tid)
+            for ks in range(KSTEPS):
+                mma_s(dP, 0, desc_do + k_step(ks, BLOCK_M), desc_v + buf + k_step(ks, BLOCK_N),
+                      ks > 0, smem, scratch, tid)
+            wgmma.commit()
+            wgmma.wait(0)
+            wgmma.fence_operands(S, S_REGS)
+            wgmma.fence_operands(dP, S_REGS)
+
+            # P = exp2(S scale_log2 - lse_i log2 e), masked past the keys and the diagonal;
+            # dS = P (dP - D_i). Element (nt, e): row row_g + 8 (e >> 1), key n0 + t2 + 8 nt
+            # + (e & 1).
+            masked = needs_mask(n0, m0, diag, seqlen_k)
+            for nt in range(NT):
+                for e in range(4):
+                    half = e >> 1
+                    key = n0 + t2 + 8 * nt + (e & 1)
+                    p = exp2(S[nt, e] * scale_log2 - lse_r[half])
+                    if masked and (key >= seqlen_k
+                                   or (CAUSAL and key > row_g + 8 * half + diag)):
+                        p = ZERO
+                    dP[nt, e] = p * (dP[nt, e] - D_r[half])
+
+            # dQ_i += dS K_j, 16 keys per wgmma.
+            wgmma.fence()
+            for kk in range(NT // 2):
+                mma_q(dQ, 0, pack_a(dP, kk), desc_kt + buf + uint64(kk * MN_STEP), 1,
+                      smem, scratch, tid)
+            wgmma.commit()
+            wgmma.wait(0)
+            wgmma.fence_operands(dQ, D_REGS)
+
+        memory.cp_async_wait(0)
+        for half in range(2):
+            store_row(dq, b, row_g + 8 * half, h, seqlen_q, dQ, half, 0, t2, scale)
+
+    return flash_bwd_dq_wgmma
+
+
+# ----------------------------------------------------------------------------- specs
+
+# (BLOCK_M, BLOCK_N) by head dim, non-causal and causal; dK/dV holds BLOCK_N = 64 NWG keys and
+# streams BLOCK_M queries, dQ holds BLOCK_M = 64 NWG queries and streams BLOCK_N keys. Measured
+# by bench/tune_tc_backward.py --family wgmma on an H200 at N = 4096, fp16 (ms per kernel,
+# bench/results/NVIDIA-H200/tune_tc_backward_wgmma.csv):
+#   dK/dV D = 64:  128 x 128: 5.51 / 3.04 (non-causal / causal) against 5.95 / 3.31 for 128 x 64
+#                  and 6.06 / 3.30 for 64 x 64 (255 registers, no spill);
+#   dK/dV D = 128: 64 x 128: 5.12 non-causal (64 x 64: 5.32); 64 x 64: 2.80 causal (64 x 128:
+#                  2.85); 128 x 64 spills;
+#   dQ D = 64:     128 x 64: 3.41 non-causal (128 x 128: 3.61); 128 x 128: 2.04 causal;
+#   dQ D = 128:    128 x 64: 3.27 / 1.90 against 3.38 / 2.09 for 128 x 32.
+TILES = ((64, ((128, 128), (128, 128)), ((128, 64), (128, 128))),
+         (128, ((64, 128), (64, 64)), ((128, 64), (128, 64))))
+
+
+def _entry(config, column):
+    return next(t for t in TILES if config.head_dim <= t[0])[column][int(config.causal)]
+
+
+class Dkdv(DkdvSpec):
+    name = "flash_bwd_dkdv_wgmma"
+    unroll_loops = True
+
+    def entry(self, config, device):
+        return _entry(config, 1)
+
+    def tiles(self, config, entry):
+        bm, bn = entry
+        return Tiles(bm, bn, bn // 64 * WARPGROUP, dkdv_shared_bytes(bm, bn, config.head_dim))
+
+    def make(self, config, tiles):
+        return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
+                                config.fmt)
+
+
+class Dq(DqSpec):
+    name = "flash_bwd_dq_wgmma"
+    unroll_loops = True
+
+    def entry(self, config, device):
+        return _entry(config, 2)
+
+    def tiles(self, config, entry):
+        bm, bn = entry
+        return Tiles(bm, bn, bm // 64 * WARPGROUP, dq_shared_bytes(bm, bn, config.head_dim))
+
+    def make(self, config, tiles):
+        return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
+                              config.fmt)
+
+
+DKDV, DQ = Dkdv(), Dq()
