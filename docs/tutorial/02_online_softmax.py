@@ -82,10 +82,12 @@ def main(argv=None):
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
     ends = [st[0] for st in states]
     a1.plot(np.arange(1, n + 1), x, ".", color="lightgray", label="scores x")
-    a1.step(ends, [st[1] for st in states], where="post", color="tab:red", label="running max m")
+    a1.step(ends, [st[1] for st in states], where="pre", color="tab:red", label="running max m")
     a1.set(xlabel="keys seen", ylabel="score", title="the running maximum")
     a1.legend(fontsize=8)
-    a2.plot(ends, [st[4] for st in states], "o-", color="tab:blue", label="alpha = exp(m_old - m_new)")
+    # alpha of the first block is exp(-inf) = 0: the initial state holds nothing
+    a2.plot(ends[1:], [st[4] for st in states[1:]], "o-", color="tab:blue",
+            label="alpha = exp(m_old - m_new)")
     a2.plot(ends, [st[2] for st in states], "s-", color="tab:green", label="l (sum of exp(x - m))")
     a2.set(xlabel="keys seen", yscale="log", title="rescaling, block by block")
     a2.legend(fontsize=8)
