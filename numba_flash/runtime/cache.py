@@ -113,7 +113,10 @@ def path_of(entry):
 def store(entry, library, cc):
     """Write ``library`` (compiled for ``cc``, which is linked to a cubin first) as ``entry``.
     A directory that cannot be written is reported, and the process goes on uncached."""
-    library.get_cubin(cc=cc)  # what the first launch would link: the cubin is the point
+    # What the first launch links (the cubin is the point), under the key Numba's launch looks
+    # it up by: ``CUDACodeLibrary._ensure_cc`` adds the "a" of sm_90a (wgmma) from 9.0 on.
+    library.get_cubin(cc=tuple(cc) if len(cc) == 3 else
+                      (cc[0], cc[1], "a" if tuple(cc) >= (9, 0) else ""))
     state = library._reduce_states()
     state["cubin_cache"] = {c: bytes(obj.code) for c, obj in state["cubin_cache"].items()}
     payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)

@@ -244,3 +244,28 @@ def test_the_first_call_of_a_cached_configuration_takes_at_most_half_a_second(tm
         assert run.returncode == 0, run.stderr[-3000:]
     first_call = json.loads(run.stdout.strip().splitlines()[-1])["first_call"]
     assert first_call <= 0.5, f"first call of a cached configuration: {first_call:.3f} s"
+
+
+HOPPER_ENTRY = textwrap.dedent("""
+    import json, pickle
+    from numba_flash.runtime import cache, compiler, ptxcheck
+
+    pyfunc, signature, options = ptxcheck.spec_build("numba_flash.kernels.tc.forward_wgmma",
+                                                     [64, False, "float16"], [64, 64, 4, 0])
+    key = ("test:wgmma", "code", "tiles")
+    compiler.compile_kernel(pyfunc, signature, 0, (9, 0), options, key=key)
+    entry = cache.key(*key, compiler.argument_types(signature), options, (9, 0))
+    state = pickle.loads(cache.path_of(entry).read_bytes()[len(cache.MAGIC) + 32:])
+    print(json.dumps(sorted(map(list, state["cubin_cache"]))))
+""")
+
+
+def test_a_hopper_entry_holds_the_sm_90a_cubin_a_launch_looks_up(tmp_path):
+    """wgmma exists on sm_90a only: the entry of a kernel built for compute capability 9.0 is
+    linked for (9, 0, "a"), the key Numba's launch asks for (sm_90 would not assemble)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", NUMBA_FLASH_CACHE_DIR=str(tmp_path),
+               NUMBA_FLASH_CACHE="1")
+    run = subprocess.run([sys.executable, "-c", HOPPER_ENTRY], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [[9, 0, "a"]]
