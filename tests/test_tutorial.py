@@ -6,7 +6,6 @@ import pathlib
 import runpy
 
 import numpy as np
-import pytest
 
 from numba_flash import reference, scheduler
 from helpers import assert_close_rule, assert_lse

@@ -54,8 +54,8 @@ def main(argv=None):
     tflops = max(float(r["tflops"]) for r in _tutorial.read_csv("attention_fwd.csv"))
     copy_tbps = float(_tutorial.read_csv("mla_decode.csv")[0]["copy_tbps"])
     balance = tflops / copy_tbps
-    print(f"\nmachine balance: {tflops:.0f} TFLOP/s (attention_fwd.csv, best row) / {copy_tbps:.2f} "
-          f"TB/s (mla_decode.csv, copy_tbps) = {balance:.0f} FLOP per HBM byte")
+    print(f"\nmachine balance: {tflops:.0f} TFLOP/s (attention_fwd.csv, best row) / "
+          f"{copy_tbps:.2f} TB/s (mla_decode.csv, copy_tbps) = {balance:.0f} FLOP per HBM byte")
     intensity = {}
     for kernel in ("naive", "flash"):
         intensity[kernel] = [4 * n * n * d * heads / measured[kernel, n][0] for n in ns]

@@ -58,12 +58,14 @@ def main(argv=None):
         cuda.synchronize()
         ms = 1e3 * (time.perf_counter() - t)
         flops = 2 * 2 * B * Hq * Sq * Sk * D  # two products; about half of them are masked away
-        print(f"  this GPU, one timed call: {ms:.3f} ms ({flops / 2 / ms / 1e9:.2f} TFLOP/s causal)")
+        print(f"  this GPU, one timed call: {ms:.3f} ms "
+              f"({flops / 2 / ms / 1e9:.2f} TFLOP/s causal)")
 
     # 2. Shared memory per block, from the kernel's layout, beside the SIMT forward's.
     head_dims = (8, 16, 32, 64, 96, 128)
     budget = {}
-    print(f"\n{'D':>4} {'BLOCK_N':>8} {'Q':>7} {'K':>7} {'V':>7} {'S':>7} {'total':>8}  simt forward")
+    print(f"\n{'D':>4} {'BLOCK_N':>8} {'Q':>7} {'K':>7} {'V':>7} {'S':>7} {'total':>8}  "
+          "simt forward")
     for d in head_dims:
         t = rw.SPEC.choose(rw.SPEC.Config(d, False, "float16"), None)
         lay = rw.shared_layout(t.BLOCK_N, d)
@@ -80,15 +82,18 @@ def main(argv=None):
     for provider in ("nf-rowwise", "naive", "nf-simt"):
         found = measured(provider)
         if not found:
-            print(f"{provider}: not measured yet (no row in bench/results/NVIDIA-H200/attention_*.csv)")
+            print(f"{provider}: not measured yet "
+                  "(no row in bench/results/NVIDIA-H200/attention_*.csv)")
         for name, rows in found:
             tf = [float(r["tflops"]) for r in rows]
-            print(f"{provider}: {min(tf):.1f}-{max(tf):.1f} TFLOP/s over {len(rows)} points ({name})")
+            print(f"{provider}: {min(tf):.1f}-{max(tf):.1f} TFLOP/s over {len(rows)} points "
+                  f"({name})")
 
     plt = _tutorial.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     bottom = np.zeros(len(head_dims))
-    for i, (name, color) in enumerate(zip("QKVS", ("tab:blue", "tab:orange", "tab:green", "tab:gray"))):
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:gray")
+    for i, (name, color) in enumerate(zip("QKVS", colors)):
         heights = np.array([budget[d][i] for d in head_dims]) / 1024
         ax.bar([str(d) for d in head_dims], heights, bottom=bottom, color=color, label=name)
         bottom += heights

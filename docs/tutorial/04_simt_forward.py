@@ -49,7 +49,8 @@ def main(argv=None):
     pad = row_pad(tm, bn)
     banks = {}
     print(f"\nbank conflicts at D = {d}, tile {bm} x {bn} (cycles per warp access; 1 is ideal)")
-    for name, stride in (("P stride BLOCK_N (no pad)", bn), (f"P stride BLOCK_N + {pad}", bn + pad)):
+    strides = (("P stride BLOCK_N (no pad)", bn), (f"P stride BLOCK_N + {pad}", bn + pad))
+    for name, stride in strides:
         read = row0 * stride          # PV reads P[row0 + i][c]: one word per row group
         write = row0 * stride + lane  # the softmax writes P[row0 + i][lane + 8 j]
         banks[name] = read % BANKS
@@ -101,8 +102,8 @@ def main(argv=None):
            title=f"causal N = {n}: full (blue), masked (orange), skipped")
     _tutorial.save(fig, args, "04_banks_and_causal_tiles.png")
     return dict(q=q, k=k, v=v, out=out, lse=lse, ref=ref, ref_lse=ref_lse, traffic=traffic,
-                counts=counts, state=state, pad=pad,
-                ways={name: conflict_ways(row0 * s) for name, s in (("nopad", bn), ("pad", bn + pad))})
+                counts=counts, state=state,
+                ways={"nopad": conflict_ways(row0 * bn), "pad": conflict_ways(row0 * (bn + pad))})
 
 
 if __name__ == "__main__":

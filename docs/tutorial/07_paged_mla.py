@@ -20,7 +20,8 @@ def sequence_keys(k_cache, block_table, r, seqlen, head):
 
 
 def partial(q, keys, dv, scale):
-    """Attention of query rows ``q (rows, d)`` over ``keys`` alone: (O normalised over them, lse)."""
+    """Attention of the query rows ``q (rows, d)`` over ``keys`` alone: (O normalised over
+    them, lse)."""
     s = q @ keys.T * scale
     m = s.max(-1, keepdims=True)
     w = np.exp(s - m)
@@ -37,7 +38,8 @@ def main(argv=None):
     if args.simulator:  # latent 24 + rope 8: the 512 + 64 of DeepSeek's MLA, scaled down
         seqlens, h_q, d, dv, page = [200, 5, 0], 2, 32, 24, 16
     else:
-        seqlens, h_q, d, dv, page = list(rng.integers(1, 8192, 64)), 16, 576, 512, 64
+        seqlens = [int(n) for n in rng.integers(1, 8192, 63)] + [0]
+        h_q, d, dv, page = 16, 576, 512, 64
     b, s_q, h_kv = len(seqlens), 1, 1
     pages_per_seq = -(-max(seqlens) // page)
     # Pages in a shuffled order: a sequence's rows are wherever the allocator put its pages.
@@ -45,7 +47,7 @@ def main(argv=None):
     k_cache = (rng.standard_normal((b * pages_per_seq, page, h_kv, d)) * 0.5).astype(np.float16)
     q = rng.standard_normal((b, s_q, h_q, d)).astype(np.float16)
     cache_seqlens = np.array(seqlens, np.int32)
-    print(f"b={b} lengths {seqlens if b <= 8 else '(64 in [1, 8192))'}, page {page}, d={d} "
+    print(f"b={b} lengths {seqlens if b <= 8 else '(63 in [1, 8192) and a 0)'}, page {page}, d={d} "
           f"(V: the first {dv}), h_q={h_q}, h_kv={h_kv}")
     print("block table of request 0 (logical block -> page):", block_table[0][:8].tolist(), "...")
 
@@ -87,12 +89,14 @@ def main(argv=None):
     plan_same = bool(np.array_equal(_tutorial.host(meta)[:, :7], metadata[:, :7]) and
                      np.array_equal(_tutorial.host(splits), num_splits))
     print(f"\ndevice plan equals the host plan: {plan_same}")
-    print(f"flash_mla_with_kvcache: max |out - ref| = {np.abs(out.astype(np.float64) - ref).max():.2e}"
-          f"; request {seqlens.index(0) if 0 in seqlens else '-'} (length 0): lse "
-          f"{out_lse[seqlens.index(0)].ravel()[:1] if 0 in seqlens else '-'}")
+    empty = seqlens.index(0)
+    print(f"flash_mla_with_kvcache: max |out - ref| = "
+          f"{np.abs(out.astype(np.float64) - ref).max():.2e}; request {empty} (length 0): lse "
+          f"{out_lse[empty].ravel()[:1]}")
     tb = [float(r["tbps"]) for r in _tutorial.read_csv("mla_decode.csv")
           if r["provider"] == "nf-tc" and int(r["heads_q"]) <= 32]
-    print(f"nf-tc decode on the H200 at h_q <= 32: {min(tb):.2f}-{max(tb):.2f} TB/s (mla_decode.csv)")
+    print(f"nf-tc decode on the H200 at h_q <= 32: {min(tb):.2f}-{max(tb):.2f} TB/s "
+          "(mla_decode.csv)")
 
     # The figure: a batch of mixed lengths on the H200's 132 SMs would be too many rows to read;
     # 16 SMs and 24 requests show the same pattern.
@@ -115,7 +119,8 @@ def main(argv=None):
            ylabel="SM part",
            title="plan_mla: 24 requests of 1-4000 keys on 16 parts (hatched: split pieces)")
     _tutorial.save(fig, args, "07_schedule.png")
-    return dict(inputs=(q, k_cache, block_table, cache_seqlens), dv=dv, out=out, lse=out_lse, ref=ref, ref_lse=ref_lse,
+    return dict(inputs=(q, k_cache, block_table, cache_seqlens), dv=dv, out=out, lse=out_lse,
+                ref=ref, ref_lse=ref_lse,
                 combine_err=combine_err, n_split=n_split, plan_same=plan_same,
                 fig_meta=fig_meta, fig_lens=fig_lens, fig_splits=fig_splits)
 

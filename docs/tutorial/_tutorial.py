@@ -32,7 +32,7 @@ def start(description, argv=None):
 
 
 def device_array(x, simulator):
-    """A host array where kernels can read it: itself under the simulator, else a copy on the GPU."""
+    """A host array where kernels can read it: itself under the simulator, else a GPU copy."""
     if simulator:
         return x
     from numba import cuda

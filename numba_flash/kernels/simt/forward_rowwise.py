@@ -202,6 +202,6 @@ def run(q, k, v, causal=False, softmax_scale=None, out=None):
     o = arrays.empty(q, q.shape, q.fmt, "out") if out is None else arrays.adapt(out, "out")
     lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    SPEC.launch(SPEC.Config(d, bool(causal), q.fmt), dict(q=q, k=k, v=v, out=o, lse=lse, scale=scale),
-                arrays.stream_of(q), device.current())
+    problem = dict(q=q, k=k, v=v, out=o, lse=lse, scale=scale)
+    SPEC.launch(SPEC.Config(d, bool(causal), q.fmt), problem, arrays.stream_of(q), device.current())
     return o.obj, lse.obj

@@ -1,5 +1,6 @@
-"""The one-thread-per-row teaching forward against the float64 reference (simulator: tiny shapes;
-GPU: real ones). It is launched through its spec (``forward_rowwise.run``): no API call reaches it."""
+"""The one-thread-per-row teaching forward against the float64 reference (simulator: tiny
+shapes; GPU: real ones). It is launched through its spec (``forward_rowwise.run``): no API call
+reaches it."""
 
 import numpy as np
 import pytest
