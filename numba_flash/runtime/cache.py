@@ -75,8 +75,9 @@ def toolchain():
 
     packages = tuple((name, installed(name))
                      for name in ("numba-cuda", "numba", "llvmlite", "cuda-bindings"))
-    nvvm_versions = (nvvm.NVVM().get_version(), nvvm.NVVM().get_ir_version())
-    return packages + (("nvvm", nvvm_versions), ("nvjitlink", tuple(nvjitlink.version())))
+    compiler = nvvm.NVVM()
+    return packages + (("nvvm", (compiler.get_version(), compiler.get_ir_version())),
+                       ("nvjitlink", tuple(nvjitlink.version())))
 
 
 def sources_digest(directories=SOURCE_DIRS):
