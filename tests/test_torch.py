@@ -132,8 +132,8 @@ def _reference_attention(q, k, v, causal):
     """Exact attention in float64 (the reference model's)."""
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
     if causal:
-        scores = scores.masked_fill(~torch.from_numpy(ref.causal_mask(q.shape[1], k.shape[1])),
-                                    float("-inf"))
+        mask = torch.from_numpy(ref.causal_mask(q.shape[1], k.shape[1])).to(scores.device)
+        scores = scores.masked_fill(~mask, float("-inf"))
     return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v)
 
 
