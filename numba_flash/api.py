@@ -88,25 +88,32 @@ def _scale(softmax_scale, head_dim):
 
 def _extent(t):
     """[first, last) byte addresses an array's elements occupy."""
-    lo = hi = 0
+    lo = hi = t.ptr
     for n, stride in zip(t.shape, t.strides):
-        step = (n - 1) * stride * t.itemsize
-        lo, hi = (lo + step, hi) if step < 0 else (lo, hi + step)
-    return t.ptr + lo, t.ptr + hi + t.itemsize
+        if stride > 0:
+            hi += (n - 1) * stride * t.itemsize
+        else:
+            lo += (n - 1) * stride * t.itemsize
+    return lo, hi + t.itemsize
 
 
 def _refuse_overlap(outputs, inputs):
-    """``ValueError`` when an output buffer shares memory with an input or another output (the
-    kernels read inputs while they write outputs), or repeats elements (a zero stride)."""
-    for i, o in enumerate(outputs):
-        if any(n > 1 and stride == 0 for n, stride in zip(o.shape, o.strides)):
+    """``ValueError`` when one of the caller's output buffers shares memory with an input or
+    another output (the kernels read inputs while they write outputs), or repeats elements (a
+    zero stride). ``outputs`` are the buffers the caller passed: fresh ones overlap nothing, so
+    a call without ``out=`` buffers pays for no check."""
+    if not outputs:
+        return
+    spans = [(t, *_extent(t)) for t in inputs]
+    for o in outputs:
+        if 0 in o.strides and any(n > 1 and s == 0 for n, s in zip(o.shape, o.strides)):
             raise ValueError(f"{o.name}: a zero stride repeats elements (strides {o.strides})")
         lo, hi = _extent(o)
-        for other in list(inputs) + list(outputs[:i]):
-            other_lo, other_hi = _extent(other)
+        for other, other_lo, other_hi in spans:
             if lo < other_hi and other_lo < hi:
                 raise ValueError(f"{o.name}: overlaps {other.name} (an output may not share "
                                  f"memory with an input or another output)")
+        spans.append((o, lo, hi))
 
 
 def _out_buffer(out, like, shape, fmt, name="out"):
@@ -286,10 +293,12 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
                              "chunks: their data pointers and strides must be multiples of 16 "
                              "bytes (use 'simt' or 'auto' for other views)")
         chosen = "simt"  # auto: the CUDA-core kernels read any view
+    given = (dq, dk, dv)
     dq = _out_buffer(dq, q, q.shape, q.fmt, "dq")
     dk = _out_buffer(dk, q, k.shape, q.fmt, "dk")
     dv = _out_buffer(dv, q, k.shape, q.fmt, "dv")
-    _refuse_overlap([dq, dk, dv], [q, k, v, out, dout, lse])
+    _refuse_overlap([t for t, g in zip((dq, dk, dv), given) if g is not None],
+                    [q, k, v, out, dout, lse])
     config = simt_backward.DKDV.Config(d, bool(causal), q.fmt)
     delta = arrays.empty(q, (b, hq, sq), "float32", "delta")  # D_i = rowsum(dout * out)
     stream = arrays.stream_of(q, stream)
