@@ -255,8 +255,9 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     if out is not None:
         _refuse_overlap([o], [q, k, v])
     spec = _forward_spec(chosen, dev)
-    spec.choose(spec.Config(d, bool(causal), q.fmt), dev)  # tiles that fit the device, or refuse
     lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
+    # launch() prepares first: tiles that do not fit the device or a grid past CUDA's limits
+    # are refused before the kernel runs, with nothing of the caller's written.
     spec.launch(spec.Config(d, bool(causal), q.fmt),
                 dict(q=q, k=k, v=v, out=o, lse=lse, scale=scale), arrays.stream_of(q, stream),
                 dev)
@@ -532,7 +533,9 @@ WARMUP_CALLS = ("flash_attn_fwd", "flash_attn_func", "flash_attn_bwd", "flash_ml
 
 def warmup(configs):
     """Compile ahead of time the kernels of each configuration in ``configs`` (and, with the
-    persistent cache on, store them for later processes), so that no later call pays a compile.
+    persistent cache on, store them for later processes), so that no later call of that
+    configuration pays a compile (``flash_attn_func`` warms the forward only: name
+    ``flash_attn_bwd`` too for a training step).
 
     A configuration is a dict naming the ``call`` and the values that decide its kernels:
     ``head_dim``, ``dtype`` (a name, NumPy or torch dtype), ``causal`` (default False) and

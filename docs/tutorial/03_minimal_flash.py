@@ -82,7 +82,7 @@ def main(argv=None):
     for provider in ("nf-rowwise", "naive", "nf-simt"):
         found = measured(provider)
         if not found:
-            print(f"{provider}: not measured yet "
+            print(f"{provider}: no committed measurement "
                   "(no row in bench/results/NVIDIA-H200/attention_*.csv)")
         for name, rows in found:
             tf = [float(r["tflops"]) for r in rows]

@@ -88,7 +88,7 @@ def main(argv=None):
     ref, ref_lse = reference.mla_decode_ref(q, k_cache, block_table, cache_seqlens, dv)
     plan_same = bool(np.array_equal(_tutorial.host(meta)[:, :7], metadata[:, :7]) and
                      np.array_equal(_tutorial.host(splits), num_splits))
-    print(f"\ndevice plan equals the host plan: {plan_same}")
+    print(f"\ndevice plan equals the host plan (metadata columns 0-6, num_splits): {plan_same}")
     empty = seqlens.index(0)
     print(f"flash_mla_with_kvcache: max |out - ref| = "
           f"{np.abs(out.astype(np.float64) - ref).max():.2e}; request {empty} (length 0): lse "

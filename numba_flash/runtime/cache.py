@@ -171,9 +171,14 @@ def load(entry):
     from cuda.core import ObjectCode
     from numba.cuda.codegen import CUDACodeLibrary
 
-    state = pickle.loads(payload)
-    state["cubin_cache"] = {c: ObjectCode.from_cubin(code, name=state["name"])
-                            for c, code in state["cubin_cache"].items()}
-    library = CUDACodeLibrary._rebuild(**state)
+    try:  # a whole entry another Numba could not read back (the checksum cannot see that)
+        state = pickle.loads(payload)
+        state["cubin_cache"] = {c: ObjectCode.from_cubin(code, name=state["name"])
+                                for c, code in state["cubin_cache"].items()}
+        library = CUDACodeLibrary._rebuild(**state)
+    except Exception as e:
+        log.warning("numba_flash: cannot rebuild %s (%s: %s); compiling", path_of(entry),
+                    type(e).__name__, e)
+        return None
     log.debug("numba_flash: loaded %s from %s", library.name, path_of(entry))
     return library

@@ -129,6 +129,32 @@ def test_an_entry_that_does_not_check_out_is_ignored_with_a_warning(damage, cach
     assert cache.read("k") == b"payload" * 100
 
 
+UNREADABLE = textwrap.dedent("""
+    import hashlib, logging, pickle, sys
+    from numba_flash.runtime import cache
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("numba_flash").addHandler(handler)
+    for payload in (b"not a pickle", pickle.dumps({"name": "x"})):
+        data = cache.MAGIC + hashlib.sha256(payload).digest() + payload
+        cache.write_atomically(cache.path_of("k"), data)
+        assert cache.load("k") is None
+    print(sum("cannot rebuild" in line for line in records))
+""")
+
+
+def test_a_whole_entry_that_cannot_be_rebuilt_is_ignored_with_a_warning(tmp_path):
+    """The checksum holds, but the payload is no library this Numba can rebuild (not a pickle,
+    or a pickle of something else): None and a warning, so the call compiles instead."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", NUMBA_FLASH_CACHE_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", UNREADABLE], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "2"
+
+
 def test_a_missing_entry_is_none_without_a_warning(cache_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="numba_flash"):
         assert cache.read("absent") is None

@@ -16,7 +16,7 @@ from ...runtime.launcher import MAX_GRID, cdiv
 
 def fold(n):
     """(y, z) extents that cover ``n`` rows of CTAs within CUDA's limits."""
-    z = cdiv(n, MAX_GRID[1])
+    z = max(1, cdiv(n, MAX_GRID[1]))
     return cdiv(n, z), z
 
 

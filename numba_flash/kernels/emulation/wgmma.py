@@ -15,7 +15,7 @@ from numba import cuda
 from . import memory
 from ..ptx.layout import (BLOCK_COLS, SCRATCH_WORDS, SWIZZLE_BYTES, TILE_ALIGN,  # noqa: F401
                           make_aligned_base, make_descriptor, padded_cols, tile_offset, SBO, MN_K_STEP,
-                          k_step)
+                          k_step, WARPGROUP)
 from ..ptx.model import read_operand, warp_a_tile
 
 

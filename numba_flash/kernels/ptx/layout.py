@@ -50,6 +50,7 @@ def ldmatrix_b_rowcol(lane):
 
 # ---- wgmma's 128-byte swizzle ----------------------------------------------------------------
 
+WARPGROUP = 128  # threads: the four warps that issue one wgmma together
 SWIZZLE_BYTES = 128           # bytes per row of a column block
 BLOCK_COLS = 64               # 16-bit elements per row of a column block
 TILE_ALIGN = 1024             # bytes: the swizzle pattern repeats every 8 rows of 128 bytes

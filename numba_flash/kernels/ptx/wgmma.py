@@ -79,7 +79,7 @@ from . import memory
 from .codegen import F32, I32, I64, void_asm
 from .layout import (BLOCK_COLS, SWIZZLE_BYTES, TILE_ALIGN, make_aligned_base,  # noqa: F401
                      make_descriptor, padded_cols, tile_offset, SBO, MN_K_STEP,
-                     k_step)
+                     k_step, WARPGROUP)
 
 
 def scratch_size(threads):

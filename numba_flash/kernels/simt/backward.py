@@ -48,9 +48,9 @@ Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq)
     Tile pairs wholly above the diagonal are skipped (kernel 1 starts at the first query tile
     that sees its keys, kernel 2 stops at the last key tile its queries see). Masks are applied
     only to tiles that cross the diagonal or the ragged end of the keys, and they set P = 0
-    through integer comparisons, never through arithmetic on infinities (fast math assumes
-    there are none). A row with no visible key (lse = +inf) thus gets P = 0, hence dq = 0 and
-    nothing in dk, dv. Keys past Sk are zeros in K and V but still masked: exp(0 - lse)
+    through integer comparisons. A row with no visible key has lse = +inf, so exp2(S - lse) = 0
+    for all its keys (the compile options keep infinities, runtime/compiler.py): P = 0, hence
+    dq = 0 and nothing in dk, dv. Keys past Sk are zeros in K and V but still masked: exp(0 - lse)
     overflows when lse < -88. Padded query rows are zeros in Q and dO (and get lse = D = 0), so
     they add nothing to dK, dV without a mask.
 

@@ -37,8 +37,7 @@ Shared memory (16-bit elements, DPAD = HEAD_DIM rounded up to 64, + 1 KiB of ali
     dK/dV: K, V  BLOCK_N x DPAD each; Q, dO  2 x BLOCK_M x DPAD each; 4 BLOCK_M float32.
     dQ:    Q, dO  BLOCK_M x DPAD each; K, V  2 x BLOCK_N x DPAD each.
     e.g. D = 128, dK/dV 128 keys x 64 queries: 64 + 64 + 1 + 1 = 130 KiB; dQ 128 x 64: 129 KiB.
-    One block per SM either way: each kernel runs 8 warps, and the accumulators take 166-255
-    registers per thread.
+    One block per SM either way: the tiles run 4 or 8 warps at 126-255 registers per thread.
 
 Limits
     float16 / bfloat16; HEAD_DIM a multiple of 8 up to 128 (dK and dV of a 64-key warpgroup are
@@ -61,21 +60,17 @@ from ..common.masks import make_kv_end, make_needs_mask
 from ..instructions import convert, memory, sync, wgmma
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
-WARPGROUP = 128  # threads
+WARPGROUP = wgmma.WARPGROUP
 MAX_HEAD_DIM = 128
 
 
-def padded_head_dim(head_dim):
-    return wgmma.padded_cols(head_dim)
-
-
 def dkdv_shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM):
-    return 2 * (2 * BLOCK_N + 4 * BLOCK_M) * padded_head_dim(HEAD_DIM) + 16 * BLOCK_M \
+    return 2 * (2 * BLOCK_N + 4 * BLOCK_M) * wgmma.padded_cols(HEAD_DIM) + 16 * BLOCK_M \
         + wgmma.TILE_ALIGN
 
 
 def dq_shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM):
-    return 2 * (2 * BLOCK_M + 4 * BLOCK_N) * padded_head_dim(HEAD_DIM) + wgmma.TILE_ALIGN
+    return 2 * (2 * BLOCK_M + 4 * BLOCK_N) * wgmma.padded_cols(HEAD_DIM) + wgmma.TILE_ALIGN
 
 
 @lru_cache(maxsize=None)
@@ -98,7 +93,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     """Kernel 1: dK_j, dV_j of BLOCK_N = 64 NWG keys of one (batch, kv head)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_N % 64 == 0 and BLOCK_M % 16 == 0
     THREADS = BLOCK_N // 64 * WARPGROUP
-    DPAD = padded_head_dim(HEAD_DIM)
+    DPAD = wgmma.padded_cols(HEAD_DIM)
     KSTEPS, MT, DT = DPAD // 16, BLOCK_M // 8, DPAD // 8
     S_REGS, D_REGS = 4 * MT, 4 * DT
     K_OFF = 0
@@ -252,7 +247,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     """Kernel 2: dQ_i of BLOCK_M = 64 NWG queries of one (batch, query head)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
     THREADS = BLOCK_M // 64 * WARPGROUP
-    DPAD = padded_head_dim(HEAD_DIM)
+    DPAD = wgmma.padded_cols(HEAD_DIM)
     KSTEPS, NT, DT = DPAD // 16, BLOCK_N // 8, DPAD // 8
     S_REGS, D_REGS = 4 * NT, 4 * DT
     Q_OFF = 0

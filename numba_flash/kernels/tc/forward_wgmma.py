@@ -61,7 +61,7 @@ from ..common.softmax import make_softmax_step
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 
-WARPGROUP = 128  # threads
+WARPGROUP = wgmma.WARPGROUP
 
 
 def padded_head_dim(head_dim):

@@ -68,7 +68,7 @@ from ..common.softmax import make_online_update, make_row_max
 from ..instructions import convert, memory, sync, wgmma
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
-WARPGROUP = 128
+WARPGROUP = wgmma.WARPGROUP
 THREADS = 2 * WARPGROUP
 BLOCK_M = 64                # packed query rows per CTA: one wgmma M
 BLOCK_N = SCHED_BLOCK       # cache rows per tile (64): a tile never straddles two pieces
