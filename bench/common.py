@@ -51,15 +51,16 @@ def time_ms(fn, warmup_ms=100, rep_ms=200):
 
 # ----------------------------------------------------------------------------- the project's Triton kernels
 
-TRITON_DIR = pathlib.Path(__file__).parent / "triton"
+TRITON_DIR = pathlib.Path(__file__).parent / "triton_kernels"
 
 
 def triton_module(name):
-    """``bench/triton/<name>.py`` imported as the module ``name`` (e.g. ``flash_fwd``).
+    """``bench/triton_kernels/<name>.py`` imported as the module ``name`` (e.g. ``flash_fwd``).
 
-    The folder itself goes on ``sys.path``, so its modules import each other by file name. It is
-    not a package: a ``bench/triton/__init__.py`` would shadow the real ``triton`` for every
-    script run from bench/.
+    The folder itself goes on ``sys.path``, so its modules import each other by file name. Its
+    name is not ``triton``: with bench/ on ``sys.path`` (every script run from there, the bench
+    tests) a folder of that name is found as a namespace package wherever Triton is not
+    installed, and torch then takes it for Triton.
     """
     import importlib
 

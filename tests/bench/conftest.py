@@ -41,10 +41,10 @@ def torch_device():
 
 @pytest.fixture
 def triton_kernels(torch_device):
-    """``triton_kernels("flash_fwd")`` -> bench/triton/flash_fwd.py, or a skip without Triton."""
+    """``triton_kernels("flash_fwd")`` -> bench/triton_kernels/flash_fwd.py, or a skip without Triton."""
     torch, device = torch_device
     triton = pytest.importorskip("triton", reason="triton is not installed")
-    if not hasattr(triton, "jit"):  # only bench/triton/ (a namespace folder) was found
+    if not hasattr(triton, "jit"):  # only bench/triton_kernels/ (a namespace folder) was found
         pytest.skip("triton is not installed")
     if device == "cpu":
         import numpy

@@ -69,9 +69,12 @@ def test_progress_counts_to_total(bench_module, capsys):
     assert "[1/3] a" in err and "[3/3] c" in err and err.endswith("\n")
 
 
-def test_triton_module_is_not_a_package(bench_module):
-    """bench/triton/ must never become a package: it would shadow the real triton."""
+def test_the_triton_kernels_folder_cannot_pass_for_triton(bench_module):
+    """With bench/ on sys.path, a folder named ``triton`` there would be imported as Triton
+    wherever Triton is not installed (torch.compile then fails on ``triton.language``)."""
     common = bench_module("common")
+    assert common.TRITON_DIR.name != "triton"
+    assert not (common.TRITON_DIR.parent / "triton").exists()
     assert not (common.TRITON_DIR / "__init__.py").exists()
     assert {p.name for p in common.TRITON_DIR.glob("*.py")} >= {"flash_fwd.py", "flash_bwd.py",
                                                                  "mla_decode.py"}

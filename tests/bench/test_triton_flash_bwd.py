@@ -1,4 +1,4 @@
-"""bench/triton/flash_bwd.py against the float64 reference gradients (GPU; else Triton's
+"""bench/triton_kernels/flash_bwd.py against the float64 reference gradients (GPU; else Triton's
 interpreter on the CPU with tiny shapes, float16 only)."""
 
 import pytest

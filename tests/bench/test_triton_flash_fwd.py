@@ -1,4 +1,4 @@
-"""bench/triton/flash_fwd.py against the float64 reference (GPU; else Triton's interpreter on the
+"""bench/triton_kernels/flash_fwd.py against the float64 reference (GPU; else Triton's interpreter on the
 CPU with tiny shapes, float16 only: the interpreter computes tl.dot on bfloat16 wrongly)."""
 
 import pytest

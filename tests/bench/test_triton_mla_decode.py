@@ -1,4 +1,4 @@
-"""bench/triton/mla_decode.py against numba_flash.reference.mla_decode_ref on adversarial paged
+"""bench/triton_kernels/mla_decode.py against numba_flash.reference.mla_decode_ref on adversarial paged
 data (shuffled block table, NaN in every unused cache slot, a huge sentinel in unused table
 entries, lengths 0 and not multiples of the page). GPU; else Triton's interpreter on the CPU,
 float16 only, with small latent widths."""

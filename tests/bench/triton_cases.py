@@ -1,4 +1,4 @@
-"""What the tests of bench/triton/ share: the attention shapes they run on a GPU, and the choice
+"""What the tests of bench/triton_kernels/ share: the attention shapes they run on a GPU, and the choice
 between those and the tiny shapes of Triton's interpreter on the CPU (made at collection, since
 the cases are test parameters)."""
 
