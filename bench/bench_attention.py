@@ -17,7 +17,7 @@ Providers (a missing or failing one is left out, with a note):
                      only where a tiny probe call succeeds)
     sdpa-flash       torch SDPA, FlashAttention-2 backend; backward through autograd
     sdpa-cudnn       torch SDPA, cuDNN backend; backward through autograd
-    triton           bench/triton/flash_fwd.py and flash_bwd.py (the project's own)
+    triton           bench/triton_kernels/flash_fwd.py and flash_bwd.py (the project's own)
     naive            numba_flash.kernels.naive: S = QK^T, softmax, O = PV through global memory
                      (forward only; points whose B*H*N*N float32 scratch does not fit are skipped)
 

@@ -18,7 +18,7 @@ Providers (a missing or failing one is left out, with a note):
                      machine provides; nothing of it is in this repo); its first call plans,
                      later calls reuse its metadata, which is compared with ours (printed:
                      columns 0-6 and num_splits; FlashMLA leaves column 7 unwritten)
-    triton           bench/triton/mla_decode.py (split-KV + combine)
+    triton           bench/triton_kernels/mla_decode.py (split-KV + combine)
     torch            gather the pages (k_cache[block_table]), einsum, masked softmax, einsum
 
 Columns: TB/s = the fewest bytes a decode must move (q, the cache, out once each;
