@@ -346,7 +346,7 @@ def test_warmup_compiles_the_kernels_a_call_picks():
     from numba_flash.kernels.simt import combine, forward, mla_decode, mla_metadata
 
     for spec in (forward.SPEC, mla_decode.SPEC, combine.SPEC, mla_metadata.SPEC):
-        spec._kernels.clear()
+        spec.forget()
     nf.warmup([dict(call="flash_attn_func", head_dim=8, dtype=np.float32, causal=True),
                dict(call="flash_mla_with_kvcache", head_dim=16, head_dim_v=8, num_heads_q=1,
                     num_heads_k=1, dtype="float32")])

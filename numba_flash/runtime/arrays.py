@@ -32,7 +32,7 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 from numba import cuda
@@ -81,7 +81,17 @@ def _storage_dtype(fmt, itemsize):
     return np.dtype(np.uint16) if itemsize == 2 else np.dtype(fmt)
 
 
+_libraries = {}  # array type -> what _library found for it (a property of the type alone)
+
+
 def _library(x):
+    lib = _libraries.get(type(x))
+    if lib is None:
+        lib = _libraries[type(x)] = _library_of_type(x)
+    return lib
+
+
+def _library_of_type(x):
     mod = type(x).__module__.split(".")[0]
     if mod in ("cupy", "torch", "numpy"):
         return mod
@@ -271,10 +281,12 @@ def empty(like, shape, fmt, name):
     if lib == "torch":
         import torch
 
-        dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-              "int32": torch.int32}[fmt]
-        obj = torch.empty(shape, dtype=dt, device=like.obj.device)
-        return _adapt_torch(obj, name)
+        if like.device is not None:  # a fresh CUDA tensor: contiguous, its record known
+            obj = torch.empty(shape, dtype=getattr(torch, fmt), device=like.device)
+            return Tensor(name, obj, "torch", fmt, tuple(shape), contiguous_strides(shape),
+                          obj.element_size(), obj.data_ptr(), like.device, None)
+        return _adapt_torch(torch.empty(shape, dtype=getattr(torch, fmt), device=like.obj.device),
+                            name)
     dt = numpy_dtype(fmt)
     if lib == "foreign":
         return _foreign_empty(like, shape, dt, name)
@@ -291,6 +303,16 @@ def empty(like, shape, fmt, name):
         dev = cuda.to_device(obj)
         return _adapt_numpy_like(obj, name, "numba", obj=dev, view_of=_sim_device_view(dev))
     return _adapt_numpy_like(obj, name, "numpy", obj=obj, view_of=obj)
+
+
+@lru_cache(maxsize=1024)
+def contiguous_strides(shape):
+    """Strides in elements of a C-contiguous array of ``shape``."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def _foreign_empty(like, shape, dtype, name):
@@ -361,7 +383,9 @@ def stream_of(t, stream=None):
     if t.lib == "torch":
         import torch
 
-        return _external(torch.cuda.current_stream(t.obj.device).cuda_stream)
+        # The raw cudaStream_t, as Triton asks for it: torch.cuda.current_stream builds a
+        # Stream object (~5 us) only to read this number from it.
+        return _external(torch._C._cuda_getCurrentRawStream(t.device))
     return cuda.default_stream()
 
 

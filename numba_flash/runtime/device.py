@@ -37,16 +37,33 @@ SIMULATED = Device(cc=(9, 0), sms=8, shared_per_block=227 * 1024, shared_per_sm=
 _planned = []  # the devices of open ``plan_for`` blocks
 
 
+_by_context = {}  # CUcontext handle -> Device: the contexts Numba has made ready
+
+
 def current():
     """The ``Device`` calls are planned for: that of the current CUDA context (``SIMULATED``
-    under the simulator), or the innermost ``plan_for`` device."""
+    under the simulator), or the innermost ``plan_for`` device.
+
+    Every public call asks, so the answer costs one driver call (``cuCtxGetCurrent``) once a
+    context has been seen: Numba's ``get_current_device`` takes a lock and makes several
+    driver calls whenever the context was made current by another library (torch, CuPy), ~10 us
+    of a tiny forward's host time. The first sight of a context goes through Numba, which makes
+    it ready for its use (or creates the primary context when none is current)."""
     if _planned:
         return _planned[-1]
     if SIMULATOR:
         return SIMULATED
-    from numba import cuda
+    from numba.cuda.cudadrv.driver import binding
 
-    return _facts(cuda.get_current_device().id)
+    _, ctx = binding.cuCtxGetCurrent()
+    dev = _by_context.get(int(ctx))
+    if dev is None:
+        from numba import cuda
+
+        ordinal = cuda.get_current_device().id
+        _, ctx = binding.cuCtxGetCurrent()
+        dev = _by_context[int(ctx)] = _facts(ordinal)
+    return dev
 
 
 @lru_cache(maxsize=None)

@@ -35,6 +35,9 @@ class ParameterBlock:
 
     def __init__(self, argument_types):
         self.types = argument_types
+        # per argument: (ndim, itemsize) of an array, None for a number
+        self.kinds = tuple((ty.ndim, ty.dtype.bitwidth // 8) if isinstance(ty, types.Array)
+                           else None for ty in argument_types)
         fmt, offsets, end = "<", [], 0
         for ty in argument_types:
             if isinstance(ty, types.Array):
@@ -53,23 +56,28 @@ class ParameterBlock:
         self.buffer = ctypes.create_string_buffer(max(end, 1))
         base = ctypes.addressof(self.buffer)
         self.pointers = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
+        self.address = ctypes.addressof(self.pointers)  # kernelParams of cuLaunchKernel
         self.lock = threading.Lock()  # one buffer: packing and launching are one step
 
     def values(self, args):
         """The parameter values of ``args`` and the device ordinal of their arrays."""
-        if len(args) != len(self.types):
-            raise TypeError(f"launch: {len(args)} arguments for {len(self.types)} parameters")
+        if len(args) != len(self.kinds):
+            raise TypeError(f"launch: {len(args)} arguments for {len(self.kinds)} parameters")
         values, device = [], None
-        for ty, a in zip(self.types, args):
-            if isinstance(ty, types.Array):
-                if not isinstance(a, Tensor) or a.device is None or a.ndim != ty.ndim \
-                        or a.itemsize * 8 != ty.dtype.bitwidth:
-                    raise TypeError(f"launch: expected a device array for {ty}, got {a!r}")
-                values += (0, 0, math.prod(a.shape), a.itemsize, a.ptr, *a.shape,
-                           *(s * a.itemsize for s in a.strides))
-                device = a.device if device is None else device
-            else:
+        for kind, a in zip(self.kinds, args):
+            if kind is None:
                 values.append(a)
+                continue
+            ndim, itemsize = kind
+            if not isinstance(a, Tensor) or a.device is None or len(a.shape) != ndim \
+                    or a.itemsize != itemsize:
+                raise TypeError(f"launch: expected a device array of {ndim} dimensions and "
+                                f"{itemsize}-byte elements, got {a!r}")
+            values += (0, 0, math.prod(a.shape), itemsize, a.ptr)
+            values += a.shape
+            values += [s * itemsize for s in a.strides]
+            if device is None:
+                device = a.device
         return values, device
 
 
@@ -115,7 +123,7 @@ def launch(kernel, grid, threads, stream, shared_bytes, *args):
     with block.lock:
         block.format.pack_into(block.buffer, 0, *values)
         driver.cuLaunchKernel(function, gx, gy, gz, threads, 1, 1, shared_bytes, stream.handle,
-                              ctypes.addressof(block.pointers), 0)
+                              block.address, 0)
 
 
 def check_grid(name, grid):

@@ -52,6 +52,7 @@ class KernelSpec:
         self._forced = None
         self._tiles = {}
         self._kernels = {}
+        self._plans = {}  # (config, device, forced entry) -> (kernel, tiles)
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- declared by each kernel
@@ -137,12 +138,26 @@ class KernelSpec:
         return tiles, grid
 
     def launch(self, config, problem, stream, device):
-        """Compile if needed, then launch ``config`` for ``problem`` on ``stream``."""
-        _, grid = self.prepare(config, problem, device)
-        kernel, tiles = self.compiled(config, device)
+        """Compile if needed, then launch ``config`` for ``problem`` on ``stream``. The kernel
+        and tiles of (config, device, forced entry) are looked up once per call: a tiny call's
+        host time is what a user of small shapes waits for."""
+        key = (config, device, self._forced)
+        plan = self._plans.get(key)
+        if plan is None:
+            self.prepare(config, problem, device)  # a refusal comes before a compile
+            plan = self._plans[key] = self.compiled(config, device)
+        kernel, tiles = plan
+        grid = self.grid(config, tiles, problem)
+        launcher.check_grid(self.name, grid)
         launcher.launch(kernel, grid, tiles.threads, stream, tiles.shared_bytes,
                         *self.arguments(config, problem))
         return tiles
+
+    def forget(self):
+        """Drop this spec's compiled kernels and plans (tests: to see what a call compiles)."""
+        with self._lock:
+            self._kernels.clear()
+            self._plans.clear()
 
     @contextmanager
     def forcing(self, entry):

@@ -194,7 +194,7 @@ ROUND_TRIP = textwrap.dedent("""
     hopper = device.Device(cc=cc, sms=132, shared_per_block=227 * 1024)
     compiler.kernel_library = real_library
     planner, _ = spec.compiled(spec.Config(), hopper)
-    spec._kernels.clear()
+    spec.forget()
     compiler.kernel_library = None
     planner_loaded, _ = spec.compiled(spec.Config(), hopper)
 
