@@ -2,6 +2,7 @@
 
     python bench/host_overhead.py                  # decode b=128, s_q=1, h_q=1, seqlen 4k, 16k
     python bench/host_overhead.py --profile        # plus a cProfile of numba_flash's calls
+    python bench/host_overhead.py --graph          # decode: each call replayed from a CUDA graph
     python bench/host_overhead.py --op fwd         # attention forward beside SDPA (--shapes)
     python bench/host_overhead.py --op bwd         # attention backward beside SDPA
 
@@ -65,6 +66,20 @@ def profile(fn, torch):
     print(text.getvalue())
 
 
+def graphed(fn, torch):
+    """``fn`` captured in a CUDA graph (warmed up on a side stream first, as torch asks): the
+    replay, which re-runs its kernels for one launch's host cost."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def decode(args, torch, out):
     rows = []
     for n in (int(x) for x in args.seqlens.split(",")):
@@ -73,14 +88,18 @@ def decode(args, torch, out):
         nbytes = common.mla_decode_bytes(args.batch, 1, args.heads_q, 1, 576, 512, n, 2)
         for name in (args.providers or "nf-simt,triton").split(","):
             fn = bench_mla.PROVIDERS[name]()(*inputs, 512, False)
+            if args.graph:
+                fn, name = graphed(fn, torch), name + "-graph"
             host, gpu, bench = measure(fn, torch)
-            rows.append(dict(provider=name, seqlen=n, host_ms=host, gpu_ms=gpu, bench_ms=bench,
-                             gpu_tbps=nbytes / gpu * 1e-9, bench_tbps=nbytes / bench * 1e-9))
-            print(f"{name:8s} seqlen {n:6d}: host {host:.3f} ms/call, gpu {gpu:.3f} ms/call "
+            rows.append(dict(provider=name, heads_q=args.heads_q, seqlen=n, host_ms=host,
+                             gpu_ms=gpu, bench_ms=bench, gpu_tbps=nbytes / gpu * 1e-9,
+                             bench_tbps=nbytes / bench * 1e-9))
+            print(f"{name:8s} h_q {args.heads_q:3d} seqlen {n:6d}: host {host:.3f} ms/call, "
+                  f"gpu {gpu:.3f} ms/call "
                   f"({rows[-1]['gpu_tbps']:.2f} TB/s), bench {bench:.3f} ms "
                   f"({rows[-1]['bench_tbps']:.2f} TB/s)", flush=True)
             common.write_csv(out / "host_overhead.csv", rows)
-            if args.profile and name.startswith("nf"):
+            if args.profile and name.startswith("nf") and not args.graph:
                 profile(fn, torch)
         del inputs
 
@@ -129,6 +148,8 @@ def main():
     p.add_argument("--providers", default=None, help="default: nf-simt,triton (decode); "
                    "nf-tc,nf-simt,sdpa-flash,sdpa-cudnn (fwd, bwd)")
     p.add_argument("--profile", action="store_true", help="cProfile 100 numba_flash calls")
+    p.add_argument("--graph", action="store_true",
+                   help="decode: time the replay of each call captured in a CUDA graph")
     p.add_argument("--out-dir", default=None)
     args = p.parse_args()
     out = common.results_dir(args.out_dir)

@@ -269,8 +269,14 @@ def _device_view(ptr, device, shape, strides, typestr):
 def rows_16_byte_aligned(*tensors):
     """Whether kernels may copy every tensor in 16-byte chunks of its rows (``cp.async``): the
     data pointer, the row length and every stride but the last (1) are multiples of 16 bytes."""
-    return all(t.ptr % 16 == 0 and t.shape[-1] * t.itemsize % 16 == 0
-               and all(s * t.itemsize % 16 == 0 for s in t.strides[:-1]) for t in tensors)
+    for t in tensors:  # (loops, not generators: every tc call asks, ~3x cheaper)
+        size = t.itemsize
+        if t.ptr % 16 or t.shape[-1] * size % 16:
+            return False
+        for s in t.strides[:-1]:
+            if s * size % 16:
+                return False
+    return True
 
 
 # ----------------------------------------------------------------------------- output allocation

@@ -5,16 +5,18 @@ Numba's own launch asks every argument for its type and device pointer and build
 object per parameter, on every call: ~75 us for the decode kernel's 14 arguments (58
 parameters), half the kernel's own time at seqlen 4096. Here the parameter layout follows once
 from the kernel's signature and a launch is one ``struct.pack_into`` of (pointer, shape,
-strides) from the adapted arrays (``arrays.Tensor``): a few microseconds.
+strides) from the adapted arrays (``arrays.Tensor``) and one ctypes call of libcuda's
+``cuLaunchKernel``: a few microseconds.
 """
 
 import ctypes
 import math
 import struct
+import sys
 import threading
 
 from numba import types
-from numba.cuda.cudadrv.driver import driver
+from numba.cuda.cudadrv.driver import CudaAPIError, driver
 
 from .arrays import Tensor
 from .device import DEFAULT_SHARED_LIMIT, SIMULATOR
@@ -92,7 +94,7 @@ class Kernel:
         self.functions = {}  # device ordinal -> CUfunction handle
 
     def function(self, device):
-        """The kernel's CUfunction on ``device`` (the current one): Numba loads the module into
+        """The kernel's CUfunction handle (an int) on ``device`` (the current one): Numba loads the module into
         the current context on first use; the shared-memory opt-in is per loaded function."""
         handle = self.functions.get(device)
         if handle is None:
@@ -103,7 +105,7 @@ class Kernel:
                 attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
                 driver.cuKernelSetAttribute(attr, self.shared_bytes, cufunc.handle,
                                             cufunc.device.id)
-            handle = self.functions[device] = cufunc.handle
+            handle = self.functions[device] = int(cufunc.handle)
         return handle
 
 
@@ -122,8 +124,27 @@ def launch(kernel, grid, threads, stream, shared_bytes, *args):
     gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
     with block.lock:
         block.format.pack_into(block.buffer, 0, *values)
-        driver.cuLaunchKernel(function, gx, gy, gz, threads, 1, 1, shared_bytes, stream.handle,
-                              block.address, 0)
+        result = _cu_launch_kernel()(function, gx, gy, gz, threads, 1, 1, shared_bytes,
+                                     int(stream.handle), block.address, None)
+    if result:
+        raise CudaAPIError(result, f"cuLaunchKernel of {kernel.library.name!r} failed "
+                                   f"(CUresult {result})")
+
+
+_launch_kernel = []  # libcuda's cuLaunchKernel, once loaded
+
+
+def _cu_launch_kernel():
+    """libcuda's ``cuLaunchKernel`` called through ctypes, ~1 us a call: the CUDA Python
+    binding's argument conversions behind Numba's driver wrapper take ~9 us (an H200 host's
+    tiny forward spent 12 us of its 54 us of host time in the launch)."""
+    if not _launch_kernel:
+        lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+        fn = lib.cuLaunchKernel
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        fn.restype = ctypes.c_int
+        _launch_kernel.append(fn)
+    return _launch_kernel[0]
 
 
 def check_grid(name, grid):
