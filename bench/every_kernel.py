@@ -7,7 +7,7 @@ synccheck, initcheck), so that one process touches every launch path.
 
 Covers the naive baseline, the simt and tc forwards (on a Hopper the tc forward is the wgmma
 kernel, elsewhere mma.sync) and backwards, the MLA planner on the device, both MLA decodes
-(where the device runs the tc one) with split pieces and the combine. Shapes are off every
+(the tc one wgmma on a Hopper, mma.sync elsewhere) with split pieces and the combine. Shapes are off every
 tile multiple: Sq 37, Sk 53, GQA 4:2, head dim 40, a paged cache of 5-row pages. Under the
 simulator (no GPU) the same calls run on emulated instructions, on smaller shapes; the tests
 run it there.

@@ -25,6 +25,7 @@ from .kernels.tc import backward_mma as tc_backward_mma
 from .kernels.tc import backward_wgmma as tc_backward_wgmma
 from .kernels.tc import forward_mma as tc_forward_mma
 from .kernels.tc import forward_wgmma as tc_forward_wgmma
+from .kernels.tc import mla_decode_mma as tc_mla_decode_mma
 from .kernels.tc import mla_decode_wgmma as tc_mla_decode_wgmma
 from .runtime import arrays, device
 from .runtime.arrays import FLOAT_FORMATS
@@ -204,18 +205,18 @@ SIMT_DECODE_ROWS = 1
 
 def _decode_spec(backend, config, q, k_cache, dev):
     """The decode kernel of ``backend`` for ``config`` = (q_rows, d, dv, causal, fmt), and its
-    spec's config: adding a decode family is one line here."""
+    spec's config: adding a decode family is one line here. The tc family is wgmma on 9.0,
+    mma.sync on every other device (``tc_family``)."""
     q_rows, d, dv, causal, fmt = config
     cache_aligned = arrays.rows_16_byte_aligned(k_cache)
+    tc = tc_mla_decode_wgmma if tc_family(dev.cc) == "wgmma" else tc_mla_decode_mma
     if resolve_backend(backend, fmt, dev) == "tc":  # (auto: a 16-bit decode the tc family may run)
         aligned = cache_aligned and arrays.rows_16_byte_aligned(q)
         why = None
-        if not (SIMULATOR or tuple(dev.cc[:2]) == (9, 0)):
-            why = f"the tensor-core decode is built for compute capability 9.0, got {dev.cc}"
-        elif not tc_mla_decode_wgmma.supports(d, dv):
+        if not tc.supports(d, dv):
             why = (f"the tensor-core decode takes head dims that are multiples of 16 up to "
-                   f"{tc_mla_decode_wgmma.MAX_HEAD_DIM} and head_dim_v up to "
-                   f"{tc_mla_decode_wgmma.MAX_HEAD_DIM_V}, got {d} and {dv}")
+                   f"{tc.MAX_HEAD_DIM} and head_dim_v up to {tc.MAX_HEAD_DIM_V}, got {d} and "
+                   f"{dv}")
         elif not aligned:
             why = "the tensor-core decode copies rows of q and k_cache in 16-byte chunks: " \
                   "their data pointers and strides must be multiples of 16 bytes"
@@ -226,8 +227,7 @@ def _decode_spec(backend, config, q, k_cache, dev):
     else:
         backend = "simt"
     if backend == "tc":
-        spec = tc_mla_decode_wgmma.SPEC
-        return spec, spec.Config(*config, True)
+        return tc.SPEC, tc.SPEC.Config(*config, True)
     return simt_mla_decode.SPEC, simt_mla_decode.SPEC.Config(*config, cache_aligned)
 
 

@@ -1,0 +1,121 @@
+"""The mma.sync paged MLA decode (kernels/tc/mla_decode_mma.py, the tc decode of sm_80-sm_89)
+against the float64 reference, on the adversarial caches of kernels/_decode_cases.py, planned for
+an 8.x device (``device.plan_for``; on a Hopper the sm_80 PTX runs). Simulator: emulated
+mma.sync, tiny head dims, both tile entries; GPU: DeepSeek's sizes on an sm_80-like (163 KiB per
+block) and an sm_86-like (99 KiB) plan, each of which takes its own entry."""
+
+import dataclasses
+
+import pytest
+from numba import cuda
+
+from numba_flash.kernels.tc import mla_decode_mma
+from numba_flash.runtime import device
+from numba_flash.runtime.device import Device
+from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
+from kernels._decode_cases import check_bad_device_values, check_nan_query_row, run_case
+
+A100 = Device(cc=(8, 0), sms=8, shared_per_block=166912)
+SM86 = Device(cc=(8, 6), sms=8, shared_per_block=101376)
+
+pytestmark = pytest.mark.skipif(
+    not SIMULATOR and not (cuda.is_available()
+                           and cuda.get_current_device().compute_capability >= (8, 0)),
+    reason="mma.sync needs compute capability 8.0 or newer")
+
+
+def planned(dev):
+    """A plan for ``dev``'s tile choice; on a GPU with the real SM count."""
+    if not SIMULATOR:
+        dev = dataclasses.replace(dev, sms=device.current().sms)
+    return device.plan_for(dev)
+
+
+# (seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits, plan): ragged tiles (4,
+# 3 x 2 and 20 rows of 32 or 16), three tiles of packed rows (20 x 2 in 16), h_kv = 2, page sizes 1 /
+# 16 / 64, lengths 0 and 1 and off the tile grid, causal s_q = 2 and 3, head_dim_v odd and below
+# one warp's 16 columns, requests cut into pieces (combined), both formats, both entries.
+CASES_SIM = [
+    ([70, 0, 5], 1, 4, 1, 32, 32, 16, False, "bfloat16", 4, None, SM86),
+    ([150, 1, 0, 64], 3, 2, 1, 48, 23, 1, True, "float16", 2, None, A100),
+    ([130, 17], 1, 40, 2, 32, 32, 64, False, "bfloat16", 16, True, A100),
+    ([70], 2, 20, 1, 16, 16, 64, True, "float16", 2, None, SM86),
+]
+# DeepSeek sizes (d 576 = 512 + 64, dv 512, h_kv 1 unless said), as in the wgmma decode's GPU
+# cases, on both plans: one and several tiles of packed rows, a 64k + 1 request cut over many
+# parts, lengths 0 and 1, causal s_q = 2, page sizes 1 / 16 / 64 / 256, h_kv = 4, fp16 and bf16.
+CASES_GPU = [
+    (*c, plan) for plan in (A100, SM86) for c in [
+        ([1 + 13 * i for i in range(128)], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, None),
+        ([65537, 1, 0, 5000, 777], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, True),
+        ([2048, 1500], 2, 128, 1, 576, 512, 64, True, "float16", None, None),
+        ([1000, 10, 0, 300], 1, 128, 1, 576, 512, 64, False, "bfloat16", 132, True),
+        ([200] * 128, 1, 128, 1, 576, 512, 256, False, "bfloat16", None, None),
+        ([4097, 63, 64, 65, 0, 1], 2, 16, 1, 576, 512, 16, True, "bfloat16", 132, True),
+        ([3000, 2000], 1, 32, 4, 576, 512, 64, False, "float16", 132, None),
+        ([5000, 50], 2, 64, 1, 576, 512, 1, True, "bfloat16", 132, True),
+    ]]
+CASES = CASES_SIM if SIMULATOR else CASES_GPU
+
+
+def _id(case):
+    return "-".join(map(str, case[1:-1])) + ("-sm80" if case[-1] is A100 else "-sm86")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_decode_matches_reference(case, rng):
+    *args, plan = case
+    with planned(plan):
+        run_case(rng, *args, backend="tc")
+
+
+def test_the_plans_take_different_entries():
+    """DeepSeek's dims: 32 x 32 tiles where 163 KiB allow, 16 x 32 in 99 KiB; small dims fit
+    the first entry everywhere."""
+    deepseek = mla_decode_mma.SPEC.Config(128, 576, 512, False, "bfloat16", True)
+    small = mla_decode_mma.SPEC.Config(8, 48, 23, True, "float16", True)
+    spec = mla_decode_mma.SPEC
+    assert spec.entry(deepseek, A100) == mla_decode_mma.TILES[0]
+    assert spec.entry(deepseek, SM86) == mla_decode_mma.TILES[1]
+    assert spec.entry(small, SM86) == mla_decode_mma.TILES[0]
+    for plan, entry in ((A100, mla_decode_mma.TILES[0]), (SM86, mla_decode_mma.TILES[1])):
+        tiles = spec.tiles(deepseek, entry)
+        assert tiles.shared_bytes + mla_decode_mma.static_bytes(entry[0], entry[2]) \
+            <= plan.shared_per_block
+
+
+def test_bad_device_values_are_bounded_and_reported(rng):
+    with planned(SM86):
+        check_bad_device_values(rng, "tc")
+
+
+def test_a_nan_query_row_gives_a_nan_lse(rng):
+    with planned(A100):
+        check_nan_query_row(rng, "tc")
+
+
+def test_decode_spec_takes_mma_on_8x_and_wgmma_on_9_0(rng):
+    from numba_flash import api
+    from numba_flash.kernels.tc import mla_decode_wgmma
+    from numba_flash.runtime import arrays
+
+    q = arrays.adapt(to_device(randn(rng, (1, 2, 8, 64), "float16")), "q")
+    k = arrays.adapt(to_device(randn(rng, (2, 16, 1, 64), "float16")), "k_cache")
+    config = (16, 64, 64, True, "float16")
+    for dev, spec in ((A100, mla_decode_mma.SPEC), (SM86, mla_decode_mma.SPEC),
+                      (dataclasses.replace(A100, cc=(8, 9)), mla_decode_mma.SPEC),
+                      (dataclasses.replace(A100, cc=(9, 0)), mla_decode_wgmma.SPEC)):
+        for backend in ("tc", "auto"):
+            assert api._decode_spec(backend, config, q, k, dev)[0] is spec, (dev, backend)
+    with pytest.raises(ValueError, match="^backend: .*head_dim_v up to 512"):
+        api._decode_spec("tc", (16, 576, 576, False, "float16"), q, k, A100)
+
+
+def test_every_entry_compiles_to_mma_sync_without_spills():
+    configs = [((rows, 576, 512, causal, fmt, True), entry)
+               for rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16"))
+               for entry in mla_decode_mma.TILES]
+    configs += [((8, 48, 23, True, "bfloat16", True), entry) for entry in mla_decode_mma.TILES]
+    assert_compiles_clean("tc.mla_decode_mma", configs, ccs=((8, 0),),
+                          must_contain=("mma.sync.aligned.m16n8k16", "cp.async", "ldmatrix"),
+                          must_not_log=("C7509",))
