@@ -13,6 +13,8 @@ formulas use). Every provider is first checked against numba_flash.reference.mla
 
 Providers (a missing or failing one is left out, with a note):
     nf-simt, nf-tc   numba_flash.get_mla_metadata (once, untimed) + flash_mla_with_kvcache
+    nf-mma           nf-tc's mma.sync kernel (kernels/tc/mla_decode_mma.py, the sm_80-89 build)
+                     planned as for an A100 (163 KiB per block) on the GPU at hand
     flashmla         DeepSeek's FlashMLA (sm_90a, bf16, page 64), built on the GPU machine from
                      the folder FLASHMLA_DIR names (a copy of the benchmark-only build the GPU
                      machine provides; nothing of it is in this repo); its first call plans,
@@ -171,9 +173,31 @@ def _torch():
     return prepare
 
 
+def _numba_flash_mma():
+    """nf-tc's mma.sync build (the sm_80-89 kernel) on whatever GPU runs the benchmark, planned
+    as for an A100's 163 KiB blocks with this GPU's SM count."""
+    from numba_flash.runtime import device
+
+    prepare = _numba_flash("tc")
+
+    def planned(*args):
+        a100 = device.Device(cc=(8, 0), sms=device.current().sms, shared_per_block=166912)
+        with device.plan_for(a100):
+            run = prepare(*args)
+
+        def call():
+            with device.plan_for(a100):
+                return run()
+
+        return call
+
+    return planned
+
+
 # name -> () -> prepare; see providers_available
 PROVIDERS = {"nf-simt": lambda: _numba_flash("simt"), "nf-tc": lambda: _numba_flash("tc"),
-             "flashmla": _flashmla, "triton": _triton, "torch": _torch}
+             "nf-mma": _numba_flash_mma, "flashmla": _flashmla, "triton": _triton,
+             "torch": _torch}
 
 
 def providers_available():

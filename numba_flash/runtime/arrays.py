@@ -266,6 +266,15 @@ def _device_view(ptr, device, shape, strides, typestr):
     return view
 
 
+def torch_signature(x):
+    """What a call's checks and plans read of a torch tensor besides its data pointer (shape,
+    strides, dtype, device ordinal: -1 on the CPU), or None for any other array: a call whose
+    arrays' signatures were seen before may skip straight to its launch (api.py)."""
+    if _library(x) != "torch":
+        return None
+    return x.shape, x.stride(), x.dtype, x.get_device()
+
+
 def rows_16_byte_aligned(*tensors):
     """Whether kernels may copy every tensor in 16-byte chunks of its rows (``cp.async``): the
     data pointer, the row length and every stride but the last (1) are multiples of 16 bytes."""

@@ -120,12 +120,44 @@ def launch(kernel, grid, threads, stream, shared_bytes, *args):
         return
     block = kernel.parameters
     values, device = block.values(args)
-    function = kernel.function(device)
+    _launch_values(kernel, kernel.function(device), grid, threads, int(stream.handle),
+                   shared_bytes, values, ())
+
+
+class PreparedLaunch:
+    """A launch of ``kernel`` with everything fixed but the arrays' data pointers: grid, block,
+    shared bytes, every shape, stride and number. A call whose signature (shapes, strides,
+    dtypes, device, options) was seen before repeats one of these with its new pointers, in the
+    order of the kernel's array arguments, and a stream handle (an int)."""
+
+    def __init__(self, kernel, grid, threads, shared_bytes, *args):
+        block = kernel.parameters
+        self.values, device = block.values(args)
+        self.kernel, self.function = kernel, kernel.function(device)
+        self.grid, self.threads, self.shared_bytes = grid, threads, shared_bytes
+        self.slots, at = [], 0  # where each array's data pointer sits among the values
+        for kind in block.kinds:
+            if kind is not None:
+                self.slots.append(at + 4)  # meminfo, parent, nitems, itemsize, data, ...
+            at += 1 if kind is None else 5 + 2 * kind[0]
+
+    def __call__(self, stream_handle, *pointers):
+        _launch_values(self.kernel, self.function, self.grid, self.threads, stream_handle,
+                       self.shared_bytes, self.values, zip(self.slots, pointers))
+
+
+def _launch_values(kernel, function, grid, threads, stream_handle, shared_bytes, values,
+                   pointers):
+    """Pack ``values`` (with ``pointers``: (slot, address) pairs written in first) into the
+    kernel's parameter block and launch."""
+    block = kernel.parameters
     gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
     with block.lock:
+        for slot, ptr in pointers:
+            values[slot] = ptr
         block.format.pack_into(block.buffer, 0, *values)
         result = _cu_launch_kernel()(function, gx, gy, gz, threads, 1, 1, shared_bytes,
-                                     int(stream.handle), block.address, None)
+                                     stream_handle, block.address, None)
     if result:
         raise CudaAPIError(result, f"cuLaunchKernel of {kernel.library.name!r} failed "
                                    f"(CUresult {result})")
