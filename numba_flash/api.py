@@ -28,6 +28,7 @@ from .kernels.tc import forward_wgmma as tc_forward_wgmma
 from .kernels.tc import mla_decode_mma as tc_mla_decode_mma
 from .kernels.tc import mla_decode_wgmma as tc_mla_decode_wgmma
 from .runtime import arrays, device
+from .runtime.launcher import PreparedLaunch
 from .runtime.arrays import FLOAT_FORMATS
 from .runtime.device import SIMULATOR
 
@@ -284,8 +285,6 @@ def _forward_key(q, k, v, causal, softmax_scale, backend, out, stream):
 
 def _remember_forward(key, spec, config, problem, dev):
     """Keep the plan of a forward that just ran for later calls of its signature."""
-    from .runtime.launcher import PreparedLaunch
-
     if len(_forward_plans) >= MAX_FORWARD_PLANS:
         _forward_plans.clear()
     kernel, tiles = spec.compiled(config, dev)
