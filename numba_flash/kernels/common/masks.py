@@ -3,10 +3,11 @@
 The mask is aligned bottom-right (FlashAttention's convention): with ``diag = Sk - Sq``, query
 row r sees keys j <= r + diag, so the last query row sees every key and, for Sq > Sk, the first
 Sq - Sk rows see none (their lse is +inf). A query tile m0 .. m0 + BLOCK_M - 1 therefore needs
-no key past ``m0 + BLOCK_M + diag`` (``make_kv_end``: the kernels stop their key loop there),
-and a key tile n0 .. n0 + BLOCK_N - 1 needs masking only where it crosses the ragged end of the
-keys or the diagonal of the tile's first row (``make_needs_mask``); every other tile is computed
-unmasked.
+no key past ``m0 + BLOCK_M + diag`` (``make_kv_end``: the kernels stop their key loop there);
+keys from n0 on are seen by no query tile before the one holding row ``n0 - diag``
+(``make_q_begin``: the backward's dK/dV kernels start their query loop there); and a key tile
+n0 .. n0 + BLOCK_N - 1 needs masking only where it crosses the ragged end of the keys or the
+diagonal of the tile's first row (``make_needs_mask``); every other tile is computed unmasked.
 """
 
 from numba import cuda
@@ -25,6 +26,22 @@ def make_kv_end(BLOCK_M, CAUSAL):
         return end
 
     return kv_end
+
+
+def make_q_begin(BLOCK_M, CAUSAL):
+    """Device function ``q_begin(n0, diag)``: the first query tile (a multiple of BLOCK_M) with
+    a row that may see key ``n0``: 0, or (causal, query r sees keys j <= r + diag) the tile of
+    row ``n0 - diag``, the first to reach it. Query tiles before it see none of the keys ``n0``
+    on and are skipped."""
+
+    @cuda.jit(device=True, inline="always")
+    def q_begin(n0, diag):
+        m_begin = 0
+        if CAUSAL:
+            m_begin = max(0, n0 - diag) // BLOCK_M * BLOCK_M
+        return m_begin
+
+    return q_begin
 
 
 def make_needs_mask(BLOCK_N, CAUSAL):

@@ -71,7 +71,7 @@ from ...runtime.spec import Tiles
 from ..attention import DkdvSpec, DqSpec, PreprocessSpec
 from ..common import constants, formats
 from ..common.grid import folded_row
-from ..common.masks import make_kv_end
+from ..common.masks import make_kv_end, make_q_begin
 from ..instructions import sync
 from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, place,
                     row_pad)
@@ -181,6 +181,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     load_kv = make_tile_loader(BLOCK_N, HEAD_DIM, STRIDE, 1, FMT)
     load_q = make_tile_loader(BLOCK_M, HEAD_DIM, STRIDE, 1, FMT)
     score_products = _make_score_products(TN, TM, HEAD_DIM, STRIDE)
+    q_begin = make_q_begin(BLOCK_M, CAUSAL)
     store = formats.storer(FMT)
     LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
@@ -212,9 +213,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
-        m_begin = 0
-        if CAUSAL:
-            m_begin = max(0, n0 - diag) // BLOCK_M * BLOCK_M
+        m_begin = q_begin(n0, diag)
         ragged = n0 + BLOCK_N > seqlen_k
         for h in range(hk * group, hk * group + group):
             for m0 in range(m_begin, seqlen_q, BLOCK_M):

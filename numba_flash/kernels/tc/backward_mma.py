@@ -50,10 +50,10 @@ from numba import cuda, float32, uint16, uint32
 
 from ...runtime.spec import Tiles
 from ..attention import DkdvSpec, DqSpec
-from ..common import constants
+from ..common import backward
 from ..common.copies import make_tile_copy
 from ..common.epilogue import make_fragment_store
-from ..common.masks import make_kv_end, make_needs_mask
+from ..common.masks import make_kv_end, make_q_begin
 from ..instructions import convert, memory
 from ..instructions import mma as mma_sync
 
@@ -146,8 +146,9 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     scores, accumulate = _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS)
     copy_slot, copy_rows = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
     store_row = make_fragment_store(HEAD_DIM, DT, FMT)
-    exp2 = convert.exp2_approx
-    LOG2E, POS_INF = constants.LOG2E, constants.POS_INF
+    q_begin = make_q_begin(BLOCK_M, CAUSAL)
+    stage_rows = backward.make_dkdv_rows(BLOCK_M, THREADS)
+    scores_to_ds = backward.make_dkdv_scores_to_ds(NT, BLOCK_M, BLOCK_N, CAUSAL)
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dkdv_tc(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
@@ -169,9 +170,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
-        m_begin = 0
-        if CAUSAL:
-            m_begin = max(0, n0 - diag) // BLOCK_M * BLOCK_M
+        m_begin = q_begin(n0, diag)
         q_tiles = (seqlen_q - m_begin + BLOCK_M - 1) // BLOCK_M if seqlen_q > m_begin else 0
         steps = group * q_tiles  # (query head, query tile) pairs, in order
 
@@ -202,13 +201,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
             buf = (step & 1) * TILE
             rows = ROWS_OFF + (step & 1) * 2 * BLOCK_M
             # lse_i log2 e and D_i of this tile (+inf, 0 past the queries: P = 0 there).
-            for r in range(tid, BLOCK_M, THREADS):
-                lse_r, D_r = POS_INF, ZERO
-                if m0 + r < seqlen_q:
-                    lse_r = lse[b, h, m0 + r] * LOG2E
-                    D_r = delta[b, h, m0 + r]
-                words[rows + r] = lse_r
-                words[rows + BLOCK_M + r] = D_r
+            stage_rows(words, rows, lse, delta, b, h, m0, seqlen_q, tid)
             memory.cp_async_wait(0)  # tile i (and K, V) landed ...
             cuda.syncthreads()       # ... for every thread; every warp is done with tile i - 1
             if step + 1 < steps:     # so its buffers take tile i + 1 while tile i is computed
@@ -225,15 +218,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
             # P^T = exp2(S^T scale_log2 - lse_i log2 e), masked above the causal diagonal;
             # dS^T = P^T (dP^T - D_i). Element (nt, e): key key_g + 8 (e >> 1), query
             # m0 + t2 + 8 nt + (e & 1).
-            masked = CAUSAL and m0 + diag < n0 + BLOCK_N - 1
-            for nt in range(NT):
-                for e in range(4):
-                    col = t2 + 8 * nt + (e & 1)
-                    p = exp2(S[nt, e] * scale_log2 - words[rows + col])
-                    if masked and m0 + col + diag < key_g + 8 * (e >> 1):
-                        p = ZERO
-                    S[nt, e] = p
-                    dP[nt, e] = p * (dP[nt, e] - words[rows + BLOCK_M + col])
+            scores_to_ds(S, dP, words, rows, m0, n0, key_g, t2, diag, scale_log2)
 
             # dV_j += P^T dO_i and dK_j += dS^T Q_i, queries as the reduction.
             accumulate(dV, S, DO_OFF + buf + a_row * STRIDE + a_col + col0, smem, scratch, tid)
@@ -265,9 +250,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     copy_slot, copy_rows = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
     store_row = make_fragment_store(HEAD_DIM, DT, FMT)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
-    needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
-    exp2 = convert.exp2_approx
-    LOG2E, POS_INF = constants.LOG2E, constants.POS_INF
+    load_rows = backward.make_dq_rows()
+    scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL)
     ZERO = float32(0.0)
 
     def flash_bwd_dq_tc(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
@@ -305,14 +289,9 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
             for e in range(4):
                 dQ[dt, e] = ZERO
         row_g = m0 + 16 * warp + g  # this thread's fragment rows: row_g and row_g + 8
-        lse_r = cuda.local.array(2, float32)
+        lse_r = cuda.local.array(2, float32)  # lse_i log2 e and D_i of the two rows
         D_r = cuda.local.array(2, float32)
-        for half in range(2):
-            lse_r[half] = POS_INF  # past the queries: P = 0
-            D_r[half] = ZERO
-            if row_g + 8 * half < seqlen_q:
-                lse_r[half] = lse[b, h, row_g + 8 * half] * LOG2E
-                D_r[half] = delta[b, h, row_g + 8 * half]
+        load_rows(lse_r, D_r, lse, delta, b, h, row_g, seqlen_q)
         q_lane = Q_OFF + (16 * warp + a_row) * STRIDE + a_col
         do_lane = DO_OFF + (16 * warp + a_row) * STRIDE + a_col
 
@@ -335,16 +314,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
             # P = exp2(S scale_log2 - lse_i log2 e), masked past the keys and the diagonal;
             # dS = P (dP - D_i). Element (nt, e): row row_g + 8 (e >> 1), key n0 + t2 + 8 nt
             # + (e & 1).
-            masked = needs_mask(n0, m0, diag, seqlen_k)
-            for nt in range(NT):
-                for e in range(4):
-                    half = e >> 1
-                    key = n0 + t2 + 8 * nt + (e & 1)
-                    p = exp2(S[nt, e] * scale_log2 - lse_r[half])
-                    if masked and (key >= seqlen_k
-                                   or (CAUSAL and key > row_g + 8 * half + diag)):
-                        p = ZERO
-                    dP[nt, e] = p * (dP[nt, e] - D_r[half])
+            scores_to_ds(S, dP, lse_r, D_r, n0, m0, row_g, t2, seqlen_k, diag, scale_log2)
 
             # dQ_i += dS K_j, keys as the reduction.
             accumulate(dQ, dP, K_OFF + buf + a_row * STRIDE + a_col, smem, scratch, tid)

@@ -52,11 +52,11 @@ from numba import cuda, float32, int32, uint16, uint32, uint64
 
 from ...runtime.spec import Tiles
 from ..attention import DkdvSpec, DqSpec
-from ..common import constants
+from ..common import backward
 from ..common.copies import make_swizzled_copy
 from ..common.epilogue import make_fragment_store
 from ..common.grid import folded_row
-from ..common.masks import make_kv_end, make_needs_mask
+from ..common.masks import make_kv_end, make_q_begin
 from ..instructions import convert, memory, sync, wgmma
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -108,8 +108,9 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     pack_a = make_pack_a(FMT)
     copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
     store_row = make_fragment_store(HEAD_DIM, DT, FMT)
-    exp2 = convert.exp2_approx
-    LOG2E, POS_INF = constants.LOG2E, constants.POS_INF
+    q_begin = make_q_begin(BLOCK_M, CAUSAL)
+    stage_rows = backward.make_dkdv_rows(BLOCK_M, THREADS)
+    scores_to_ds = backward.make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL)
     ZERO, ONE = float32(0.0), float32(1.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     QT_LBO = BLOCK_M * wgmma.SWIZZLE_BYTES   # Q, dO as MN-major B: 64-column blocks apart
@@ -137,9 +138,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
-        m_begin = 0
-        if CAUSAL:
-            m_begin = max(0, n0 - diag) // BLOCK_M * BLOCK_M
+        m_begin = q_begin(n0, diag)
         q_tiles = (seqlen_q - m_begin + BLOCK_M - 1) // BLOCK_M if seqlen_q > m_begin else 0
         steps = group * q_tiles  # (query head, query tile) pairs, in order
 
@@ -175,13 +174,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             m0 = m_begin + (step - head_step * q_tiles) * BLOCK_M
             rows = rows0 + (step & 1) * 2 * BLOCK_M
             # lse_i log2 e and D_i of this tile (+inf, 0 past the queries: P = 0 there).
-            for r in range(tid, BLOCK_M, THREADS):
-                lse_r, D_r = POS_INF, ZERO
-                if m0 + r < seqlen_q:
-                    lse_r = lse[b, h, m0 + r] * LOG2E
-                    D_r = delta[b, h, m0 + r]
-                words[rows + r] = lse_r
-                words[rows + BLOCK_M + r] = D_r
+            stage_rows(words, rows, lse, delta, b, h, m0, seqlen_q, tid)
             memory.cp_async_wait(0)  # tile i (and K, V) landed ...
             sync.proxy_fence()       # ... is visible to wgmma reads ...
             cuda.syncthreads()       # ... for every thread; every warpgroup is done with i - 1
@@ -211,15 +204,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             # P^T = exp2(S^T scale_log2 - lse_i log2 e), masked above the causal diagonal;
             # dS^T = P^T (dP^T - D_i). Element (mt, e): key key_g + 8 (e >> 1), query
             # m0 + t2 + 8 mt + (e & 1).
-            masked = CAUSAL and m0 + diag < n0 + BLOCK_N - 1
-            for mt in range(MT):
-                for e in range(4):
-                    col = t2 + 8 * mt + (e & 1)
-                    p = exp2(S[mt, e] * scale_log2 - words[rows + col])
-                    if masked and m0 + col + diag < key_g + 8 * (e >> 1):
-                        p = ZERO
-                    S[mt, e] = p
-                    dP[mt, e] = p * (dP[mt, e] - words[rows + BLOCK_M + col])
+            scores_to_ds(S, dP, words, rows, m0, n0, key_g, t2, diag, scale_log2)
 
             # dV_j += P^T dO_i and dK_j += dS^T Q_i, 16 queries per wgmma.
             wgmma.fence()
@@ -262,9 +247,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
     store_row = make_fragment_store(HEAD_DIM, DT, FMT)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
-    needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
-    exp2 = convert.exp2_approx
-    LOG2E, POS_INF = constants.LOG2E, constants.POS_INF
+    load_rows = backward.make_dq_rows()
+    scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL)
     ZERO = float32(0.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     K_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES    # K as MN-major B: 64-column blocks apart
@@ -315,14 +299,9 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             for e in range(4):
                 dQ[dt, e] = ZERO
         row_g = m0 + 16 * warp + g  # this thread's fragment rows: row_g and row_g + 8
-        lse_r = cuda.local.array(2, float32)
+        lse_r = cuda.local.array(2, float32)  # lse_i log2 e and D_i of the two rows
         D_r = cuda.local.array(2, float32)
-        for half in range(2):
-            lse_r[half] = POS_INF  # past the queries: P = 0
-            D_r[half] = ZERO
-            if row_g + 8 * half < seqlen_q:
-                lse_r[half] = lse[b, h, row_g + 8 * half] * LOG2E
-                D_r[half] = delta[b, h, row_g + 8 * half]
+        load_rows(lse_r, D_r, lse, delta, b, h, row_g, seqlen_q)
 
         for j in range(n_tiles):
             n0 = j * BLOCK_N
@@ -354,16 +333,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             # P = exp2(S scale_log2 - lse_i log2 e), masked past the keys and the diagonal;
             # dS = P (dP - D_i). Element (nt, e): row row_g + 8 (e >> 1), key n0 + t2 + 8 nt
             # + (e & 1).
-            masked = needs_mask(n0, m0, diag, seqlen_k)
-            for nt in range(NT):
-                for e in range(4):
-                    half = e >> 1
-                    key = n0 + t2 + 8 * nt + (e & 1)
-                    p = exp2(S[nt, e] * scale_log2 - lse_r[half])
-                    if masked and (key >= seqlen_k
-                                   or (CAUSAL and key > row_g + 8 * half + diag)):
-                        p = ZERO
-                    dP[nt, e] = p * (dP[nt, e] - D_r[half])
+            scores_to_ds(S, dP, lse_r, D_r, n0, m0, row_g, t2, seqlen_k, diag, scale_log2)
 
             # dQ_i += dS K_j, 16 keys per wgmma.
             wgmma.fence()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numba_flash.kernels.common.masks import make_kv_end, make_needs_mask
+from numba_flash.kernels.common.masks import make_kv_end, make_needs_mask, make_q_begin
 
 BLOCK_M, BLOCK_N = 16, 8
 
@@ -59,3 +59,24 @@ def test_kv_end_is_one_past_the_last_key_the_tile_sees(causal, seqlen_q, seqlen_
         seen = [j for r in range(m0, m0 + BLOCK_M) for j in range(seqlen_k)
                 if not causal or j <= r + diag]
         assert max(ends[t], 0) == (max(seen) + 1 if seen else 0), m0  # <= 0: no key tile
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(40, 40), (17, 45), (45, 17), (30, 1)])
+def test_q_begin_is_the_tile_of_the_first_row_that_sees_the_keys(causal, seqlen_q, seqlen_k):
+    q_begin = make_q_begin(BLOCK_M, causal)
+
+    @cuda.jit
+    def probe(seqlen_q, seqlen_k, begins):
+        j = cuda.threadIdx.x
+        begins[j] = q_begin(j * BLOCK_N, seqlen_k - seqlen_q)
+
+    k_tiles = -(-seqlen_k // BLOCK_N)
+    begins = np.full(k_tiles, -1, np.int64)
+    probe[1, k_tiles](seqlen_q, seqlen_k, begins)
+    rows, cols = np.arange(seqlen_q)[:, None], np.arange(seqlen_k)[None, :]
+    visible = (cols <= rows + seqlen_k - seqlen_q) if causal else np.ones_like(rows & cols, bool)
+    for j in range(k_tiles):
+        first = np.flatnonzero(visible[:, j * BLOCK_N:].any(axis=1))[0]  # the last row sees all
+        # no row before q_begin sees a key of the tile (or later), and its tile holds the first
+        assert begins[j] % BLOCK_M == 0 and begins[j] <= first < begins[j] + BLOCK_M, j

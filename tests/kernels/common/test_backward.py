@@ -1,0 +1,145 @@
+"""kernels/common/backward.py against P = exp2(S scale_log2 - lse log2 e), dS = P (dP - D_i)
+written out in NumPy on whole tiles: one warp's C fragments (row ``g`` and ``g + 8``, columns
+``t2, t2 + 1`` of each 8-column tile) are scattered back to matrices, so a wrong fragment
+mapping, a missed mask or a query past the end with P != 0 shows up as a wrong element."""
+
+import numpy as np
+import pytest
+from numba import cuda, float32
+
+from numba_flash.kernels.common import backward, constants
+
+NT = 4  # 8-column tiles per fragment row: 32 columns, one warp's 16 rows
+COLS = 8 * NT
+SCALE_LOG2 = 0.37
+
+
+def fragments_of(M):
+    """(32, NT, 4) fragments of a 16 x COLS matrix: lane, 8-column tile, element."""
+    F = np.empty((32, NT, 4), M.dtype)
+    for lane in range(32):
+        g, t2 = lane >> 2, (lane & 3) * 2
+        for nt in range(NT):
+            for e in range(4):
+                F[lane, nt, e] = M[g + 8 * (e >> 1), t2 + 8 * nt + (e & 1)]
+    return F
+
+
+def matrix_of(F):
+    M = np.empty((16, COLS), F.dtype)
+    for lane in range(32):
+        g, t2 = lane >> 2, (lane & 3) * 2
+        for nt in range(NT):
+            for e in range(4):
+                M[g + 8 * (e >> 1), t2 + 8 * nt + (e & 1)] = F[lane, nt, e]
+    return M
+
+
+def make_dq_probe(causal):
+    load_rows = backward.make_dq_rows()
+    scores_to_ds = backward.make_dq_scores_to_ds(NT, COLS, causal)
+
+    @cuda.jit
+    def probe(S_in, dP_in, lse, delta, m0, n0, seqlen_q, seqlen_k, dS_out):
+        lane = cuda.threadIdx.x
+        g, t2 = lane >> 2, (lane & 3) * 2
+        S = cuda.local.array((NT, 4), float32)
+        dP = cuda.local.array((NT, 4), float32)
+        for nt in range(NT):
+            for e in range(4):
+                S[nt, e] = S_in[lane, nt, e]
+                dP[nt, e] = dP_in[lane, nt, e]
+        lse_r = cuda.local.array(2, float32)
+        D_r = cuda.local.array(2, float32)
+        row_g = m0 + g
+        load_rows(lse_r, D_r, lse, delta, 0, 0, row_g, seqlen_q)
+        scores_to_ds(S, dP, lse_r, D_r, n0, m0, row_g, t2, seqlen_k, seqlen_k - seqlen_q,
+                     float32(SCALE_LOG2))
+        for nt in range(NT):
+            for e in range(4):
+                dS_out[lane, nt, e] = dP[nt, e]
+
+    return probe
+
+
+def make_dkdv_probe(causal):
+    stage_rows = backward.make_dkdv_rows(COLS, 32)
+    scores_to_ds = backward.make_dkdv_scores_to_ds(NT, COLS, 16, causal)
+
+    @cuda.jit
+    def probe(S_in, dP_in, lse, delta, m0, n0, seqlen_q, seqlen_k, P_out, dS_out):
+        lane = cuda.threadIdx.x
+        g, t2 = lane >> 2, (lane & 3) * 2
+        words = cuda.shared.array(2 * COLS, float32)
+        S = cuda.local.array((NT, 4), float32)
+        dP = cuda.local.array((NT, 4), float32)
+        for nt in range(NT):
+            for e in range(4):
+                S[nt, e] = S_in[lane, nt, e]
+                dP[nt, e] = dP_in[lane, nt, e]
+        stage_rows(words, 0, lse, delta, 0, 0, m0, seqlen_q, lane)
+        cuda.syncthreads()
+        scores_to_ds(S, dP, words, 0, m0, n0, n0 + g, t2, seqlen_k - seqlen_q,
+                     float32(SCALE_LOG2))
+        for nt in range(NT):
+            for e in range(4):
+                P_out[lane, nt, e] = S[nt, e]
+                dS_out[lane, nt, e] = dP[nt, e]
+
+    return probe
+
+
+def inputs(rng, seqlen_q, rows, cols):
+    S = rng.standard_normal((rows, cols)).astype(np.float32) * 4
+    dP = rng.standard_normal((rows, cols)).astype(np.float32)
+    lse = np.zeros((1, 1, seqlen_q), np.float32)
+    lse[0, 0] = rng.standard_normal(seqlen_q) + 2
+    delta = np.zeros((1, 1, seqlen_q), np.float32)
+    delta[0, 0] = rng.standard_normal(seqlen_q)
+    return S, dP, lse, delta
+
+
+def expected(S, dP, lse_q, D_q, queries, keys, seqlen_q, seqlen_k, causal):
+    """P and dS of S, dP laid out [query][key] for the given query and key indices."""
+    q, k = queries[:, None], keys[None, :]
+    inside = q < seqlen_q
+    lse2 = np.where(inside, lse_q[np.minimum(q, seqlen_q - 1)] * np.float32(constants.LOG2E),
+                    np.inf).astype(np.float32)
+    D = np.where(inside, D_q[np.minimum(q, seqlen_q - 1)], 0).astype(np.float32)
+    P = np.exp2(S * np.float32(SCALE_LOG2) - lse2).astype(np.float32)
+    visible = (k <= q + seqlen_k - seqlen_q) if causal else np.ones_like(inside)
+    return P, visible, D
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q, seqlen_k, m0, n0",
+                         [(40, 40, 16, 0), (40, 40, 16, 16), (30, 50, 16, 32), (20, 12, 16, 0),
+                          (40, 40, 0, 32)])
+def test_dq_step_is_p_times_dp_minus_d_with_masks(rng, causal, seqlen_q, seqlen_k, m0, n0):
+    S, dP, lse, delta = inputs(rng, seqlen_q, 16, COLS)
+    dS = np.full((32, NT, 4), np.nan, np.float32)
+    make_dq_probe(causal)[1, 32](fragments_of(S), fragments_of(dP), lse, delta, m0, n0,
+                                 seqlen_q, seqlen_k, dS)
+    queries, keys = np.arange(m0, m0 + 16), np.arange(n0, n0 + COLS)
+    P, visible, D = expected(S, dP, lse[0, 0], delta[0, 0], queries, keys, seqlen_q, seqlen_k,
+                             causal)
+    P = np.where(visible & (keys[None, :] < seqlen_k), P, 0)
+    np.testing.assert_allclose(matrix_of(dS), P * (dP - D), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q, seqlen_k, m0, n0",
+                         [(40, 40, 0, 16), (40, 40, 16, 16), (50, 30, 32, 0), (20, 44, 0, 16),
+                          (40, 40, 32, 0)])
+def test_dkdv_step_is_the_transposed_step(rng, causal, seqlen_q, seqlen_k, m0, n0):
+    S_t, dP_t, lse, delta = inputs(rng, seqlen_q, 16, COLS)  # keys x queries
+    P_out = np.full((32, NT, 4), np.nan, np.float32)
+    dS_out = np.full((32, NT, 4), np.nan, np.float32)
+    make_dkdv_probe(causal)[1, 32](fragments_of(S_t), fragments_of(dP_t), lse, delta, m0, n0,
+                                   seqlen_q, seqlen_k, P_out, dS_out)
+    queries, keys = np.arange(m0, m0 + COLS), np.arange(n0, n0 + 16)
+    P, visible, D = expected(S_t.T, dP_t.T, lse[0, 0], delta[0, 0], queries, keys, seqlen_q,
+                             seqlen_k, causal)
+    P = np.where(visible, P, 0)  # no ragged-key mask here: those rows are never stored
+    np.testing.assert_allclose(matrix_of(P_out), P.T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(matrix_of(dS_out), (P * (dP_t.T - D)).T, rtol=1e-5, atol=1e-6)
