@@ -2,12 +2,14 @@
 the workload that `bench/gpu_run.sh sanitize` runs under compute-sanitizer (memcheck, racecheck,
 synccheck, initcheck), so that one process touches every launch path.
 
-    python bench/every_kernel.py          # exit status 0 when every result is right
-    python bench/every_kernel.py --quick  # float16, causal and the s_q = 2 decode only
+    python bench/every_kernel.py                # exit status 0 when every result is right
+    python bench/every_kernel.py --quick        # float16, causal and the s_q = 2 decode only
+    python bench/every_kernel.py --family mma   # the tc calls planned as for an A100
 
-Covers the naive baseline, the simt and tc forwards (on a Hopper the tc forward is the wgmma
-kernel, elsewhere mma.sync) and backwards, the MLA planner on the device, both MLA decodes
-(the tc one wgmma on a Hopper, mma.sync elsewhere) with split pieces and the combine. Shapes are off every
+Covers the naive baseline, the simt forwards (the tiled one and the one-thread-per-row teaching
+kernel), the tc forward (on a Hopper the wgmma kernel, elsewhere mma.sync; ``--family mma`` plans
+the tc calls for an sm_80 part, so a Hopper runs the mma.sync kernels) and both backwards, the
+MLA planner on the device, both MLA decodes with split pieces and the combine. Shapes are off every
 tile multiple: Sq 37, Sk 53, GQA 4:2, head dim 40, a paged cache of 5-row pages. Under the
 simulator (no GPU) the same calls run on emulated instructions, on smaller shapes; the tests
 run it there.
@@ -41,13 +43,26 @@ def _error(got, want):
 
 
 def main(argv=None):
-    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    quick = "--quick" in argv
+    mma = "--family" in argv and argv[argv.index("--family") + 1] == "mma"
+    from contextlib import nullcontext
+
     import ml_dtypes
 
     import numba_flash as nf
     from numba_flash import reference
     from numba_flash import api
+    from numba_flash.kernels.simt import forward_rowwise
+    from numba_flash.runtime import device
     from numba_flash.runtime.device import SIMULATOR
+
+    def planned(backend):
+        """The tc calls under ``--family mma``: planned for an A100's blocks."""
+        if backend != "tc" or not mma:
+            return nullcontext()
+        return device.plan_for(device.Device(cc=(8, 0), sms=device.current().sms,
+                                             shared_per_block=166912))
 
     rng = np.random.default_rng(7)
     bf16 = ml_dtypes.bfloat16
@@ -68,17 +83,22 @@ def main(argv=None):
             want, _ = reference.attention_fwd_ref(q, k, v, causal)
             for backend in ("simt", "tc"):
                 tag = f"{backend} {fmt} causal={causal}"
-                out, lse = nf.flash_attn_fwd(_device(q), _device(k), _device(v), causal=causal,
-                                             backend=backend)
-                check(f"forward {tag}", out, want, 2e-2)
-                grads = nf.flash_attn_bwd(_device(dout), _device(q), _device(k), _device(v),
-                                          out, lse, causal=causal, backend=backend)
+                with planned(backend):
+                    out, lse = nf.flash_attn_fwd(_device(q), _device(k), _device(v),
+                                                 causal=causal, backend=backend)
+                    check(f"forward {tag}", out, want, 2e-2)
+                    grads = nf.flash_attn_bwd(_device(dout), _device(q), _device(k),
+                                              _device(v), out, lse, causal=causal,
+                                              backend=backend)
                 ref = reference.attention_bwd_ref(dout, q, k, v, causal)
                 for name, got, w in zip(("dq", "dk", "dv"), grads, ref):
                     check(f"backward {name} {tag}", got, w, 8e-2)
         if fmt == "float16":
             check("naive float16", api.naive_attention(_device(q), _device(k), _device(v))[0],
                   reference.attention_fwd_ref(q, k, v, False)[0], 2e-2)
+            check("forward rowwise float16",
+                  forward_rowwise.run(_device(q), _device(k), _device(v), causal=True)[0],
+                  reference.attention_fwd_ref(q, k, v, True)[0], 2e-2)
 
     # Paged MLA decode: lengths off the page and tile grid, a split request, 5-row pages.
     seqlens = np.array([140, 1, 0, 77] if SIMULATOR else [300, 1, 0, 77], np.int32)
@@ -95,9 +115,10 @@ def main(argv=None):
         want, _ = reference.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=s_q > 1)
         for backend in ("simt", "tc"):
             try:
-                out, _ = nf.flash_mla_with_kvcache(_device(q), _device(k_cache), _device(table),
-                                                   _device(seqlens), dv, *meta, causal=s_q > 1,
-                                                   backend=backend)
+                with planned(backend):
+                    out, _ = nf.flash_mla_with_kvcache(_device(q), _device(k_cache),
+                                                       _device(table), _device(seqlens), dv,
+                                                       *meta, causal=s_q > 1, backend=backend)
             except ValueError as exc:  # a device without the tc decode says so
                 print(f"decode {backend} s_q={s_q} h_q={h_q}: not run ({exc})")
                 continue

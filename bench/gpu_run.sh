@@ -11,7 +11,8 @@
 # Stages: tests (GPU test suite, PTX checks excluded: they need no GPU; TESTS=paths narrows it),
 # fwd / bwd (the attention grid of docs/design.md; FWD_ARGS adds bench_attention.py flags to fwd),
 # mla (decode grid; FLASHMLA_DIR adds FlashMLA, MLA_ARGS adds bench_mla.py flags), host (a decode call's host vs GPU time), io (HBM bytes under ncu),
-# sweep (tc tiles), sanitize (bench/every_kernel.py under compute-sanitizer's four tools),
+# sweep (tc tiles), sanitize (bench/every_kernel.py under compute-sanitizer's four tools, both tc
+# families),
 # profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
 declare -A pids
@@ -54,18 +55,25 @@ for stage in "$@"; do
           python3 bench/bench_attention.py --providers nf-tc --dtypes float16 --head-dims $d \
           --seqlens 4096 --causal 0 --no-plot --out-dir /tmp/profile_$d
       done ;;
-    sanitize)  # every kernel under each compute-sanitizer tool, the four tools side by side
-      # (each process compiles every kernel: CPU-bound); a tool's errors fail its line
+    sanitize)  # every kernel under each compute-sanitizer tool, the four tools side by side,
+      # for the device's own tc family and for mma.sync (planned as for an A100; each process
+      # compiles every kernel: CPU-bound); a tool's errors fail its line
       SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
       echo "=== sanitize (limit ${LIMIT_SANITIZE:-420}s, $(date +%T))" | tee -a "$L"
-      for tool in memcheck racecheck synccheck initcheck; do
-        timeout "${LIMIT_SANITIZE:-420}" "$SAN" --tool "$tool" --report-api-errors no \
-          --error-exitcode 1 python3 bench/every_kernel.py > "$OUT/sanitize-$tool.txt" 2>&1 &
-        pids[$tool]=$!
+      for family in default mma; do
+        for tool in memcheck racecheck synccheck initcheck; do
+          timeout "${LIMIT_SANITIZE:-420}" "$SAN" --tool "$tool" --report-api-errors no \
+            --error-exitcode 1 python3 bench/every_kernel.py --family "$family" \
+            > "$OUT/sanitize-$tool-$family.txt" 2>&1 &
+          pids[$tool-$family]=$!
+        done
       done
-      for tool in memcheck racecheck synccheck initcheck; do
-        wait "${pids[$tool]}"
-        echo "=== sanitize $tool: exit $? ($(tail -1 "$OUT/sanitize-$tool.txt"))" | tee -a "$L"
+      for family in default mma; do
+        for tool in memcheck racecheck synccheck initcheck; do
+          wait "${pids[$tool-$family]}"
+          echo "=== sanitize $tool ($family): exit $? ($(tail -1 "$OUT/sanitize-$tool-$family.txt"))" \
+            | tee -a "$L"
+        done
       done ;;
     profile-mla)  # MLA_PROVIDER (nf-simt, nf-tc) at h_q = MLA_HEADS; launches 7+ are timed ones
       run "profile decode" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \

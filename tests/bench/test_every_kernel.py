@@ -2,10 +2,14 @@
 reference, here in its quick form (under the simulator when there is no GPU)."""
 
 
-def test_every_kernel_runs_and_agrees(bench_module, capsys):
+import pytest
+
+
+@pytest.mark.parametrize("family", [[], ["--family", "mma"]], ids=["default", "mma"])
+def test_every_kernel_runs_and_agrees(bench_module, capsys, family):
     every = bench_module("every_kernel")
-    assert every.main(["--quick"]) == 0
+    assert every.main(["--quick", *family]) == 0
     printed = capsys.readouterr().out
-    for kernel in ("forward simt", "forward tc", "backward dq tc", "naive", "decode simt",
-                   "decode tc"):
+    for kernel in ("forward simt", "forward rowwise", "forward tc", "backward dq tc", "naive",
+                   "decode simt", "decode tc"):
         assert kernel in printed, kernel
