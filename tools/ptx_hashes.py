@@ -97,6 +97,12 @@ def specializations():
             "tc.mla_decode_wgmma", [q_rows, 576, 512, causal, fmt, True])
     add("tc wgmma mla d=48 dv=23 causal=True bfloat16", (SM90A,), "tc.mla_decode_wgmma",
         [8, 48, 23, True, "bfloat16", True])
+    for entry in ((32, 32, 4, 0), (16, 32, 4, 0)):  # the mma.sync decode's table
+        for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
+            add(f"tc mma mla q_rows={q_rows} causal={causal} {fmt} tiles={entry}", (SM80,),
+                "tc.mla_decode_mma", [q_rows, 576, 512, causal, fmt, True], entry)
+        add(f"tc mma mla d=48 dv=23 causal=True bfloat16 tiles={entry}", (SM80,),
+            "tc.mla_decode_mma", [8, 48, 23, True, "bfloat16", True], entry)
 
     mma = [(64, (128, 64, 4, 0)), (128, (128, 64, 4, 0)), (128, (128, 32, 4, 0)),
            (256, (64, 32, 4, 0)), (16, (32, 16, 2, 0))]
