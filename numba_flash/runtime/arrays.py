@@ -340,7 +340,7 @@ def _foreign_empty(like, shape, dtype, name):
                         f"{type(like.obj).__name__}'s library through DLPack; pass a buffer of "
                         f"your own as out= (or torch or CuPy arrays)")
     if SIMULATOR:
-        storage = np.empty(shape, dtype=dtype)
+        storage = _host_empty_aligned(shape, dtype)
         t = _adapt_numpy_like(storage, name, "foreign", obj=storage, view_of=storage)
         exporter = StridedMemoryView.from_dlpack(storage, stream_ptr=-1)
     else:
@@ -357,6 +357,18 @@ def _foreign_empty(like, shape, dtype, name):
         raise RuntimeError(f"{name}: {consumer.__module__}.from_dlpack copied the result "
                            f"instead of sharing its memory")
     return replace(t, obj=result)
+
+
+HOST_ALIGN = 64  # bytes: XLA's CPU client copies a DLPack buffer that is less aligned than this
+
+
+def _host_empty_aligned(shape, dtype):
+    """A C-contiguous host array on a HOST_ALIGN-byte boundary, so that a CPU library's
+    ``from_dlpack`` (JAX's) shares it rather than copying it before the kernel writes."""
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + HOST_ALIGN, np.uint8)
+    start = -raw.ctypes.data % HOST_ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 # The module whose from_dlpack takes arrays back into a library, where it is not the top-level

@@ -144,6 +144,30 @@ def test_results_go_to_the_from_dlpack_of_the_callers_library(rng, monkeypatch):
     assert_lse(to_host(lse.array), want_lse)
 
 
+def test_jax_arrays_in_give_jax_arrays_out(rng):
+    """Real JAX arrays (on the CPU under the simulator, on the GPU elsewhere) through DLPack:
+    the forward and the backward read them zero-copy and hand JAX arrays back."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    host = [randn(rng, (1, 6, 2, 16), "float16") for _ in range(4)]
+    q, k, v, dout = (jax.device_put(x, jax.devices("cpu" if SIMULATOR else "gpu")[0])
+                     for x in host)
+    out, lse = nf.flash_attn_fwd(q, k, v, causal=True)
+    assert isinstance(out, jax.Array) and isinstance(lse, jax.Array)
+    want, want_lse = ref.attention_fwd_ref(*host[:3], causal=True)
+    assert_close_rule(np.asarray(out), want, ref.attention_lowp(*host[:3], causal=True),
+                      "float16")
+    assert_lse(np.asarray(lse), want_lse)
+    jax.block_until_ready((out, lse))
+    grads = nf.flash_attn_bwd(dout, q, k, v, out, lse, causal=True)
+    if not SIMULATOR:
+        cuda.synchronize()  # other libraries' arrays are not ordered against JAX's streams
+    for got, w in zip(grads, ref.attention_bwd_ref(host[3], *host[:3], causal=True)):
+        assert isinstance(got, jax.Array)
+        np.testing.assert_allclose(np.asarray(got, np.float64), w, atol=3e-2)
+    assert jnp.isfinite(grads[0]).all()
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="the simulator's refusal")
 def test_an_interface_producer_under_the_simulator_is_a_type_error():
     with pytest.raises(TypeError, match="^q: under the simulator"):
