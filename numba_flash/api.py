@@ -228,7 +228,8 @@ def _decode_spec(backend, config, q, k_cache, dev):
     else:
         backend = "simt"
     if backend == "tc":
-        return tc.SPEC, tc.SPEC.Config(*config, True)
+        tma = tc is tc_mla_decode_wgmma and k_cache.shape[1] % tc.BLOCK_N == 0
+        return tc.SPEC, tc.SPEC.Config(*config, True, tma)
     return simt_mla_decode.SPEC, simt_mla_decode.SPEC.Config(*config, cache_aligned)
 
 

@@ -143,6 +143,7 @@ class DecodeConfig(NamedTuple):
     causal: bool      # and s_q > 1
     fmt: str
     vec: bool         # q and the cache may be copied in 16-byte chunks (rows_16_byte_aligned)
+    tma: bool = False  # cache tiles by TMA boxes (wgmma; page size a multiple of 64)
 
 
 class DecodeSpec(KernelSpec):

@@ -14,14 +14,15 @@ the same either way::
     memory      cp.async (16-byte, zfill), commit/wait groups, shared and global addresses,
                 16-byte global stores, SHARED_ALIGN
     sync        shfl_xor, its scratch size, fence.proxy.async
+    tma         TMA box copies (cp.async.bulk.tensor) and the mbarriers they complete
     convert     16-bit <-> float32, pack/unpack of f16x2/bf16x2, exp2_approx, div_u32
 """
 
 from ..runtime.device import SIMULATOR
 
 if SIMULATOR:
-    from .emulation import convert, memory, mma, sync, wgmma
+    from .emulation import convert, memory, mma, sync, tma, wgmma
 else:
-    from .ptx import convert, memory, mma, sync, wgmma
+    from .ptx import convert, memory, mma, sync, tma, wgmma
 
-__all__ = ["convert", "memory", "mma", "sync", "wgmma"]
+__all__ = ["convert", "memory", "mma", "sync", "tma", "wgmma"]

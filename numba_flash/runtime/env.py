@@ -8,15 +8,27 @@ import ctypes
 import os
 
 
+_libcuda = []  # the driver library, once loaded
+
+
+def libcuda():
+    """The CUDA driver library (ctypes), or None where it does not load."""
+    if not _libcuda:
+        for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+            try:
+                _libcuda.append(ctypes.CDLL(name))
+                break
+            except OSError:
+                continue
+        else:
+            _libcuda.append(None)
+    return _libcuda[0]
+
+
 def gpu_present():
     """True when libcuda loads and reports at least one device."""
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    else:
+    lib = libcuda()
+    if lib is None:
         return False
     count = ctypes.c_int(0)
     if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:

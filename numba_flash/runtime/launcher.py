@@ -12,7 +12,6 @@ strides) from the adapted arrays (``arrays.Tensor``) and one ctypes call of libc
 import ctypes
 import math
 import struct
-import sys
 import threading
 
 from numba import types
@@ -20,6 +19,7 @@ from numba.cuda.cudadrv.driver import CudaAPIError, driver
 
 from .arrays import Tensor
 from .device import DEFAULT_SHARED_LIMIT, SIMULATOR
+from .env import libcuda
 
 _SIMULATED_LAUNCH = threading.Lock()
 MAX_GRID = (2**31 - 1, 65535, 65535)  # CTAs per grid dimension, every compute capability
@@ -171,8 +171,7 @@ def _cu_launch_kernel():
     binding's argument conversions behind Numba's driver wrapper take ~9 us (an H200 host's
     tiny forward spent 12 us of its 54 us of host time in the launch)."""
     if not _launch_kernel:
-        lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-        fn = lib.cuLaunchKernel
+        fn = libcuda().cuLaunchKernel
         fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         fn.restype = ctypes.c_int
         _launch_kernel.append(fn)

@@ -79,15 +79,18 @@ def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, sp
     assert_lse(lse, rl)
 
 
-def check_bad_device_values(rng, backend):
+def check_bad_device_values(rng, backend, page=16):
     """Values only the device sees, each wrong in one way: a block-table entry inside a
     sequence that is no page of the cache (past its end, -1), a length past the table's columns,
     metadata naming requests outside the batch, split counts naming slots that do not exist.
     The decode must stay inside its arrays (on a GPU: no illegal address), leave the requests the
     bad value does not touch as they were, and report the value through ``nf.check_errors``."""
-    seqlens = np.array([40, 33], np.int32)
+    # Two pages for request 0 (its entries are the bad ones), a bad length for request 1 that
+    # reaches past the table's columns (planned for, so the walk goes that far at any page size).
+    seqlens, long = ([40, 33], [40, 100]) if page < 64 else ([100, 33], [100, 200])
+    seqlens = np.array(seqlens, np.int32)
     d = dv = 32
-    k_cache, table = paged_cache(rng, seqlens, 16, 1, d, "bfloat16", spare_columns=0)
+    k_cache, table = paged_cache(rng, seqlens, page, 1, d, "bfloat16", spare_columns=0)
     q = to_device(randn(rng, (2, 1, 4, d), "bfloat16"))
     cache = to_device(k_cache)
     lens = to_device(seqlens)
@@ -103,10 +106,12 @@ def check_bad_device_values(rng, backend):
     nf.check_errors()  # good inputs: nothing to report
     bad_table = table.copy()
     bad_table[0, 0], bad_table[0, 1] = SENTINEL, -1
+    long = to_device(np.array(long, np.int32))
+    long_meta, long_splits = (to_host(x) for x in nf.get_mla_metadata(long, 4, 1, num_sms=4))
     bad_meta = meta.copy()
     bad_meta[0, 1] = 7  # the last request of part 0 past the batch
     cases = [("block_table", dict(table=bad_table), [1]),
-             ("cache_seqlens", dict(lens=to_device(np.array([40, 100], np.int32))), [0]),
+             ("cache_seqlens", dict(lens=long, meta=long_meta, splits=long_splits), [0]),
              ("tile_scheduler_metadata", dict(meta=bad_meta), []),
              ("num_splits", dict(splits=np.array([0, 1 << 20, 1 << 21], np.int32)), [])]
     for name, change, untouched in cases:

@@ -1,7 +1,8 @@
 """The GPU instructions the kernels use beyond what Numba offers, as inline PTX, one module per
 concern: ``mma`` (mma.sync, ldmatrix), ``wgmma`` (Hopper's warpgroup MMA), ``memory``
-(cp.async, addresses, 16-byte stores), ``sync`` (warp shuffles, proxy fences), ``convert``
-(16-bit <-> float32, packing, ex2, 32-bit division).
+(cp.async, addresses, 16-byte stores), ``tma`` (Hopper's TMA box copies and mbarriers),
+``sync`` (warp shuffles, proxy fences), ``convert`` (16-bit <-> float32, packing, ex2, 32-bit
+division).
 
 Kernels never import these modules: ``kernels/instructions.py`` binds each name to this package
 on a GPU, or to ``kernels/emulation`` (same module names, same functions, same signatures)

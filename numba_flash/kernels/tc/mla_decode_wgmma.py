@@ -33,19 +33,30 @@ Grid / block mapping
     = lane / 4`` of warp ``w`` holds rows ``16 (w % 4) + g`` and ``+ 8``).
 
 Memory pipeline
-    Every thread copies 16-byte chunks ``rl, rl + 4, ...`` (rl = tid % 4) of cache row ``tid /
-    4`` of each tile with ``cp.async`` (zero-filled for rows past the piece end or that the
-    block table cannot place), double buffered: tile j + 1 is in flight while tile j is
-    multiplied, and its block-table entry was read one tile earlier still. Q is copied with the
-    first tile of each piece. wgmma reads shared memory through the async proxy, so each write
-    (cp.async tiles, the P tile) is published by wait -> ``proxy_fence`` -> barrier.
+    Double buffered: tile j + 1 is in flight while tile j is multiplied. Two ways to fill a
+    buffer, chosen per call (``TMA``):
+
+    * TMA (page sizes that are multiples of 64, so a tile is 64 consecutive rows of one page):
+      thread 0 reads the tile's block-table entry and issues one TMA box copy per 64 columns
+      (``instructions.tma``; the map is the cache's, ``runtime/tma.py``), completing on the
+      buffer's mbarrier, which every thread waits on. A page number that is not a page of the
+      cache is reported and replaced by -1, whose boxes the TMA unit fills with zeros. Rows
+      past the piece end hold whatever the page holds there (NaN in the tests): S masks them,
+      and their V columns are zeroed in shared memory before P V, since 0 * NaN is NaN.
+    * cp.async (every other page size): every thread copies 16-byte chunks ``rl, rl + 4, ...``
+      (rl = tid % 4) of cache row ``tid / 4`` (zero-filled for rows past the piece end or that
+      the block table cannot place), the block-table entries read one tile ahead.
+
+    Q is copied with cp.async with the first tile of each piece. wgmma reads shared memory
+    through the async proxy, so each ordinary or cp.async write (those tiles, Q, the P tile, the
+    zeroed rows) is published by wait -> ``proxy_fence`` -> barrier.
 
 Shared memory (16-bit elements, every tile in ``ptx/wgmma.py``'s 128-byte swizzle)
     Q   64 x QW          QW = HEAD_DIM rounded up to 64 columns
     K   2 x 64 x KW      KW = max(QW, 2 VH): double buffer; V is its first 2 VH columns
     P   64 x 64
     + 1 KiB to put the tiles on a 1024-byte boundary, and 512 bytes (static) for the exchange
-    of row maxima and sums. HEAD_DIM 576, HEAD_DIM_V 512: 72 + 144 + 8 + 1 KiB = 225 KiB, one
+    of row maxima and sums, 16 bytes for the two mbarriers. HEAD_DIM 576, HEAD_DIM_V 512: 72 + 144 + 8 + 1 KiB = 225 KiB, one
     CTA per SM (an H100 / H200 gives a block up to 227 KiB).
 
 Limits
@@ -58,14 +69,16 @@ Limits
 
 from functools import lru_cache
 
-from numba import cuda, float32, int32, uint16, uint32, uint64
+from numba import cuda, float32, int32, types, uint16, uint32, uint64
 
+from ...runtime import tma as tma_maps
 from ...runtime.spec import Tiles
 from ..attention import DecodeSpec
 from ..common import constants
 from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk
 from ..common.softmax import make_online_update, make_row_max
-from ..instructions import convert, memory, sync, wgmma
+from ..common.status import BAD_TABLE_ENTRY, PAST_TABLE, report
+from ..instructions import convert, memory, sync, tma, wgmma
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 WARPGROUP = wgmma.WARPGROUP
@@ -102,7 +115,7 @@ def shared_bytes(head_dim, head_dim_v):
 
 
 @lru_cache(maxsize=None)
-def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
+def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
     """Python kernel function for one configuration (``SPEC`` compiles it, for sm_90a)."""
     assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)
     QW, KW = tile_cols(HEAD_DIM, HEAD_DIM_V)
@@ -118,6 +131,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     CHUNKS = HEAD_DIM // 8       # 16-byte chunks of a row
     CPT = -(-CHUNKS // TPR)      # ... per copying thread
     CHUNKS_EXACT = CHUNKS % TPR == 0
+    BOXES = QW // wgmma.BLOCK_COLS   # TMA boxes (64 columns) of a tile: HEAD_DIM's
+    BOX = BLOCK_N * wgmma.BLOCK_COLS
+    TILE_BYTES = 2 * BOXES * BOX
+    V_WORDS = VH                     # 32-bit words of a row's 2 VH V columns
     SCRATCH = wgmma.scratch_size(THREADS)
     SHFL_SCRATCH = sync.scratch_size(THREADS)
     mma_s = wgmma.mma_ss(FMT, KEYS, 0)    # S = Q K^T, K read K-major
@@ -131,6 +148,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         HEAD_DIM, BLOCK_M, TPR, FMT, True)
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
+    NO_PAGE = int32(-1)
 
     # Descriptor arithmetic in 16-byte units (ptx/wgmma.py, "Shared-memory operands";
     # wgmma.k_step for K-major k-steps): V's 64-column blocks are BLOCK_N rows of 128 bytes
@@ -157,13 +175,44 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 copy16(smem, at + chunk_at(i, BLOCK_N, even, odd), k_cache,
                        (page, slot, hk, uint64(8 * (rl + TPR * i))), ok)
 
+    @cuda.jit(device=True, inline="always")
+    def load_tile(smem, at, tmap, k_cache, bars, b, block_table, num_pages, req, n0, hk,
+                  page_size, status):
+        """(Thread 0, TMA) The tile of keys n0 .. n0 + 63 into the buffer at ``at``, completing
+        on barrier ``b``: one page, rows n0 % page_size on, one box per 64 columns."""
+        blk = int32(convert.div_u32(n0, page_size))
+        page = NO_PAGE
+        if blk < block_table.shape[1]:
+            entry = block_table[req, blk]
+            if entry >= 0 and entry < num_pages:
+                page = entry
+            else:
+                report(status, BAD_TABLE_ENTRY)
+        else:
+            report(status, PAST_TABLE)
+        tma.expect_tx(bars, b, TILE_BYTES)
+        for c in range(BOXES):
+            tma.load_box_4d(smem, at + c * BOX, tmap, k_cache,
+                            (int32(c * wgmma.BLOCK_COLS), hk, n0 - blk * page_size, page),
+                            BLOCK_N, bars, b)
+
+    @cuda.jit(device=True, inline="always")
+    def zero_rows_past(smem_words, at, valid, tid):
+        """Zero the V columns of rows ``valid`` .. 63 of the tile at ``at`` (their P is 0, but a
+        NaN there would still reach O through 0 * NaN)."""
+        for w in range(tid, (BLOCK_N - valid) * V_WORDS, THREADS):
+            r = valid + w // V_WORDS
+            col = 2 * (w - (r - valid) * V_WORDS)
+            smem_words[uint32(at + wgmma.tile_offset(r, col, BLOCK_N)) >> 1] = uint32(0)
+
     def mla_decode_wgmma(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
-                         o_acc, lse_acc, status, s_q, group, page_size, scale_log2):
+                         o_acc, lse_acc, status, s_q, group, page_size, scale_log2, tmap):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         xchg = cuda.shared.array(XCHG, float32)
         scratch = cuda.shared.array(SCRATCH, uint32)
         shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
+        bars = cuda.shared.array(2, uint64)  # TMA: one mbarrier per cache buffer
         tid = cuda.threadIdx.x
         wg = tid >> 7
         warp = tid >> 5
@@ -175,6 +224,14 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             return  # idle part
         num_pages = k_cache.shape[0]
         q_rows = s_q * group
+        phases = 0  # TMA: bit b, the parity of barrier b's next phase
+        if TMA:
+            if tid == 0:
+                tma.tensormap_acquire(tmap)
+                for b in range(2):
+                    tma.mbarrier_init(bars, b, 1)
+                tma.mbarrier_init_fence()
+            cuda.syncthreads()
         row = tid // TPR  # copy: this thread's row of every tile (and of Q),
         rl = tid % TPR    # its lane in the row (TPR = 4: chunks rl, rl + 4, ...)
         even = row * wgmma.BLOCK_COLS + ((rl ^ (row & 7)) << 3)
@@ -213,13 +270,20 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 if CHUNKS_EXACT or rl + TPR * i < CHUNKS:
                     copy16(smem, base + Q_OFF + chunk_at(i, BLOCK_M, even, odd), q,
                            (req, tq, hq, uint64(8 * (rl + TPR * i))), q_ok)
-            page, pslot, ok = row_source(block_table, num_pages, req, n_lo + row, n_hi,
-                                         page_size, status)
-            if n_tiles > 0:
-                copy_cache_row(smem, base + K_OFF, k_cache, hk, page, pslot, ok, even, odd, rl)
-            memory.cp_async_commit()
-            page, pslot, ok = row_source(block_table, num_pages, req, n_lo + BLOCK_N + row, n_hi,
-                                         page_size, status)
+            if TMA:
+                if tid == 0 and n_tiles > 0:
+                    load_tile(smem, base + K_OFF, tmap, k_cache, bars, 0, block_table,
+                              num_pages, req, n_lo, hk, page_size, status)
+                memory.cp_async_commit()
+            else:
+                page, pslot, ok = row_source(block_table, num_pages, req, n_lo + row, n_hi,
+                                             page_size, status)
+                if n_tiles > 0:
+                    copy_cache_row(smem, base + K_OFF, k_cache, hk, page, pslot, ok, even, odd,
+                                   rl)
+                memory.cp_async_commit()
+                page, pslot, ok = row_source(block_table, num_pages, req, n_lo + BLOCK_N + row,
+                                             n_hi, page_size, status)
 
             # Keys each of the thread's rows may see: the piece's, and (causal) those before its
             # token's diagonal.
@@ -237,10 +301,21 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
 
             for j in range(n_tiles):
                 n0 = n_lo + j * BLOCK_N
-                memory.cp_async_wait(0)  # tile j has landed (for this thread's copies) ...
+                memory.cp_async_wait(0)  # tile j (cp.async) or Q has landed ...
                 sync.proxy_fence()       # ... is visible to wgmma reads ...
                 cuda.syncthreads()       # ... for every thread; tile j - 1 is done with
                 buf = uint64((j & 1) * BUF_STEP)
+                if TMA:  # tile j + 1 into the buffer tile j - 1 left; wait for tile j
+                    if tid == 0 and j + 1 < n_tiles:
+                        load_tile(smem, base + K_OFF + TILE - (j & 1) * TILE, tmap, k_cache,
+                                  bars, 1 - (j & 1), block_table, num_pages, req, n0 + BLOCK_N,
+                                  hk, page_size, status)
+                    tma.wait(bars, j & 1, (phases >> (j & 1)) & 1)
+                    phases ^= 1 << (j & 1)
+                    if n_hi - n0 < BLOCK_N:
+                        zero_rows_past(smem_words, base + K_OFF + (j & 1) * TILE, n_hi - n0, tid)
+                        sync.proxy_fence()
+                        cuda.syncthreads()
 
                 # 1. This warpgroup's 32 keys of S = Q K^T, over all HEAD_DIM columns; while the
                 # tensor cores work, the copies of tile j + 1 are issued into the other buffer.
@@ -249,7 +324,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     mma_s(S, 0, desc_q + k_step(ks, BLOCK_M), desc_k + buf + k_step(ks, BLOCK_N),
                           ks > 0, smem, scratch, tid)
                 wgmma.commit()
-                if j + 1 < n_tiles:
+                if not TMA and j + 1 < n_tiles:
                     copy_cache_row(smem, base + K_OFF + TILE - (j & 1) * TILE, k_cache, hk, page,
                                    pslot, ok, even, odd, rl)
                     memory.cp_async_commit()
@@ -336,9 +411,17 @@ class Spec(DecodeSpec):
     def tiles(self, config, entry):
         return Tiles(BLOCK_M, BLOCK_N, THREADS, shared_bytes(config.head_dim, config.head_dim_v))
 
+    def signature(self, config):
+        return types.void(*super().signature(config).args, types.Array(types.uint64, 1, "A"))
+
+    def arguments(self, config, p):
+        k_cache = p["k_cache"]
+        tmap = tma_maps.box_map(k_cache, BLOCK_N) if config.tma else tma_maps.no_map(k_cache)
+        return super().arguments(config, p) + (tmap,)
+
     def make(self, config, tiles):
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
-                                      config.fmt)
+                                      config.fmt, config.tma)
 
 
 SPEC = Spec()

@@ -16,14 +16,16 @@ pytestmark = pytest.mark.skipif(
     reason="wgmma runs on compute capability 9.0 only")
 
 # (seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits): a ragged 64-row tile
-# (4 and 3 x 2 rows), two tiles of packed rows (40 x 2), h_kv = 2, page sizes 1 / 16 / 64, lengths
-# 0 and 1 and off the tile grid, causal s_q = 2 and 3, head_dim_v odd and below a warpgroup's 64
-# columns, requests cut into pieces (combined), both formats.
+# (4 and 3 x 2 rows), two tiles of packed rows (40 x 2), h_kv = 2, page sizes 1 / 16 (cp.async) and
+# 64 / 128 (TMA, a tile in the middle of a page, ragged last tiles), lengths 0 and 1 and off the
+# tile grid, causal s_q = 2 and 3, head_dim_v odd and below a warpgroup's 64 columns, requests cut
+# into pieces (combined), both formats.
 CASES_SIM = [
     ([70, 0, 5], 1, 4, 1, 32, 32, 16, False, "bfloat16", 4, None),
     ([330, 1, 0, 64], 3, 2, 1, 48, 23, 1, True, "float16", 2, None),
     ([200, 17], 1, 40, 2, 64, 64, 16, False, "bfloat16", 16, True),
     ([70], 2, 40, 1, 16, 16, 64, True, "float16", 2, None),
+    ([700, 64, 0, 200], 1, 8, 1, 32, 32, 128, False, "bfloat16", 4, True),
 ]
 # DeepSeek sizes (d 576 = 512 + 64, dv 512, h_kv 1 unless said), as in the simt decode's GPU
 # cases: one and two 64-row tiles, a 64k + 1 request cut over many parts, lengths 0 and 1,
@@ -46,8 +48,9 @@ def test_decode_matches_reference(case, rng):
     run_case(rng, *case, backend="tc")
 
 
-def test_bad_device_values_are_bounded_and_reported(rng):
-    check_bad_device_values(rng, "tc")
+@pytest.mark.parametrize("page", [16, 64], ids=["cp.async", "tma"])
+def test_bad_device_values_are_bounded_and_reported(rng, page):
+    check_bad_device_values(rng, "tc", page)
 
 
 def test_a_nan_query_row_gives_a_nan_lse(rng):
@@ -70,14 +73,30 @@ def test_auto_takes_the_tensor_cores_above_one_row(rng):
         api._decode_spec("tc", (16, 576, 576, False, "float16"), q, k, dev)
 
 
+def test_pages_of_whole_tiles_take_the_tma_copies(rng):
+    """A page size that is a multiple of 64 keeps each 64-key tile in one page: TMA boxes; any
+    other page size copies rows with cp.async."""
+    from numba_flash import api
+    from numba_flash.runtime import arrays, device
+
+    q = arrays.adapt(to_device(randn(rng, (1, 1, 8, 64), "float16")), "q")
+    for page, tma in ((16, False), (96, False), (64, True), (192, True)):
+        k = arrays.adapt(to_device(randn(rng, (2, page, 1, 64), "float16")), "k_cache")
+        spec, config = api._decode_spec("tc", (8, 64, 64, False, "float16"), q, k,
+                                        device.current())
+        assert spec is mla_decode_wgmma.SPEC and config.tma is tma, page
+
+
 def test_every_specialization_compiles_to_wgmma_without_spills():
-    configs = [((rows, 576, 512, causal, fmt, True), None)
-               for rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16"))]
-    configs.append(((8, 48, 23, True, "bfloat16", True), None))
-    assert_compiles_clean("tc.mla_decode_wgmma", configs, ccs=((9, 0, "a"),),
-                          must_contain=("wgmma.mma_async.sync.aligned", "cp.async",
-                                        "fence.proxy.async"),
-                          must_not_log=("C7509",))
+    """Both ways of filling the cache buffers: cp.async, and TMA boxes on mbarriers."""
+    for tma, copy in ((False, "cp.async.cg.shared.global"), (True, "cp.async.bulk.tensor.4d")):
+        configs = [((rows, 576, 512, causal, fmt, True, tma), None)
+                   for rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16"))]
+        configs.append(((8, 48, 23, True, "bfloat16", True, tma), None))
+        assert_compiles_clean("tc.mla_decode_wgmma", configs, ccs=((9, 0, "a"),),
+                              must_contain=("wgmma.mma_async.sync.aligned", copy,
+                                            "fence.proxy.async"),
+                              must_not_log=("C7509",))
 
 
 def test_deepseek_tiles_fit_a_hopper_block():
