@@ -92,11 +92,12 @@ def specializations():
     for fmt in ("float16", "bfloat16", "float32"):
         add(f"simt mla combine dv=512 {fmt}", (SM80, SM90), "simt.combine", [512, fmt])
     add("simt mla metadata", (SM80, SM90), "simt.mla_metadata", [])
-    for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
-        add(f"tc wgmma mla q_rows={q_rows} causal={causal} {fmt}", (SM90A,),
-            "tc.mla_decode_wgmma", [q_rows, 576, 512, causal, fmt, True])
-    add("tc wgmma mla d=48 dv=23 causal=True bfloat16", (SM90A,), "tc.mla_decode_wgmma",
-        [8, 48, 23, True, "bfloat16", True])
+    for tma, copies in ((False, ""), (True, " tma")):  # cache tiles by cp.async or by TMA
+        for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
+            add(f"tc wgmma mla q_rows={q_rows} causal={causal} {fmt}{copies}", (SM90A,),
+                "tc.mla_decode_wgmma", [q_rows, 576, 512, causal, fmt, True, tma])
+        add(f"tc wgmma mla d=48 dv=23 causal=True bfloat16{copies}", (SM90A,),
+            "tc.mla_decode_wgmma", [8, 48, 23, True, "bfloat16", True, tma])
     for entry in ((32, 32, 4, 0), (16, 32, 4, 0)):  # the mma.sync decode's table
         for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
             add(f"tc mma mla q_rows={q_rows} causal={causal} {fmt} tiles={entry}", (SM80,),
