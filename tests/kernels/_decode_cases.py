@@ -51,6 +51,22 @@ def mla_lowp(q, k_cache, block_table, seqlens, head_dim_v, causal):
     return out
 
 
+# DeepSeek sizes for the tensor-core decodes' GPU tests: (seqlens, s_q, h_q, h_kv, d 576 = 512 +
+# 64, dv 512, page, causal, fmt, num_sms, splits): one and two 64-row tiles of packed rows, a
+# 64k + 1 request cut over many parts, lengths 0 and 1, causal s_q = 2, page sizes 1 / 16 (the
+# row copies) and 64 / 256 (whole tiles per page), h_kv = 4, fp16 and bf16.
+DEEPSEEK_CASES = [
+    ([1 + 13 * i for i in range(128)], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, None),
+    ([65537, 1, 0, 5000, 777], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, True),
+    ([2048, 1500], 2, 128, 1, 576, 512, 64, True, "float16", None, None),
+    ([1000, 10, 0, 300], 1, 128, 1, 576, 512, 64, False, "bfloat16", 132, True),
+    ([200] * 128, 1, 128, 1, 576, 512, 256, False, "bfloat16", None, None),
+    ([4097, 63, 64, 65, 0, 1], 2, 16, 1, 576, 512, 16, True, "bfloat16", 132, True),
+    ([3000, 2000], 1, 32, 4, 576, 512, 64, False, "float16", 132, None),
+    ([5000, 50], 2, 64, 1, 576, 512, 1, True, "bfloat16", 132, True),
+]
+
+
 def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits=None,
              unaligned=False, backend="auto"):
     """One decode through the public API, checked against the reference; ``splits`` (if not

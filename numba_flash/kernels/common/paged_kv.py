@@ -22,6 +22,12 @@ which the combine kernel merges.
     put(out, o_acc, split, req, slot, t, h, col, x, status)  (one output element)
     put_lse(lse, lse_acc, split, req, slot, t, h, m, l, status)  (a row's lse from m_i, l_i)
 
+``make_row_keys`` returns what the tensor-core decodes do with each thread's two fragment rows:
+
+    start_rows(limit, m_i, l_i, O_i, n_hi, seqlen, s_q, group, row0)
+        at a piece's start: the keys rows row0 and row0 + 8 may see, m_i, l_i and O_i reset
+    mask_keys(S, limit, key0)  S past each row's limit -> -inf (key0: the thread's first key)
+
 Values only the device sees are bounded here, so no metadata, length or table entry can move an
 access outside its array: a part whose first request is not in the batch is idle and its last
 request is clamped to the batch; a piece never starts before key 0; a cache row whose block lies
@@ -159,3 +165,38 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
             lse[req, h, t] = POS_INF if l == ZERO else lse2 * LN2
 
     return cta_work, piece_of, row_source, copy_row, put, put_lse
+
+
+def make_row_keys(CAUSAL, NT, DT):
+    """The key window of a thread's two C-fragment rows (``r`` and ``r + 8``) in a piece, for
+    S fragments of NT 8-key tiles and O_i fragments of DT 8-column tiles."""
+    NEG_INF = constants.NEG_INF
+    ZERO = float32(0.0)
+
+    @cuda.jit(device=True, inline="always")
+    def start_rows(limit, m_i, l_i, O_i, n_hi, seqlen, s_q, group, row0):
+        """The keys each row may see, the piece's and (causal) those before its token's
+        diagonal (packed row r is token r / group); the online-softmax state reset."""
+        for half in range(2):
+            lim = n_hi
+            if CAUSAL:
+                t = int32(convert.div_u32(row0 + 8 * half, group))
+                lim = min(lim, seqlen - (s_q - 1 - t))
+            limit[half] = lim
+            m_i[0, half] = NEG_INF
+            l_i[0, half] = ZERO
+        for dt in range(DT):
+            for e in range(4):
+                O_i[0, dt, e] = ZERO
+
+    @cuda.jit(device=True, inline="always")
+    def mask_keys(S, limit, key0):
+        """Element (nt, e) holds key key0 + 8 nt + (e & 1) of row half e >> 1."""
+        for half in range(2):
+            lim = limit[half] - key0
+            for nt in range(NT):
+                for e in range(2 * half, 2 * half + 2):
+                    if 8 * nt + (e & 1) >= lim:
+                        S[0, nt, e] = NEG_INF
+
+    return start_rows, mask_keys

@@ -71,8 +71,7 @@ from numba import cuda, float32, int32, uint16, uint32
 
 from ...runtime.spec import Tiles
 from ..attention import DecodeSpec
-from ..common import constants
-from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk
+from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_row_keys
 from ..common.softmax import make_online_update, make_row_max
 from ..instructions import convert, memory, sync
 from ..instructions import mma as mma_sync
@@ -148,7 +147,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, 
     update = make_online_update(1, NT, DT)
     cta_work, piece_of, row_source, copy_row, put, put_lse = make_paged_kv_walk(
         HEAD_DIM, BLOCK_M, TPR, FMT, True)
-    NEG_INF = constants.NEG_INF
+    start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
     ZERO, ONE = float32(0.0), float32(1.0)
 
     @cuda.jit(device=True, inline="always")
@@ -230,17 +229,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, 
 
             # Keys each of the thread's rows may see: the piece's, and (causal) those before its
             # token's diagonal.
-            for h2 in range(2):
-                lim = n_hi
-                if CAUSAL:
-                    t = int32(convert.div_u32(m0 + r_lo + 8 * h2, group))
-                    lim = min(lim, seqlen - (s_q - 1 - t))
-                limit[h2] = lim
-                m_i[0, h2] = NEG_INF
-                l_i[0, h2] = ZERO
-            for dt in range(DT):
-                for e in range(4):
-                    O_i[0, dt, e] = ZERO
+            start_rows(limit, m_i, l_i, O_i, n_hi, seqlen, s_q, group, m0 + r_lo)
 
             for j in range(n_tiles):
                 n0 = n_lo + j * BLOCK_N
@@ -269,12 +258,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, 
                     if NT % 2:  # BLOCK_N 16: one 8-key tile
                         k0, k1 = ldsm_x2(smem, k_lane + buf + 16 * ks, scratch, tid)
                         mma_into(qa, k0, k1, S, NT - 1, scratch, tid)
-                for h2 in range(2):  # keys past the row's limit: -inf
-                    lim = limit[h2] - n0 - key0
-                    for nt in range(NT):
-                        for e in range(2 * h2, 2 * h2 + 2):
-                            if 8 * nt + (e & 1) >= lim:
-                                S[0, nt, e] = NEG_INF
+                mask_keys(S, limit, n0 + key0)  # keys past the row's limit: -inf
                 row_max(S, m_tile, shfl_scratch, tid)
 
                 # 2. The maxima of the COLS groups -> the same m_tile in every warp of the slab.

@@ -74,8 +74,7 @@ from numba import cuda, float32, int32, types, uint16, uint32, uint64
 from ...runtime import tma as tma_maps
 from ...runtime.spec import Tiles
 from ..attention import DecodeSpec
-from ..common import constants
-from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk
+from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_row_keys
 from ..common.softmax import make_online_update, make_row_max
 from ..common.status import BAD_TABLE_ENTRY, PAST_TABLE, report
 from ..instructions import convert, memory, sync, tma, wgmma
@@ -146,7 +145,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
     update = make_online_update(1, NT, DT)
     cta_work, piece_of, row_source, _, put, put_lse = make_paged_kv_walk(
         HEAD_DIM, BLOCK_M, TPR, FMT, True)
-    NEG_INF = constants.NEG_INF
+    start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
     ZERO, ONE = float32(0.0), float32(1.0)
     NO_PAGE = int32(-1)
 
@@ -287,17 +286,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
 
             # Keys each of the thread's rows may see: the piece's, and (causal) those before its
             # token's diagonal.
-            for half in range(2):
-                lim = n_hi
-                if CAUSAL:
-                    t = int32(convert.div_u32(m0 + r_lo + 8 * half, group))
-                    lim = min(lim, seqlen - (s_q - 1 - t))
-                limit[half] = lim
-                m_i[0, half] = NEG_INF
-                l_i[0, half] = ZERO
-            for dt in range(DT):
-                for e in range(4):
-                    O_i[0, dt, e] = ZERO
+            start_rows(limit, m_i, l_i, O_i, n_hi, seqlen, s_q, group, m0 + r_lo)
 
             for j in range(n_tiles):
                 n0 = n_lo + j * BLOCK_N
@@ -332,12 +321,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
                                                  n0 + 2 * BLOCK_N + row, n_hi, page_size, status)
                 wgmma.wait(0)
                 wgmma.fence_operands(S, S_REGS)
-                for half in range(2):  # keys past the row's limit: -inf
-                    lim = limit[half] - n0 - key0
-                    for nt in range(NT):
-                        for e in range(2 * half, 2 * half + 2):
-                            if 8 * nt + (e & 1) >= lim:
-                                S[0, nt, e] = NEG_INF
+                mask_keys(S, limit, n0 + key0)  # keys past the row's limit: -inf
                 row_max(S, m_tile, shfl_scratch, tid)
 
                 # 2. Both warpgroups' maxima -> the same m_tile in both.

@@ -13,7 +13,8 @@ from numba_flash.kernels.tc import mla_decode_mma
 from numba_flash.runtime import device
 from numba_flash.runtime.device import Device
 from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
-from kernels._decode_cases import check_bad_device_values, check_nan_query_row, run_case
+from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
+                                   run_case)
 
 A100 = Device(cc=(8, 0), sms=8, shared_per_block=166912)
 SM86 = Device(cc=(8, 6), sms=8, shared_per_block=101376)
@@ -41,20 +42,8 @@ CASES_SIM = [
     ([130, 17], 1, 40, 2, 32, 32, 64, False, "bfloat16", 16, True, A100),
     ([70], 2, 20, 1, 16, 16, 64, True, "float16", 2, None, SM86),
 ]
-# DeepSeek sizes (d 576 = 512 + 64, dv 512, h_kv 1 unless said), as in the wgmma decode's GPU
-# cases, on both plans: one and several tiles of packed rows, a 64k + 1 request cut over many
-# parts, lengths 0 and 1, causal s_q = 2, page sizes 1 / 16 / 64 / 256, h_kv = 4, fp16 and bf16.
-CASES_GPU = [
-    (*c, plan) for plan in (A100, SM86) for c in [
-        ([1 + 13 * i for i in range(128)], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, None),
-        ([65537, 1, 0, 5000, 777], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, True),
-        ([2048, 1500], 2, 128, 1, 576, 512, 64, True, "float16", None, None),
-        ([1000, 10, 0, 300], 1, 128, 1, 576, 512, 64, False, "bfloat16", 132, True),
-        ([200] * 128, 1, 128, 1, 576, 512, 256, False, "bfloat16", None, None),
-        ([4097, 63, 64, 65, 0, 1], 2, 16, 1, 576, 512, 16, True, "bfloat16", 132, True),
-        ([3000, 2000], 1, 32, 4, 576, 512, 64, False, "float16", 132, None),
-        ([5000, 50], 2, 64, 1, 576, 512, 1, True, "bfloat16", 132, True),
-    ]]
+# DeepSeek sizes (kernels/_decode_cases.py) on both plans.
+CASES_GPU = [(*c, plan) for plan in (A100, SM86) for c in DEEPSEEK_CASES]
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 

@@ -8,7 +8,8 @@ from numba import cuda
 import numba_flash as nf
 from numba_flash.kernels.tc import mla_decode_wgmma
 from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
-from kernels._decode_cases import check_bad_device_values, check_nan_query_row, run_case
+from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
+                                   run_case)
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -27,19 +28,7 @@ CASES_SIM = [
     ([70], 2, 40, 1, 16, 16, 64, True, "float16", 2, None),
     ([700, 64, 0, 200], 1, 8, 1, 32, 32, 128, False, "bfloat16", 4, True),
 ]
-# DeepSeek sizes (d 576 = 512 + 64, dv 512, h_kv 1 unless said), as in the simt decode's GPU
-# cases: one and two 64-row tiles, a 64k + 1 request cut over many parts, lengths 0 and 1,
-# causal s_q = 2, page sizes 1 / 16 / 64 / 256, h_kv = 4, fp16 and bf16.
-CASES_GPU = [
-    ([1 + 13 * i for i in range(128)], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, None),
-    ([65537, 1, 0, 5000, 777], 1, 16, 1, 576, 512, 64, False, "bfloat16", None, True),
-    ([2048, 1500], 2, 128, 1, 576, 512, 64, True, "float16", None, None),
-    ([1000, 10, 0, 300], 1, 128, 1, 576, 512, 64, False, "bfloat16", 132, True),
-    ([200] * 128, 1, 128, 1, 576, 512, 256, False, "bfloat16", None, None),
-    ([4097, 63, 64, 65, 0, 1], 2, 16, 1, 576, 512, 16, True, "bfloat16", 132, True),
-    ([3000, 2000], 1, 32, 4, 576, 512, 64, False, "float16", 132, None),
-    ([5000, 50], 2, 64, 1, 576, 512, 1, True, "bfloat16", 132, True),
-]
+CASES_GPU = DEEPSEEK_CASES  # kernels/_decode_cases.py
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 
