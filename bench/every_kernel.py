@@ -9,7 +9,8 @@ synccheck, initcheck), so that one process touches every launch path.
 Covers the naive baseline, the simt forwards (the tiled one and the one-thread-per-row teaching
 kernel), the tc forward (on a Hopper the wgmma kernel, elsewhere mma.sync; ``--family mma`` plans
 the tc calls for an sm_80 part, so a Hopper runs the mma.sync kernels) and both backwards, the
-MLA planner on the device, both MLA decodes with split pieces and the combine. Shapes are off every
+MLA planner on the device, both MLA decodes with split pieces and the combine (both ways of copying
+the cache on a Hopper). Shapes are off every
 tile multiple: Sq 37, Sk 53, GQA 4:2, head dim 40, a paged cache of 5-row pages. Under the
 simulator (no GPU) the same calls run on emulated instructions, on smaller shapes; the tests
 run it there.
@@ -100,29 +101,33 @@ def main(argv=None):
                   forward_rowwise.run(_device(q), _device(k), _device(v), causal=True)[0],
                   reference.attention_fwd_ref(q, k, v, True)[0], 2e-2)
 
-    # Paged MLA decode: lengths off the page and tile grid, a split request, 5-row pages.
+    # Paged MLA decode: lengths off the page and tile grid, a split request; 5-row pages (row
+    # copies) and 64-row pages (whole tiles: TMA boxes on a Hopper).
     seqlens = np.array([140, 1, 0, 77] if SIMULATOR else [300, 1, 0, 77], np.int32)
-    page, d, dv = 5, 48, 32
-    pages = [max(-(-int(n) // page), 1) for n in seqlens]
-    k_cache = rng.standard_normal((sum(pages), page, 1, d)).astype(np.float32).astype(bf16)
-    table = np.zeros((len(seqlens), max(pages)), np.int32)
-    order = iter(rng.permutation(sum(pages)))
-    for i, n in enumerate(pages):
-        table[i, :n] = [next(order) for _ in range(n)]
-    for s_q, h_q in ((2, 8),) if quick else ((1, 1), (2, 8)):
-        q = rng.standard_normal((len(seqlens), s_q, h_q, d)).astype(np.float32).astype(bf16)
-        meta = nf.get_mla_metadata(_device(seqlens), s_q * h_q, 1, num_sms=6)
-        want, _ = reference.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=s_q > 1)
-        for backend in ("simt", "tc"):
-            try:
-                with planned(backend):
-                    out, _ = nf.flash_mla_with_kvcache(_device(q), _device(k_cache),
-                                                       _device(table), _device(seqlens), dv,
-                                                       *meta, causal=s_q > 1, backend=backend)
-            except ValueError as exc:  # a device without the tc decode says so
-                print(f"decode {backend} s_q={s_q} h_q={h_q}: not run ({exc})")
-                continue
-            check(f"decode {backend} s_q={s_q} h_q={h_q}", out, want, 3e-2)
+    d, dv = 48, 32
+    for page in (5, 64):
+        pages = [max(-(-int(n) // page), 1) for n in seqlens]
+        k_cache = rng.standard_normal((sum(pages), page, 1, d)).astype(np.float32).astype(bf16)
+        table = np.zeros((len(seqlens), max(pages)), np.int32)
+        order = iter(rng.permutation(sum(pages)))
+        for i, n in enumerate(pages):
+            table[i, :n] = [next(order) for _ in range(n)]
+        for s_q, h_q in ((2, 8),) if quick else ((1, 1), (2, 8)):
+            q = rng.standard_normal((len(seqlens), s_q, h_q, d)).astype(np.float32).astype(bf16)
+            meta = nf.get_mla_metadata(_device(seqlens), s_q * h_q, 1, num_sms=6)
+            want, _ = reference.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=s_q > 1)
+            for backend in ("simt", "tc"):
+                name = f"decode {backend} page={page} s_q={s_q} h_q={h_q}"
+                try:
+                    with planned(backend):
+                        out, _ = nf.flash_mla_with_kvcache(_device(q), _device(k_cache),
+                                                           _device(table), _device(seqlens), dv,
+                                                           *meta, causal=s_q > 1,
+                                                           backend=backend)
+                except ValueError as exc:  # a device without the tc decode says so
+                    print(f"{name}: not run ({exc})")
+                    continue
+                check(name, out, want, 3e-2)
     nf.check_errors()
     if failures:
         print("wrong results:", ", ".join(failures))
