@@ -11,6 +11,7 @@ from numba_flash.kernels.common import backward, constants
 
 NT = 4  # 8-column tiles per fragment row: 32 columns, one warp's 16 rows
 COLS = 8 * NT
+STAGED = 2 * COLS  # floats of the lse_i log2 e and D_i rows the probe stages
 SCALE_LOG2 = 0.37
 
 
@@ -70,7 +71,7 @@ def make_dkdv_probe(causal):
     def probe(S_in, dP_in, lse, delta, m0, n0, seqlen_q, seqlen_k, P_out, dS_out):
         lane = cuda.threadIdx.x
         g, t2 = lane >> 2, (lane & 3) * 2
-        words = cuda.shared.array(2 * COLS, float32)
+        words = cuda.shared.array(STAGED, float32)
         S = cuda.local.array((NT, 4), float32)
         dP = cuda.local.array((NT, 4), float32)
         for nt in range(NT):

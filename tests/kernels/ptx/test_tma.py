@@ -67,7 +67,7 @@ def _expected(g, c0, c1, c2, c3):
 def test_boxes_land_swizzled_with_zeros_outside_the_array(rng):
     g = rng.integers(1, 1 << 16, (3, 24, 2, 80)).astype(np.uint16)  # pages, rows, heads, d
     dg = to_device(g)
-    tmap = tma_maps.box_map(arrays.adapt(dg, "g"), ROWS).view
+    tmap = tma_maps.box_map(arrays.adapt(dg, "g"), ROWS).obj  # the uint64 array itself
     coords = np.array(COORDS, np.int32)
     out = to_device(np.full((len(COORDS), ROWS * 64), 0xFFFF, np.uint16))  # poisoned
     _boxes[1, 64](tmap, dg, to_device(coords), out)
