@@ -59,8 +59,8 @@ def current():
         return SIMULATED
     from numba.cuda.cudadrv.driver import binding
 
-    _, ctx = binding.cuCtxGetCurrent()
-    dev = _by_context.get(int(ctx))
+    _, ctx = binding.cuCtxGetCurrent()  # (ctx None before anything initialised the driver)
+    dev = None if ctx is None else _by_context.get(int(ctx))
     if dev is None:
         from numba import cuda
 
