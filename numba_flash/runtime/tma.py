@@ -32,7 +32,18 @@ def box_map(t, box_rows):
     """The map (an adapted uint64 array of ``MAP_WORDS``) of 4-D 16-bit array ``t`` (an
     ``arrays.Tensor``, last dimension contiguous) with boxes of ``BOX_COLS`` elements of the last
     dimension by ``box_rows`` of the second, one along the others, 128-byte swizzled."""
-    key = (t.ptr, t.shape, t.strides, t.itemsize, t.device, box_rows)
+    return _kept((t.ptr, t.shape, t.strides, t.itemsize, t.device, box_rows), t, box_rows)
+
+
+def no_map(t):
+    """A map of zeros on ``t``'s device, for kernels that take a map argument but were built
+    to copy without one."""
+    return _kept((None, t.device), t, None)
+
+
+def _kept(key, t, box_rows):
+    """The map of ``key`` from ``_maps``, made on first use (the oldest dropped past
+    MAX_MAPS)."""
     entry = _maps.get(key)
     if entry is None:
         with _lock:
@@ -41,19 +52,6 @@ def box_map(t, box_rows):
                 entry = _maps[key] = _device_map(t, box_rows)
                 while len(_maps) > MAX_MAPS:
                     del _maps[next(iter(_maps))]
-    return entry[1]
-
-
-def no_map(t):
-    """A map of zeros on ``t``'s device, for kernels that take a map argument but were built
-    to copy without one."""
-    key = (None, t.device)
-    entry = _maps.get(key)
-    if entry is None:
-        with _lock:
-            entry = _maps.get(key)
-            if entry is None:
-                entry = _maps[key] = _device_map(t, None)
     return entry[1]
 
 
