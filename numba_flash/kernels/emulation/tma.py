@@ -20,7 +20,6 @@ from ..ptx.layout import BLOCK_COLS
 _lock = threading.Lock()
 _FIELD = (1 << 20) - 1        # arrivals: bits 0-19 pending, 20-39 expected
 _TX_SHIFT, _TX_MASK = 40, (1 << 23) - 1
-_PHASE = 1 << 63
 
 
 def _fields(word):

@@ -43,6 +43,7 @@ from numba.cuda.extending import intrinsic
 
 from .codegen import I32, I64, global_addr, is_int, shared_addr, void_asm
 
+
 def _bar_addr(context, builder, sig, args):
     return shared_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
 
