@@ -5,17 +5,10 @@ The simulator has no warp shuffles: ``shfl_xor`` publishes each thread's value i
 float32 ``scratch`` array between two ``syncthreads`` and reads its partner's. Every thread of
 the block must make the call together, which the kernels guarantee by calling it outside any
 thread-dependent branch; ``tid ^ lane_mask`` stays in the warp for masks below 32. The simulator
-has one memory model, so the proxy fence has nothing to order. A warpgroup barrier is a
-``threading.Barrier`` of 128 parties per (block, warpgroup), found through the address of a shared
-array of the block (the simulator runs a block's threads as Python threads).
+has one memory model, so the proxy fence has nothing to order.
 """
 
-import threading
-
 from numba import cuda
-
-_lock = threading.Lock()
-_barriers = {}
 
 
 def scratch_size(threads):
@@ -36,14 +29,3 @@ def shfl_xor(value, lane_mask, scratch, tid):
 def proxy_fence():
     """fence.proxy.async.shared::cta (one memory model under the simulator)."""
     return None
-
-
-@cuda.jit(device=True)
-def warpgroup_sync(wg, scratch):
-    """bar.sync 1 + wg, 128: the 128 threads of warpgroup ``wg`` of this block."""
-    key = (scratch.__array_interface__["data"][0], int(wg))
-    with _lock:
-        barrier = _barriers.get(key)
-        if barrier is None:
-            barrier = _barriers[key] = threading.Barrier(128)
-    barrier.wait()

@@ -17,26 +17,17 @@ by itself. ``fence.proxy.async.shared::cta`` makes this thread's earlier shared-
 visible to later async-proxy reads; the kernels wait for their copies, fence, then
 ``syncthreads`` so every thread's writes are covered before any warp issues a wgmma.
 
-Warpgroup barriers. ``bar.sync id, 128`` waits for the 128 threads of one warpgroup only (named
-barrier ``id``; ``syncthreads`` is barrier 0): where two warpgroups run apart, one can order its
-own threads (say, all four warps past their reads of a buffer before one thread refills it)
-without waiting for the other.
-
 API:
 
     shfl_xor(value, lane_mask, scratch, tid)    the value of lane ``lane ^ lane_mask``
-    warpgroup_sync(wg, scratch)                 bar.sync 1 + wg, 128 (every thread of warpgroup wg)
     scratch_size(threads)                       float32 elements of shfl_xor's scratch: 1 here
     proxy_fence()                               fence.proxy.async.shared::cta
 """
 
-from llvmlite import ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from .codegen import I32, is_int, void_asm
-
-WARPGROUP = 128
+from .codegen import void_asm
 
 
 def scratch_size(threads):
@@ -60,25 +51,3 @@ def proxy_fence(typingctx):
         return context.get_dummy_value()
 
     return types.void(), codegen
-
-
-@intrinsic
-def _bar_sync(typingctx, barrier, threads):
-    if not (is_int(barrier) and is_int(threads)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(ir.VoidType(), [I32, I32])
-        asm = ir.InlineAsm(fnty, "bar.sync $0, $1;", "r,r,~{memory}", side_effect=True)
-        builder.call(asm, [context.cast(builder, v, t, types.int32)
-                           for v, t in zip(args, sig.args)])
-        return context.get_dummy_value()
-
-    return types.void(barrier, threads), codegen
-
-
-@cuda.jit(device=True, inline="always")
-def warpgroup_sync(wg, scratch):
-    """Barrier of the 128 threads of warpgroup ``wg`` (named barrier 1 + wg); ``scratch`` (any
-    shared array of the block) serves the emulation."""
-    _bar_sync(wg + 1, WARPGROUP)
