@@ -31,7 +31,10 @@ Memory pipeline
     cp.async 16-byte copies into 128-byte-swizzled tiles (``common/copies.py``), published to
     wgmma by wait -> proxy fence -> barrier as in the forward. dK/dV: K_j, V_j once; Q_i, dO_i
     double buffered with lse_i log2 e and D_i beside them, tile i + 1 in flight while tile i is
-    computed. dQ: Q_i, dO_i once; K_j, V_j double buffered.
+    computed. dQ: Q_i, dO_i once; K_j, V_j double buffered. The next tile's copies (and, in
+    dK/dV, its lse_i and D_i, staged into the other words) are issued after the current tile's
+    first products, so their issue and latency run under the tensor cores' work instead of
+    between the barrier and the first wgmma.
 
 Shared memory (16-bit elements, DPAD = HEAD_DIM rounded up to 64, + 1 KiB of alignment)
     dK/dV: K, V  BLOCK_N x DPAD each; Q, dO  2 x BLOCK_M x DPAD each; 4 BLOCK_M float32.
@@ -168,24 +171,18 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 dV[dt, e] = ZERO
         key_g = n0 + 16 * warp + g  # the key of this thread's fragment rows (and + 8)
 
+        h, m0 = hk * group, m_begin  # the (query head, query tile) of this step
+        # lse_i log2 e and D_i of the first tile (+inf, 0 past the queries: P = 0 there).
+        stage_rows(words, rows0, lse, delta, b, h, m0, seqlen_q, tid)
         for step in range(steps):
-            head_step = int32(convert.div_u32(step, q_tiles))  # 32-bit: no division call
-            h = hk * group + head_step
-            m0 = m_begin + (step - head_step * q_tiles) * BLOCK_M
             rows = rows0 + (step & 1) * 2 * BLOCK_M
-            # lse_i log2 e and D_i of this tile (+inf, 0 past the queries: P = 0 there).
-            stage_rows(words, rows, lse, delta, b, h, m0, seqlen_q, tid)
             memory.cp_async_wait(0)  # tile i (and K, V) landed ...
             sync.proxy_fence()       # ... is visible to wgmma reads ...
             cuda.syncthreads()       # ... for every thread; every warpgroup is done with i - 1
-            if step + 1 < steps:     # so its buffers take tile i + 1 while tile i is computed
-                next_head = int32(convert.div_u32(step + 1, q_tiles))
-                nh = hk * group + next_head
-                nm = m_begin + (step + 1 - next_head * q_tiles) * BLOCK_M
-                nxt = TILE - (step & 1) * TILE
-                copy_tile(smem, base + Q_OFF + nxt, q, b, nm, nh, BLOCK_M, seqlen_q, r0, c)
-                copy_tile(smem, base + DO_OFF + nxt, dout, b, nm, nh, BLOCK_M, seqlen_q, r0, c)
-                memory.cp_async_commit()
+            nh, nm = h, m0 + BLOCK_M  # the next step: the next query tile, or the next head's
+            if nm >= seqlen_q:
+                nh, nm = h + 1, m_begin
+            nxt = TILE - (step & 1) * TILE
             buf = uint64((step & 1) * BUF_STEP)
 
             # S^T = K_j Q_i^T and dP^T = V_j dO_i^T: one batch of two chains.
@@ -193,6 +190,16 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             for ks in range(KSTEPS):
                 mma_t(S, 0, desc_k + k_step(ks, BLOCK_N), desc_q + buf + k_step(ks, BLOCK_M),
                       ks > 0, smem, scratch, tid)
+            # Tile i + 1 into the buffers tile i - 1 left (every warpgroup passed the barrier
+            # after its last product on them), and its rows' lse and D_i into the words tile
+            # i - 1 left, issued while the tensor cores run tile i's products: neither latency
+            # is waited on. (Between the two chains: the dP accumulators are not live yet.)
+            if step + 1 < steps:
+                copy_tile(smem, base + Q_OFF + nxt, q, b, nm, nh, BLOCK_M, seqlen_q, r0, c)
+                copy_tile(smem, base + DO_OFF + nxt, dout, b, nm, nh, BLOCK_M, seqlen_q, r0, c)
+                memory.cp_async_commit()
+                stage_rows(words, rows0 + 2 * BLOCK_M - (step & 1) * 2 * BLOCK_M, lse, delta,
+                           b, nh, nm, seqlen_q, tid)
             for ks in range(KSTEPS):
                 mma_t(dP, 0, desc_v + k_step(ks, BLOCK_N), desc_do + buf + k_step(ks, BLOCK_M),
                       ks > 0, smem, scratch, tid)
@@ -218,6 +225,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             wgmma.wait(0)
             wgmma.fence_operands(dV, D_REGS)
             wgmma.fence_operands(dK, D_REGS)
+            h, m0 = nh, nm
 
         memory.cp_async_wait(0)  # K, V (and nothing else) where no query tile waited
         for half in range(2):
@@ -308,13 +316,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             memory.cp_async_wait(0)
             sync.proxy_fence()
             cuda.syncthreads()
-            if j + 1 < n_tiles:
-                nxt = TILE - (j & 1) * TILE
-                copy_tile(smem, base + K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
-                          r0, c)
-                copy_tile(smem, base + V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
-                          r0, c)
-                memory.cp_async_commit()
+            nxt = TILE - (j & 1) * TILE
             buf = uint64((j & 1) * BUF_STEP)
 
             # S = Q_i K_j^T and dP = dO_i V_j^T: one batch of two chains.
@@ -326,6 +328,13 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 mma_s(dP, 0, desc_do + k_step(ks, BLOCK_M), desc_v + buf + k_step(ks, BLOCK_N),
                       ks > 0, smem, scratch, tid)
             wgmma.commit()
+            # Tile j + 1 into the buffers tile j - 1 left, under tile j's products.
+            if j + 1 < n_tiles:
+                copy_tile(smem, base + K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                          r0, c)
+                copy_tile(smem, base + V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                          r0, c)
+                memory.cp_async_commit()
             wgmma.wait(0)
             wgmma.fence_operands(S, S_REGS)
             wgmma.fence_operands(dP, S_REGS)
