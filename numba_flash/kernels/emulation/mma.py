@@ -2,12 +2,13 @@
 instructions, their fragment layouts and the API), as exchanges between the simulated threads.
 
 A warp-collective instruction takes its operands from all 32 lanes, so each emulation runs in
-three steps: a barrier (every thread has finished reading the scratch of the previous call),
-publish this thread's registers (or row address) in ``scratch[SCRATCH_WORDS * tid ...]``, a
-barrier, then compute this lane's result from its warp's 32 entries with the NumPy model of
-``kernels/ptx/model.py``. Hence the callers' contract: every thread of the block calls together
-(never inside a thread-dependent branch), the block is a whole number of warps, ``tid`` is the
-thread's linear index and ``scratch`` holds ``scratch_size(threads)`` uint32 words.
+three steps: a warp barrier (``sync.warp_sync``: every lane has finished reading the scratch of
+the previous call), publish this thread's registers (or row address) in ``scratch[SCRATCH_WORDS
+* tid ...]``, a warp barrier, then compute this lane's result from its warp's 32 entries with
+the NumPy model of ``kernels/ptx/model.py``. Hence the callers' contract, the instructions'
+own: every thread of a warp calls together (other warps may be elsewhere), the block is a whole
+number of warps, ``tid`` is the thread's linear index and ``scratch`` holds
+``scratch_size(threads)`` uint32 words.
 """
 
 import numpy as np
@@ -16,6 +17,7 @@ from numba import cuda
 from ..ptx.layout import SCRATCH_DTYPE, SCRATCH_WORDS  # noqa: F401  (API)
 from ..ptx.layout import ldmatrix_a_rowcol, ldmatrix_b_rowcol  # noqa: F401  (API)
 from ..ptx.model import lane_ldmatrix, lane_mma, warp_tiles
+from .sync import warp_sync
 
 
 def scratch_size(threads):
@@ -27,13 +29,13 @@ def scratch_size(threads):
 def _make_mma(fmt):
     @cuda.jit(device=True)
     def mma(a, b, c, scratch, tid):
-        cuda.syncthreads()
+        warp_sync(tid)
         row = SCRATCH_WORDS * tid
         for i in range(4):
             scratch[row + i] = np.uint32(int(a[i]) & 0xFFFFFFFF)
         scratch[row + 4] = np.uint32(int(b[0]) & 0xFFFFFFFF)
         scratch[row + 5] = np.uint32(int(b[1]) & 0xFFFFFFFF)
-        cuda.syncthreads()
+        warp_sync(tid)
         lane = tid & 31
         base = tid - lane
         words = np.array(scratch[SCRATCH_WORDS * base:SCRATCH_WORDS * (base + 32)],
@@ -47,9 +49,9 @@ def _make_mma(fmt):
 def _make_ldmatrix(num, trans):
     @cuda.jit(device=True)
     def ldmatrix(smem, offset, scratch, tid):
-        cuda.syncthreads()
+        warp_sync(tid)
         scratch[SCRATCH_WORDS * tid] = np.uint32(offset)
-        cuda.syncthreads()
+        warp_sync(tid)
         lane = tid & 31
         base = tid - lane
         offsets = scratch[SCRATCH_WORDS * base:SCRATCH_WORDS * (base + 32):SCRATCH_WORDS]

@@ -4,9 +4,10 @@ has the instructions, the 128-byte swizzle and the API).
 ``mma_ss`` reads both operands from the simulated shared memory through the descriptors, with
 the swizzle applied as the hardware applies it (``kernels/ptx/model.py``'s ``read_operand``; the
 emulated "address" is the byte offset in the shared array, so a tile is aligned when its offset
-is). ``mma_rs`` first exchanges the warp's A registers through ``scratch`` between two
-``syncthreads`` (``mma``'s convention: every thread calls together, ``tid`` is the linear thread
-index). The asynchronous instructions compute at issue; the fences and waits do nothing.
+is). ``mma_rs`` first exchanges the warp's A registers through ``scratch`` between two warp
+barriers (``mma``'s convention: every thread of a warp calls together, ``tid`` is the linear
+thread index; another warpgroup may run other code meanwhile). The asynchronous instructions
+compute at issue; the fences and waits do nothing.
 """
 
 import numpy as np
@@ -17,6 +18,7 @@ from ..ptx.layout import (BLOCK_COLS, SCRATCH_WORDS, SWIZZLE_BYTES, TILE_ALIGN, 
                           make_aligned_base, make_descriptor, padded_cols, tile_offset, SBO, MN_K_STEP,
                           k_step, WARPGROUP)
 from ..ptx.model import read_operand, warp_a_tile
+from .sync import warp_sync
 
 
 def scratch_size(threads):
@@ -35,10 +37,10 @@ def _make_mma(fmt, n, a_regs, trans_b):
         lane = tid & 31
         slab = (tid >> 5) & 3  # the warp's 16 rows of the warpgroup's 64
         if a_regs:
-            cuda.syncthreads()
+            warp_sync(tid)
             for i in range(4):
                 scratch[SCRATCH_WORDS * tid + i] = np.uint32(int(a[i]) & 0xFFFFFFFF)
-            cuda.syncthreads()
+            warp_sync(tid)
             base = tid - lane
             words = np.array(scratch[SCRATCH_WORDS * base:SCRATCH_WORDS * (base + 32)],
                              dtype=np.uint32).reshape(32, SCRATCH_WORDS)[:, :4]

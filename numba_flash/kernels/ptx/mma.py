@@ -60,7 +60,7 @@ tile each lane points to, as (row, col) from the tile's corner, for the operands
 
 API (``fmt`` is ``"float16"`` or ``"bfloat16"``; 16-bit data are ``uint16`` bits; ``scratch``
 and ``tid`` serve only the simulator's emulation, which exchanges the warp's registers through
-``scratch``, so every thread of the block calls these together):
+``scratch`` behind a warp barrier, so every thread of a warp calls these together):
 
     SCRATCH_DTYPE, scratch_size(threads)                         the scratch array: 1 word here
     mma_f16(a, b, c, scratch, tid) / mma_bf16(...) / mma(fmt)   -> (d0, d1, d2, d3) float32

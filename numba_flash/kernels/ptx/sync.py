@@ -8,8 +8,8 @@ of its member mask (here the whole warp) converge before they exchange, which is
 with the synchronization: the online softmax reduces the row maxima and sums of a group of four
 lanes with masks 1 and 2. Numba has the instruction (``cuda.shfl_xor_sync``); the wrapper gives
 it the signature of its emulation, whose simulator has no warp shuffles and exchanges through a
-shared ``scratch`` array between two ``syncthreads`` instead (so every thread of the block makes
-the call together, outside any thread-dependent branch).
+shared ``scratch`` array between two barriers of the caller's warp instead (so every thread of a
+warp makes the call together, as the instruction requires; other warps may run other code).
 
 Proxies. Ordinary stores and ``cp.async`` write shared memory through the *generic proxy*;
 wgmma reads its operands through the *async proxy*, which does not see those writes in order

@@ -1,0 +1,76 @@
+"""The warp shuffle of kernels/ptx/sync.py (and its emulation's warp barrier): lanes swap values
+with ``lane ^ mask``, and a warp's exchange waits for its own 32 threads only, so warps may run
+different code between the block's barriers, as on a GPU. Simulator or GPU."""
+
+import functools
+
+import numpy as np
+import pytest
+from numba import cuda, float32
+
+from numba_flash.kernels.instructions import sync
+
+THREADS = 96  # three warps
+SCRATCH = sync.scratch_size(THREADS)
+
+
+@functools.lru_cache(maxsize=None)
+def _swap_kernel():
+    shfl_xor = sync.shfl_xor
+
+    @cuda.jit
+    def swap(masks, out):
+        scratch = cuda.shared.array(SCRATCH, float32)
+        tid = cuda.threadIdx.x
+        for i in range(masks.shape[0]):
+            out[i, tid] = shfl_xor(float32(tid), masks[i], scratch, tid)
+
+    return swap
+
+
+@functools.lru_cache(maxsize=None)
+def _divergent_kernel():
+    shfl_xor = sync.shfl_xor
+
+    @cuda.jit
+    def divergent(out):
+        """Warp 0 shuffles twice and publishes the results, warp 1 shuffles once, warp 2 only
+        waits at the block barrier: every thread then reads what warp 0 published."""
+        scratch = cuda.shared.array(SCRATCH, float32)
+        published = cuda.shared.array(32, float32)
+        tid = cuda.threadIdx.x
+        v = float32(tid)
+        if tid < 32:
+            v = shfl_xor(v, 1, scratch, tid)
+            v = shfl_xor(v, 2, scratch, tid)  # lane ^ 3
+            published[tid] = v
+        elif tid < 64:
+            v = shfl_xor(v, 4, scratch, tid)  # lane ^ 4
+        cuda.syncthreads()
+        out[0, tid] = v
+        out[1, tid] = published[tid & 31]
+
+    return divergent
+
+
+def test_shfl_xor_returns_the_value_of_lane_xor_mask():
+    masks = np.array([1, 2, 4, 8, 16, 3, 31], np.int32)
+    out = np.full((masks.size, THREADS), np.nan, np.float32)
+    d_out = cuda.to_device(out)
+    _swap_kernel()[1, THREADS](cuda.to_device(masks), d_out)
+    tid = np.arange(THREADS)
+    np.testing.assert_array_equal(d_out.copy_to_host(), (tid[None, :] ^ masks[:, None]))
+
+
+@pytest.mark.parametrize("repeat", range(3))
+def test_a_warps_shuffles_wait_for_that_warp_only(repeat):
+    """With a block-wide barrier inside the shuffle, warp 0's first exchange would release warp 2
+    from its ``syncthreads`` before warp 0 published (it read NaN or stale values)."""
+    out = cuda.to_device(np.full((2, THREADS), np.nan, np.float32))
+    _divergent_kernel()[1, THREADS](out)
+    out = out.copy_to_host()
+    tid = np.arange(THREADS)
+    lane = tid & 31
+    np.testing.assert_array_equal(out[0], np.where(tid < 32, tid ^ 3, np.where(tid < 64, tid ^ 4,
+                                                                                tid)))
+    np.testing.assert_array_equal(out[1], lane ^ 3)
