@@ -187,8 +187,9 @@ def _forward_spec(backend, dev):
 
 
 def _backward_specs(backend, head_dim, dev):
-    """The dK/dV and dQ kernels of ``backend`` (after the shared D_i preprocess): on a Hopper
-    the wgmma ones up to their head-dim limit, mma.sync past it and on every other GPU."""
+    """The dK/dV and dQ kernels of ``backend``: on a Hopper the wgmma ones up to their head-dim
+    limit, mma.sync past it and on every other GPU. ``DqSpec.writes_delta`` says whether dQ
+    computes D_i itself or the shared preprocess runs first."""
     if backend == "tc":
         if tc_family(dev.cc) == "wgmma" and head_dim <= tc_backward_wgmma.MAX_HEAD_DIM:
             return tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ
@@ -375,13 +376,15 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     stream = arrays.stream_of(q, stream)
     problem = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv,
                    scale=scale)
-    simt_backward.PREPROCESS.prepare(config._replace(causal=False), problem, dev)
-    specs = _backward_specs(chosen, d, dev)
-    for spec in specs:  # every kernel's tiles and grid fit, or nothing runs
-        spec.prepare(config, problem, dev)
-    simt_backward.PREPROCESS.launch(config._replace(causal=False), problem, stream, dev)
-    for spec in specs:
-        spec.launch(config, problem, stream, dev)
+    dkdv, dq_spec = _backward_specs(chosen, d, dev)
+    # D_i first: by the preprocess, or by a dQ kernel that computes it (then dQ runs first).
+    steps = ((dq_spec, config), (dkdv, config)) if dq_spec.writes_delta else \
+        ((simt_backward.PREPROCESS, config._replace(causal=False)), (dkdv, config),
+         (dq_spec, config))
+    for spec, cfg in steps:  # every kernel's tiles and grid fit, or nothing runs
+        spec.prepare(cfg, problem, dev)
+    for spec, cfg in steps:
+        spec.launch(cfg, problem, stream, dev)
     return dq.obj, dk.obj, dv.obj
 
 

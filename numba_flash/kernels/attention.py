@@ -117,9 +117,10 @@ class DkdvSpec(KernelSpec):
 
 class DqSpec(KernelSpec):
     """dQ_i: (q, k, v, dout, lse, delta, dq, Sq, Sk, Hq, group, scale, scale_log2); grid
-    (ceil(Sq / BLOCK_M), B * Hq)."""
+    (ceil(Sq / BLOCK_M), B * Hq); after the preprocess and dK/dV."""
 
     Config = AttentionConfig
+    writes_delta = False
 
     def signature(self, config):
         t = tensor_type(config.fmt)
@@ -132,6 +133,22 @@ class DqSpec(KernelSpec):
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dq"], *_sizes(p),
                 *_scales(p))
+
+
+class DqDeltaSpec(DqSpec):
+    """A dQ kernel that also computes ``D_i = rowsum(dO_i * O_i)`` of its queries (the
+    preprocess fused) and writes it to ``delta`` for dK/dV, so it runs first: (q, k, v, dout,
+    out, lse, delta, dq, Sq, Sk, Hq, group, scale, scale_log2)."""
+
+    writes_delta = True
+
+    def signature(self, config):
+        t = tensor_type(config.fmt)
+        return types.void(t, t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32)
+
+    def arguments(self, config, p):
+        return (p["q"], p["k"], p["v"], p["dout"], p["out"], p["lse"], p["delta"], p["dq"],
+                *_sizes(p), *_scales(p))
 
 
 class DecodeConfig(NamedTuple):

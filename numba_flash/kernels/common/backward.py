@@ -21,15 +21,16 @@ per column (``make_dkdv_scores_to_ds``).
 
 from numba import cuda, float32
 
-from ..instructions import convert
+from ..instructions import convert, sync, wgmma
 from . import constants
 from .masks import make_needs_mask
 
 
-def make_dq_rows():
+def make_dq_rows(WITH_DELTA=True):
     """``load_rows(lse_r, D_r, lse, delta, b, h, row_g, seqlen_q)``: lse_i log2 e and D_i of the
     thread's two fragment rows ``row_g`` and ``row_g + 8`` into lse_r (2,) and D_r (2,), +inf
-    and 0 past the queries (P = 0 there)."""
+    and 0 past the queries (P = 0 there). ``WITH_DELTA=False``: D_r = 0 and delta unread (a
+    kernel that computes D_i itself, ``make_tile_delta``)."""
     LOG2E, POS_INF = constants.LOG2E, constants.POS_INF
     ZERO = float32(0.0)
 
@@ -40,9 +41,39 @@ def make_dq_rows():
             D_r[half] = ZERO
             if row_g + 8 * half < seqlen_q:
                 lse_r[half] = lse[b, h, row_g + 8 * half] * LOG2E
-                D_r[half] = delta[b, h, row_g + 8 * half]
+                if WITH_DELTA:
+                    D_r[half] = delta[b, h, row_g + 8 * half]
 
     return load_rows
+
+
+def make_tile_delta(DPAD, BLOCK_M, FMT):
+    """``tile_delta(D_r, words, o_tile, do_tile, r, t, scratch, tid)``: the preprocess in a dQ
+    kernel. D_i = rowsum(dO_i * O_i) of tile rows ``r`` and ``r + 8`` into D_r (2,), from the
+    BLOCK_M-row, 128-byte-swizzled O and dO tiles at 16-bit elements ``o_tile`` and ``do_tile``
+    of dynamic shared memory, read as its 32-bit ``words`` (element pairs). The four lanes ``t = 0..3`` of a quad share the rows (they
+    are an mma fragment's): lane t sums the element pairs at columns ``2 t + 8 k``, two
+    shuffles add the quad's four sums. A warp's 32 words per k land in 32 banks: the swizzle
+    spreads the 8 rows' chunk k over all 8 chunk positions. Padding columns are zero-filled by
+    the copies and add nothing. ``scratch``: ``sync.scratch_size`` float32 (the simulator's)."""
+    unpack = convert.unpack(FMT)
+    tile_offset, shfl_xor = wgmma.tile_offset, sync.shfl_xor
+    ZERO = float32(0.0)
+
+    @cuda.jit(device=True, inline="always")
+    def tile_delta(D_r, words, o_tile, do_tile, r, t, scratch, tid):
+        for half in range(2):
+            acc = ZERO
+            for k in range(DPAD // 8):
+                at = tile_offset(r + 8 * half, 2 * t + 8 * k, BLOCK_M)
+                o0, o1 = unpack(words[(o_tile + at) >> 1])
+                d0, d1 = unpack(words[(do_tile + at) >> 1])
+                acc += o0 * d0 + o1 * d1
+            acc += shfl_xor(acc, 1, scratch, tid)
+            acc += shfl_xor(acc, 2, scratch, tid)
+            D_r[half] = acc
+
+    return tile_delta
 
 
 def make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL):

@@ -19,6 +19,12 @@ What it computes
     and dK/dV sums the query heads of its kv head's group in a fixed order, so the gradients are
     bitwise reproducible.
 
+    The preprocess ``D_i = rowsum(dO_i * O_i)`` is no kernel of its own here: the dQ kernel
+    copies O_i beside dO_i, sums the products of its rows from shared memory while the tensor
+    cores run its first products (``common/backward.make_tile_delta``), uses them and writes
+    them to ``delta``; dQ therefore runs first and dK/dV reads them (``DqDeltaSpec``). That
+    saves a launch and a pass over O and dO: 83-95 us of a 1.6-1.9 ms backward at N = 1k.
+
 Grid / block mapping
     dK/dV: grid (ceil(Sk / BLOCK_N), B * Hk) with B * Hk folded into y and z
     (``common/grid.py``); BLOCK_N = 64 NWG keys, warpgroup ``wg`` owns keys ``64 wg .. 64 wg +
@@ -31,16 +37,17 @@ Memory pipeline
     cp.async 16-byte copies into 128-byte-swizzled tiles (``common/copies.py``), published to
     wgmma by wait -> proxy fence -> barrier as in the forward. dK/dV: K_j, V_j once; Q_i, dO_i
     double buffered with lse_i log2 e and D_i beside them, tile i + 1 in flight while tile i is
-    computed. dQ: Q_i, dO_i once; K_j, V_j double buffered. The next tile's copies (and, in
+    computed. dQ: Q_i, dO_i (and O_i, for D_i) once; K_j, V_j double buffered. The next tile's copies (and, in
     dK/dV, its lse_i and D_i, staged into the other words) are issued after the current tile's
     first products, so their issue and latency run under the tensor cores' work instead of
     between the barrier and the first wgmma.
 
 Shared memory (16-bit elements, DPAD = HEAD_DIM rounded up to 64, + 1 KiB of alignment)
     dK/dV: K, V  BLOCK_N x DPAD each; Q, dO  2 x BLOCK_M x DPAD each; 4 BLOCK_M float32.
-    dQ:    Q, dO  BLOCK_M x DPAD each; K, V  2 x BLOCK_N x DPAD each.
-    e.g. D = 128, dK/dV 128 keys x 64 queries: 64 + 64 + 1 + 1 = 130 KiB; dQ 128 x 64: 129 KiB.
-    One block per SM either way: the tiles run 4 or 8 warps at 126-255 registers per thread.
+    dQ:    Q, dO, O  BLOCK_M x DPAD each; K, V  2 x BLOCK_N x DPAD each.
+    e.g. D = 128, dK/dV 128 keys x 64 queries: 64 + 64 + 1 + 1 = 130 KiB; dQ 128 x 64: 161 KiB.
+    One or two blocks per SM: the tiles run 4 or 8 warps at 128-255 registers per thread (the
+    table may cap them so that two blocks fit).
 
 Limits
     float16 / bfloat16; HEAD_DIM a multiple of 8 up to 128 (dK and dV of a 64-key warpgroup are
@@ -54,7 +61,7 @@ from functools import lru_cache
 from numba import cuda, float32, int32, uint16, uint32, uint64
 
 from ...runtime.spec import Tiles
-from ..attention import DkdvSpec, DqSpec
+from ..attention import DkdvSpec, DqDeltaSpec
 from ..common import backward
 from ..common.copies import make_swizzled_copy
 from ..common.epilogue import make_fragment_store
@@ -73,7 +80,7 @@ def dkdv_shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 
 def dq_shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM):
-    return 2 * (2 * BLOCK_M + 4 * BLOCK_N) * wgmma.padded_cols(HEAD_DIM) + wgmma.TILE_ALIGN
+    return 2 * (3 * BLOCK_M + 4 * BLOCK_N) * wgmma.padded_cols(HEAD_DIM) + wgmma.TILE_ALIGN
 
 
 @lru_cache(maxsize=None)
@@ -248,24 +255,29 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     K_OFF = 2 * BLOCK_M * DPAD               # two buffers of K, then two of V
     TILE = BLOCK_N * DPAD
     V_OFF = K_OFF + 2 * TILE
+    O_OFF = V_OFF + 2 * TILE                 # O_i, for D_i
     SCRATCH = wgmma.scratch_size(THREADS)
+    SHFL_SCRATCH = sync.scratch_size(THREADS)
     mma_s = wgmma.mma_ss(FMT, BLOCK_N, 0)    # S = Q K^T, dP = dO V^T: K, V read K-major
     mma_q = wgmma.mma_rs(FMT, DPAD, 1)       # dQ += dS K: K read MN-major
     pack_a = make_pack_a(FMT)
     copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
     store_row = make_fragment_store(HEAD_DIM, DT, FMT)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
-    load_rows = backward.make_dq_rows()
+    load_rows = backward.make_dq_rows(WITH_DELTA=False)
+    tile_delta = backward.make_tile_delta(DPAD, BLOCK_M, FMT)
     scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL)
     ZERO = float32(0.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     K_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES    # K as MN-major B: 64-column blocks apart
     BUF_STEP = TILE * 2 // 16
 
-    def flash_bwd_dq_wgmma(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
-                           scale, scale_log2):
+    def flash_bwd_dq_wgmma(q, k, v, dout, out, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q,
+                           group, scale, scale_log2):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
+        words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
+        shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -288,6 +300,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         copy_tile(smem, base + Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, r0, c)
         copy_tile(smem, base + DO_OFF, dout, b, m0, h, BLOCK_M, seqlen_q, r0, c)
         if n_tiles > 0:
+            copy_tile(smem, base + O_OFF, out, b, m0, h, BLOCK_M, seqlen_q, r0, c)
             copy_tile(smem, base + K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, r0, c)
             copy_tile(smem, base + V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, r0, c)
         memory.cp_async_commit()
@@ -308,7 +321,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 dQ[dt, e] = ZERO
         row_g = m0 + 16 * warp + g  # this thread's fragment rows: row_g and row_g + 8
         lse_r = cuda.local.array(2, float32)  # lse_i log2 e and D_i of the two rows
-        D_r = cuda.local.array(2, float32)
+        D_r = cuda.local.array(2, float32)    # 0 until tile 0 computes it (kept where no key)
         load_rows(lse_r, D_r, lse, delta, b, h, row_g, seqlen_q)
 
         for j in range(n_tiles):
@@ -335,6 +348,12 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 copy_tile(smem, base + V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
                           r0, c)
                 memory.cp_async_commit()
+            # The preprocess, fused: D_i = rowsum(dO_i O_i) of this thread's rows from the
+            # shared O_i and dO_i, also under the first products (dK/dV, launched after this
+            # kernel, reads them from delta).
+            if j == 0:
+                tile_delta(D_r, words, base + O_OFF, base + DO_OFF, row_g - m0, lane & 3,
+                           shfl_scratch, tid)
             wgmma.wait(0)
             wgmma.fence_operands(S, S_REGS)
             wgmma.fence_operands(dP, S_REGS)
@@ -356,6 +375,9 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         memory.cp_async_wait(0)
         for half in range(2):
             store_row(dq, b, row_g + 8 * half, h, seqlen_q, dQ, half, 0, t2, scale)
+            # D_i for dK/dV; 0 in a tile that sees no key (its lse is +inf: P = 0 anyway).
+            if t2 == 0 and row_g + 8 * half < seqlen_q:
+                delta[b, h, row_g + 8 * half] = D_r[half]
 
     return flash_bwd_dq_wgmma
 
@@ -372,12 +394,19 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 #                  2.85); 128 x 64 spills;
 #   dQ D = 64:     128 x 64: 3.41 non-causal (128 x 128: 3.61); 128 x 128: 2.04 causal;
 #   dQ D = 128:    128 x 64: 3.27 / 1.90 against 3.38 / 2.09 for 128 x 32.
-TILES = ((64, ((128, 128), (128, 128)), ((128, 64), (128, 128))),
+# An optional third number caps the registers per thread: dQ D = 64 non-causal holds two CTAs
+# per SM at 128 (without the cap, the fused D_i step takes it to 156 and one CTA: 5% slower).
+TILES = ((64, ((128, 128), (128, 128)), ((128, 64, 128), (128, 128))),
          (128, ((64, 128), (64, 64)), ((128, 64), (128, 64))))
 
 
 def _entry(config, column):
     return next(t for t in TILES if config.head_dim <= t[0])[column][int(config.causal)]
+
+
+def _tiles(entry, threads_of, shared_bytes, head_dim):
+    bm, bn, regs = (*entry, 0)[:3]
+    return Tiles(bm, bn, threads_of(bm, bn), shared_bytes(bm, bn, head_dim), regs)
 
 
 class Dkdv(DkdvSpec):
@@ -388,15 +417,15 @@ class Dkdv(DkdvSpec):
         return _entry(config, 1)
 
     def tiles(self, config, entry):
-        bm, bn = entry
-        return Tiles(bm, bn, bn // 64 * WARPGROUP, dkdv_shared_bytes(bm, bn, config.head_dim))
+        return _tiles(entry, lambda bm, bn: bn // 64 * WARPGROUP, dkdv_shared_bytes,
+                      config.head_dim)
 
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                 config.fmt)
 
 
-class Dq(DqSpec):
+class Dq(DqDeltaSpec):
     name = "flash_bwd_dq_wgmma"
     unroll_loops = True
 
@@ -404,8 +433,8 @@ class Dq(DqSpec):
         return _entry(config, 2)
 
     def tiles(self, config, entry):
-        bm, bn = entry
-        return Tiles(bm, bn, bm // 64 * WARPGROUP, dq_shared_bytes(bm, bn, config.head_dim))
+        return _tiles(entry, lambda bm, bn: bm // 64 * WARPGROUP, dq_shared_bytes,
+                      config.head_dim)
 
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,

@@ -1,13 +1,16 @@
 """kernels/common/backward.py against P = exp2(S scale_log2 - lse log2 e), dS = P (dP - D_i)
 written out in NumPy on whole tiles: one warp's C fragments (row ``g`` and ``g + 8``, columns
 ``t2, t2 + 1`` of each 8-column tile) are scattered back to matrices, so a wrong fragment
-mapping, a missed mask or a query past the end with P != 0 shows up as a wrong element."""
+mapping, a missed mask or a query past the end with P != 0 shows up as a wrong element; and
+the fused preprocess' D_i = rowsum(dO_i O_i) from swizzled tiles against a float64 sum."""
 
+import ml_dtypes
 import numpy as np
 import pytest
-from numba import cuda, float32
+from numba import cuda, float32, uint32
 
 from numba_flash.kernels.common import backward, constants
+from numba_flash.kernels.instructions import sync
 
 NT = 4  # 8-column tiles per fragment row: 32 columns, one warp's 16 rows
 COLS = 8 * NT
@@ -144,3 +147,58 @@ def test_dkdv_step_is_the_transposed_step(rng, causal, seqlen_q, seqlen_k, m0, n
     P = np.where(visible, P, 0)  # no ragged-key mask here: those rows are never stored
     np.testing.assert_allclose(matrix_of(P_out), P.T, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(matrix_of(dS_out), (P * (dP_t.T - D)).T, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- fused D_i
+
+TILE_ROWS, DPAD = 16, 128  # one warp's fragment rows, two 64-column blocks
+IMAGE_WORDS = TILE_ROWS * DPAD  # the O tile's words, then dO's
+
+
+def swizzled_image(M):
+    """M (TILE_ROWS, DPAD) of 16-bit bits in the 128-byte-swizzle layout, written out here from
+    the PTX ISA's description: 64-column blocks one after another, 128-byte rows, 16-byte chunk
+    c of row r at chunk position c ^ (r & 7)."""
+    img = np.zeros(TILE_ROWS * DPAD, np.uint16)
+    for r in range(TILE_ROWS):
+        for col in range(DPAD):
+            chunk = ((col >> 3) & 7) ^ (r & 7)
+            img[(col >> 6) * TILE_ROWS * 64 + r * 64 + chunk * 8 + (col & 7)] = M[r, col]
+    return img
+
+
+def make_delta_probe(fmt):
+    tile_delta = backward.make_tile_delta(DPAD, TILE_ROWS, fmt)
+    SHFL = sync.scratch_size(32)
+
+    @cuda.jit
+    def probe(image, D_out):
+        words = cuda.shared.array(IMAGE_WORDS, uint32)
+        scratch = cuda.shared.array(SHFL, float32)
+        lane = cuda.threadIdx.x
+        for i in range(lane, IMAGE_WORDS, 32):
+            words[i] = image[i]
+        cuda.syncthreads()
+        D_r = cuda.local.array(2, float32)
+        tile_delta(D_r, words, 0, TILE_ROWS * DPAD, lane >> 2, lane & 3, scratch, lane)
+        for half in range(2):
+            D_out[lane, half] = D_r[half]
+
+    return probe
+
+
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16"])
+def test_tile_delta_is_the_rowsum_of_do_times_o(rng, fmt):
+    head_dim = 72  # the padding columns 72..127 are zeros, as the copies leave them
+    dtype = np.float16 if fmt == "float16" else ml_dtypes.bfloat16
+    O, dO = (np.zeros((TILE_ROWS, DPAD), dtype) for _ in range(2))
+    O[:, :head_dim] = rng.standard_normal((TILE_ROWS, head_dim)).astype(dtype)
+    dO[:, :head_dim] = rng.standard_normal((TILE_ROWS, head_dim)).astype(dtype)
+    image = np.concatenate([swizzled_image(O.view(np.uint16)),
+                            swizzled_image(dO.view(np.uint16))]).view(np.uint32)
+    D_out = np.full((32, 2), np.nan, np.float32)
+    make_delta_probe(fmt)[1, 32](image, D_out)
+    want = (O.astype(np.float64) * dO.astype(np.float64)).sum(axis=1)
+    g = np.arange(32) >> 2  # every lane of a quad holds its rows' sums
+    np.testing.assert_allclose(D_out[:, 0], want[g], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(D_out[:, 1], want[g + 8], rtol=1e-5, atol=1e-5)
