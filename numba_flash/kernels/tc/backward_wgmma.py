@@ -65,7 +65,7 @@ from ..attention import DkdvSpec, DqDeltaSpec
 from ..common import backward
 from ..common.copies import make_swizzled_copy
 from ..common.epilogue import make_fragment_store
-from ..common.grid import folded_row, make_longest_first
+from ..common.grid import folded_row
 from ..common.masks import make_kv_end, make_q_begin
 from ..instructions import convert, memory, sync, wgmma
 
@@ -121,7 +121,6 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
     stage_rows = backward.make_dkdv_rows(BLOCK_M, THREADS)
     scores_to_ds = backward.make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL)
-    tile_and_row = make_longest_first(CAUSAL, 4 * DPAD)  # Q, dO rows of the group
     ZERO, ONE = float32(0.0), float32(1.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     QT_LBO = BLOCK_M * wgmma.SWIZZLE_BYTES   # Q, dO as MN-major B: 64-column blocks apart
@@ -143,11 +142,9 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         bh = folded_row()
         if bh >= k.shape[0] * n_heads_k:
             return  # past the last (batch, head): see common/grid.py
-        # Causal: the first key tiles (they see every query tile) launch first.
-        rank, bh = tile_and_row(k.shape[0] * n_heads_k, seqlen_q * group)
         b = int32(convert.div_u32(bh, n_heads_k))
         hk = bh - b * n_heads_k
-        n0 = rank * BLOCK_N
+        n0 = cuda.blockIdx.x * BLOCK_N
         diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
@@ -270,7 +267,6 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     load_rows = backward.make_dq_rows(WITH_DELTA=False)
     tile_delta = backward.make_tile_delta(DPAD, BLOCK_M, FMT)
     scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL)
-    tile_and_row = make_longest_first(CAUSAL, 4 * DPAD)  # a kv head's K and V rows
     ZERO = float32(0.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     K_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES    # K as MN-major B: 64-column blocks apart
@@ -292,12 +288,11 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         bh = folded_row()
         if bh >= q.shape[0] * n_heads_q:
             return  # past the last (batch, head): see common/grid.py
-        # Causal: the last query tiles (they see the most keys) launch first.
-        rank, bh = tile_and_row(q.shape[0] * n_heads_q, seqlen_k)
         b = int32(convert.div_u32(bh, n_heads_q))
         h = bh - b * n_heads_q
         hk = int32(convert.div_u32(h, group))
-        m0 = (cuda.gridDim.x - 1 - rank if CAUSAL else rank) * BLOCK_M
+        # Causal: the longest query tiles first (the grid's last CTAs are then the short ones).
+        m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
         diag = seqlen_k - seqlen_q
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
