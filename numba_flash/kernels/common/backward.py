@@ -49,13 +49,13 @@ def make_dq_rows(WITH_DELTA=True):
 
 def make_tile_delta(DPAD, BLOCK_M, FMT):
     """``tile_delta(D_r, words, o_tile, do_tile, r, t, scratch, tid)``: the preprocess in a dQ
-    kernel. D_i = rowsum(dO_i * O_i) of tile rows ``r`` and ``r + 8`` into D_r (2,), from the
-    BLOCK_M-row, 128-byte-swizzled O and dO tiles at 16-bit elements ``o_tile`` and ``do_tile``
-    of dynamic shared memory, read as its 32-bit ``words`` (element pairs). The four lanes ``t = 0..3`` of a quad share the rows (they
-    are an mma fragment's): lane t sums the element pairs at columns ``2 t + 8 k``, two
-    shuffles add the quad's four sums. A warp's 32 words per k land in 32 banks: the swizzle
-    spreads the 8 rows' chunk k over all 8 chunk positions. Padding columns are zero-filled by
-    the copies and add nothing. ``scratch``: ``sync.scratch_size`` float32 (the simulator's)."""
+    kernel. D_i = rowsum(dO_i * O_i) of tile rows ``r``, ``r + 8`` into D_r (2,), from BLOCK_M-row
+    128-byte-swizzled O and dO tiles at 16-bit elements ``o_tile``, ``do_tile`` of dynamic shared
+    memory read as its 32-bit ``words``. The quad's lanes ``t = 0..3`` share the rows (an mma
+    fragment's): lane t sums the element pairs at columns ``2 t + 8 k``, two shuffles add the
+    four sums. A warp's 32 words per k land in 32 banks (the swizzle spreads the 8 rows' chunk k
+    over all 8 positions); padding columns are zero-filled by the copies and add nothing.
+    ``scratch``: ``sync.scratch_size`` float32 (the simulator's)."""
     unpack = convert.unpack(FMT)
     tile_offset, shfl_xor = wgmma.tile_offset, sync.shfl_xor
     ZERO = float32(0.0)

@@ -37,10 +37,10 @@ Memory pipeline
     cp.async 16-byte copies into 128-byte-swizzled tiles (``common/copies.py``), published to
     wgmma by wait -> proxy fence -> barrier as in the forward. dK/dV: K_j, V_j once; Q_i, dO_i
     double buffered with lse_i log2 e and D_i beside them, tile i + 1 in flight while tile i is
-    computed. dQ: Q_i, dO_i (and O_i, for D_i) once; K_j, V_j double buffered. The next tile's copies (and, in
-    dK/dV, its lse_i and D_i, staged into the other words) are issued after the current tile's
-    first products, so their issue and latency run under the tensor cores' work instead of
-    between the barrier and the first wgmma.
+    computed. dQ: Q_i, dO_i (and O_i, for D_i) once; K_j, V_j double buffered. The next tile's
+    copies (and, in dK/dV, its lse_i and D_i, staged into the other words) are issued after the
+    current tile's first products, so their issue and latency run under the tensor cores' work
+    instead of between the barrier and the first wgmma.
 
 Shared memory (16-bit elements, DPAD = HEAD_DIM rounded up to 64, + 1 KiB of alignment)
     dK/dV: K, V  BLOCK_N x DPAD each; Q, dO  2 x BLOCK_M x DPAD each; 4 BLOCK_M float32.
