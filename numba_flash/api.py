@@ -344,8 +344,8 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     and dv like k (a kv head sums the gradients of its group's query heads), all in q's dtype;
     ``dq=``, ``dk=``, ``dv=`` take caller buffers. Bitwise deterministic (no atomics).
     ``auto`` runs the tensor-core kernels for 16-bit inputs on compute capability >= 8.0 whose
-    q, k, v and dout are 16-byte aligned views, else the CUDA-core ones; an explicit ``tc``
-    refuses unaligned views.
+    q, k, v and dout (and out, for the wgmma pair, whose dQ kernel computes D_i) are 16-byte
+    aligned views, else the CUDA-core ones; an explicit ``tc`` refuses unaligned views.
     """
     dev = device.current()
     q, k, v, scale, chosen = _check_attention(q, k, v, causal, softmax_scale, backend, dev)
@@ -359,12 +359,16 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     if lse.shape != (b, hq, sq) or lse.fmt != "float32":
         raise ValueError(f"lse: expected shape {(b, hq, sq)} of float32, "
                          f"got {lse.shape} of {lse.fmt}")
-    if chosen == "tc" and not arrays.rows_16_byte_aligned(q, k, v, dout):
+    dkdv, dq_spec = _backward_specs(chosen, d, dev)
+    # A dQ kernel that computes D_i copies out as well.
+    copied = (q, k, v, dout, out) if dq_spec.writes_delta else (q, k, v, dout)
+    if chosen == "tc" and not arrays.rows_16_byte_aligned(*copied):
         if backend == "tc":
-            raise ValueError("backend: the 'tc' backward copies q, k, v and dout in 16-byte "
-                             "chunks: their data pointers and strides must be multiples of 16 "
-                             "bytes (use 'simt' or 'auto' for other views)")
-        chosen = "simt"  # auto: the CUDA-core kernels read any view
+            names = ", ".join(t.name for t in copied[:-1]) + " and " + copied[-1].name
+            raise ValueError(f"backend: the 'tc' backward copies {names} in 16-byte chunks: "
+                             "their data pointers and strides must be multiples of 16 bytes "
+                             "(use 'simt' or 'auto' for other views)")
+        dkdv, dq_spec = _backward_specs("simt", d, dev)  # auto: CUDA cores read any view
     given = (dq, dk, dv)
     dq = _out_buffer(dq, q, q.shape, q.fmt, "dq")
     dk = _out_buffer(dk, q, k.shape, q.fmt, "dk")
@@ -376,7 +380,6 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     stream = arrays.stream_of(q, stream)
     problem = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv,
                    scale=scale)
-    dkdv, dq_spec = _backward_specs(chosen, d, dev)
     # D_i first: by the preprocess, or by a dQ kernel that computes it (then dQ runs first).
     steps = ((dq_spec, config), (dkdv, config)) if dq_spec.writes_delta else \
         ((simt_backward.PREPROCESS, config._replace(causal=False)), (dkdv, config),

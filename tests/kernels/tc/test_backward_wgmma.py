@@ -102,6 +102,29 @@ def test_rows_without_keys_get_zero_dq(rng):
     check_rows_without_keys(rng, _backward)
 
 
+def test_an_unaligned_out_is_refused_by_tc_and_run_by_auto(rng):
+    """The dQ kernel copies ``out`` for D_i in 16-byte chunks: a view 2 bytes into wider rows
+    is refused by ``tc`` before any launch (naming out) and run by ``auto`` on CUDA cores."""
+    import numpy as np
+
+    from helpers import to_host
+
+    B, S, H, D = (1, 5, 1, 16) if SIMULATOR else (1, 200, 2, 64)
+    dout, q, k, v = inputs(rng, B, S, S, H, H, D, "float16")
+    dev = [to_device(x) for x in (dout, q, k, v)]
+    out, lse = nf.flash_attn_fwd(*dev[1:])
+    wide = np.zeros((B, S, H, D + 1), np.float16)
+    wide[..., 1:] = to_host(out)
+    out_view = to_device(wide)[..., 1:]
+    dq = nan_like(q)
+    with pytest.raises(ValueError, match="16-byte") as err:
+        nf.flash_attn_bwd(*dev, out_view, lse, backend="tc", dq=dq)
+    assert "out" in str(err.value)
+    assert np.isnan(to_host(dq).astype(np.float32)).all()  # nothing written
+    grads = nf.flash_attn_bwd(*dev, out_view, lse)
+    check_gradients(grads, dout, q, k, v, False, "float16")
+
+
 def test_every_specialization_compiles_to_wgmma_without_spills():
     for name, column in (("DKDV", 1), ("DQ", 2)):
         configs = [((row[0], causal, fmt), row[column][int(causal)])
