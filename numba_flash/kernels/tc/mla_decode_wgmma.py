@@ -74,7 +74,7 @@ from numba import cuda, float32, int32, types, uint16, uint32, uint64
 from ...runtime import tma as tma_maps
 from ...runtime.spec import Tiles
 from ..attention import DecodeSpec
-from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_row_keys
+from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_piece_out, make_row_keys
 from ..common.softmax import make_online_update, make_row_max
 from ..common.status import BAD_TABLE_ENTRY, PAST_TABLE, report
 from ..instructions import convert, memory, sync, tma, wgmma
@@ -143,9 +143,11 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
     shfl_xor = sync.shfl_xor
     row_max = make_row_max(1, NT)
     update = make_online_update(1, NT, DT)
-    cta_work, piece_of, row_source, _, put, put_lse = make_paged_kv_walk(
+    cta_work, piece_of, row_source, _, _, put_lse = make_paged_kv_walk(
         HEAD_DIM, BLOCK_M, TPR, FMT, True)
     start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
+    stage, write = make_piece_out(HEAD_DIM_V, VH, BLOCK_M, THREADS // 32, FMT)
+    assert BLOCK_M * 2 * VH * 4 <= 2 * P_OFF  # the staged float32 O_i fits below the P tile
     ZERO, ONE = float32(0.0), float32(1.0)
     NO_PAGE = int32(-1)
 
@@ -208,6 +210,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
                          o_acc, lse_acc, status, s_q, group, page_size, scale_log2, tmap):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
+        smem_f32 = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # ... again
         xchg = cuda.shared.array(XCHG, float32)
         scratch = cuda.shared.array(SCRATCH, uint32)
         shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
@@ -352,8 +355,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
                 wgmma.wait(0)
                 wgmma.fence_operands(O_i, O_REGS)
 
-            # Epilogue: the row sums of both warpgroups, then O_i / l_i and the lse (final or
-            # partial) straight from the fragments.
+            # Epilogue: the row sums of both warpgroups, then O_i / l_i staged over the tiles
+            # (nothing is in flight there now) and copied out by rows; the lse (final or partial).
             memory.cp_async_wait(0)  # Q's copy, where the piece had no tile to wait for it
             for mask in (1, 2):
                 for half in range(2):
@@ -361,24 +364,21 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
             if t2 == 0:  # (every thread read the last maxima before the last P barrier)
                 for half in range(2):
                     xchg[BLOCK_M * wg + r_lo + 8 * half] = l_i[0, half]
-            cuda.syncthreads()
+            cuda.syncthreads()  # ... and every warpgroup's wgmma reads of the tiles are done
             for half in range(2):
                 r = r_lo + 8 * half
+                l = xchg[r] + xchg[BLOCK_M + r]
+                inv = ONE / l if l > ZERO else ZERO
+                stage(smem_words, smem_f32, base >> 1, O_i, VH * wg, r, half, t2, inv, split)
                 gr = m0 + r
-                if gr < q_rows:
-                    l = xchg[r] + xchg[BLOCK_M + r]
-                    inv = ONE / l if l > ZERO else ZERO
+                if wg == 0 and t2 == 0 and gr < q_rows:
                     t = int32(convert.div_u32(gr, group))
-                    h = hk * group + gr - t * group
-                    for dt in range(DT):
-                        for e in range(2):
-                            col = VH * wg + 8 * dt + t2 + e
-                            if col < HEAD_DIM_V:
-                                put(out, o_acc, split, req, slot, t, h, col,
-                                    O_i[0, dt, 2 * half + e] * inv, status)
-                    if wg == 0 and t2 == 0:
-                        put_lse(lse, lse_acc, split, req, slot, t, h, m_i[0, half] * scale_log2,
-                                l, status)
+                    put_lse(lse, lse_acc, split, req, slot, t, hk * group + gr - t * group,
+                            m_i[0, half] * scale_log2, l, status)
+            cuda.syncthreads()
+            write(out, o_acc, smem, smem_f32, base >> 1, split, req, slot, m0, q_rows, group, hk,
+                  warp, lane, status)
+            sync.proxy_fence()  # these reads before the next piece's copies into the tiles
 
     return mla_decode_wgmma
 
