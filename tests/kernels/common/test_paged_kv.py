@@ -1,12 +1,14 @@
-"""kernels/common/paged_kv.py's row key windows (``make_row_keys``) against the decode's rules
-written out in NumPy: packed query row r is token r // group of s_q, it sees the piece's keys
-below n_hi and, causal, those below seqlen - (s_q - 1 - token)."""
+"""kernels/common/paged_kv.py: the row key windows (``make_row_keys``) against the decode's rules
+written out in NumPy (packed query row r is token r // group of s_q, it sees the piece's keys
+below n_hi and, causal, those below seqlen - (s_q - 1 - token)); the staged output of a piece
+(``make_piece_out``) against the rows its fragments hold."""
 
 import numpy as np
 import pytest
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint16, uint32
 
-from numba_flash.kernels.common.paged_kv import make_row_keys
+from numba_flash.kernels.common.paged_kv import make_piece_out, make_row_keys
+from numba_flash.kernels.common.status import BAD_SPLITS
 
 NT, DT = 3, 2  # 24 keys per tile, 16 O columns
 
@@ -69,3 +71,109 @@ def test_rows_see_the_piece_and_their_diagonal(causal, n_hi, seqlen, key0, rng):
                     key = key0 + 8 * nt + (e & 1)
                     assert got[r, nt, e] == (-np.inf if key >= want else S[r, nt, e])
     assert (state[:, 2:4] == -np.inf).all() and (state[:, 4:] == 0).all()
+
+
+# ----------------------------------------------------------------------------- make_piece_out
+
+VH, ROWS, WARPS = 64, 64, 8  # two warpgroups of 64 O columns each over 64 packed rows
+INV = 0.5
+
+
+def fragment_value(r, col):
+    """What the probe puts in O_i at packed row r, column col (exact in float16 after INV)."""
+    return (r * 7 + col) * 0.25
+
+
+@pytest.fixture(scope="module")
+def writers():
+    made = {}
+
+    def get(dv):
+        if dv not in made:
+            stage, write = make_piece_out(dv, VH, ROWS, WARPS, "float16")
+            DT = VH // 8
+
+            @cuda.jit
+            def probe(out, o_acc, split, slot, q_rows, group, hk, status):
+                """Fragments of fragment_value staged and written as a decode's epilogue."""
+                smem = cuda.shared.array(0, uint16)
+                smem_words = cuda.shared.array(0, uint32)
+                smem_f32 = cuda.shared.array(0, float32)
+                tid = cuda.threadIdx.x
+                wg, warp, lane = tid >> 7, tid >> 5, tid & 31
+                t2 = (lane & 3) * 2
+                r_lo = 16 * (warp & 3) + (lane >> 2)
+                O_i = cuda.local.array((1, DT, 4), float32)
+                for dt in range(DT):
+                    for e in range(4):
+                        O_i[0, dt, e] = fragment_value(r_lo + 8 * (e >> 1),
+                                                       VH * wg + 8 * dt + t2 + (e & 1))
+                for half in range(2):
+                    stage(smem_words, smem_f32, 0, O_i, VH * wg, r_lo + 8 * half, half, t2,
+                          float32(INV), split)
+                cuda.syncthreads()
+                write(out, o_acc, smem, smem_f32, 0, split, 0, slot, 0, q_rows, group, hk, warp,
+                      lane, status)
+
+            made[dv] = probe
+        return made[dv]
+
+    return get
+
+
+def _expected_rows(q_rows, group, hk, dv):
+    """(token, head, values) of every packed row the piece writes."""
+    cols = np.arange(dv)
+    return [(gr // group, hk * group + gr % group, fragment_value(gr, cols) * INV)
+            for gr in range(q_rows)]
+
+
+@pytest.mark.parametrize("dv, shift", [(128, 0), (100, 0), (23, 0), (128, 1)],
+                         ids=["whole", "ragged-chunk", "odd", "unaligned-out"])
+def test_a_final_piece_writes_its_rows_and_nothing_else(writers, dv, shift):
+    """16-bit rows into ``out`` (a view whose rows start ``shift`` elements into a wider
+    buffer: 16-byte stores where aligned, elements otherwise); padding and rows past q_rows keep
+    their poison."""
+    s_q, h_q, group, hk, q_rows = 10, 10, 5, 1, 47
+    poison = np.float16(np.nan).view(np.uint16)
+    parent = np.full((1, s_q, h_q, dv + 16), poison, np.uint16)
+    out = parent[..., shift:shift + dv]
+    o_acc = np.full((2, s_q, h_q, dv), np.nan, np.float32)
+    status = np.zeros(1, np.int32)
+    d_parent = cuda.to_device(parent)
+    d_out = d_parent[..., shift:shift + dv]
+    d_acc = cuda.to_device(o_acc)
+    writers(dv)[1, 256, 0, ROWS * 2 * VH * 4](d_out, d_acc, False, 0, q_rows, group, hk,
+                                              cuda.to_device(status))
+    got = d_parent.copy_to_host()
+    want = parent.copy()
+    for t, h, values in _expected_rows(q_rows, group, hk, dv):
+        want[0, t, h, shift:shift + dv] = values.astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(d_acc.copy_to_host()).all()
+
+
+@pytest.mark.parametrize("dv", [128, 23])
+def test_a_split_piece_writes_float32_rows_to_its_slot_only(writers, dv):
+    s_q, h_q, group, hk, q_rows = 10, 10, 5, 1, 50
+    o_acc = np.full((3, s_q, h_q, dv), np.nan, np.float32)
+    d_acc = cuda.to_device(o_acc)
+    d_status = cuda.to_device(np.zeros(1, np.int32))
+    d_out = cuda.to_device(np.zeros((1, s_q, h_q, dv), np.uint16))
+    writers(dv)[1, 256, 0, ROWS * 2 * VH * 4](d_out, d_acc, True, 1, q_rows, group, hk, d_status)
+    want = o_acc.copy()
+    for t, h, values in _expected_rows(q_rows, group, hk, dv):
+        want[1, t, h] = values
+    np.testing.assert_array_equal(d_acc.copy_to_host(), want)
+    assert d_status.copy_to_host()[0] == 0 and not d_out.copy_to_host().any()
+
+
+@pytest.mark.parametrize("slot", [-1, 3])
+def test_a_slot_outside_the_accumulators_writes_nothing_and_is_reported(writers, slot):
+    o_acc = np.full((3, 10, 10, 128), np.nan, np.float32)
+    d_acc = cuda.to_device(o_acc)
+    d_status = cuda.to_device(np.zeros(1, np.int32))
+    d_out = cuda.to_device(np.zeros((1, 10, 10, 128), np.uint16))
+    writers(128)[1, 256, 0, ROWS * 2 * VH * 4](d_out, d_acc, True, slot, 50, 5, 1, d_status)
+    assert np.isnan(d_acc.copy_to_host()).all() and not d_out.copy_to_host().any()
+    assert d_status.copy_to_host()[0] == BAD_SPLITS
