@@ -79,9 +79,15 @@ VH, ROWS, WARPS = 64, 64, 8  # two warpgroups of 64 O columns each over 64 packe
 INV = 0.5
 
 
+@cuda.jit(device=True, inline="always")
 def fragment_value(r, col):
     """What the probe puts in O_i at packed row r, column col (exact in float16 after INV)."""
-    return (r * 7 + col) * 0.25
+    return float32(r * 7 + col) * float32(0.25)
+
+
+def fragment_values(r, cols):
+    """``fragment_value`` on the host, for a row's columns."""
+    return (r * 7 + cols) * 0.25
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +130,7 @@ def writers():
 def _expected_rows(q_rows, group, hk, dv):
     """(token, head, values) of every packed row the piece writes."""
     cols = np.arange(dv)
-    return [(gr // group, hk * group + gr % group, fragment_value(gr, cols) * INV)
+    return [(gr // group, hk * group + gr % group, fragment_values(gr, cols) * INV)
             for gr in range(q_rows)]
 
 
@@ -141,7 +147,7 @@ def test_a_final_piece_writes_its_rows_and_nothing_else(writers, dv, shift):
     o_acc = np.full((2, s_q, h_q, dv), np.nan, np.float32)
     status = np.zeros(1, np.int32)
     d_parent = cuda.to_device(parent)
-    d_out = d_parent[..., shift:shift + dv]
+    d_out = d_parent[:, :, :, shift:shift + dv]
     d_acc = cuda.to_device(o_acc)
     writers(dv)[1, 256, 0, ROWS * 2 * VH * 4](d_out, d_acc, False, 0, q_rows, group, hk,
                                               cuda.to_device(status))
