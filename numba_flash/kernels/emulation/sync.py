@@ -9,6 +9,10 @@ GPU: every thread of a warp makes the call together (the instruction's ``.sync``
 while another warp may be elsewhere in the kernel, in a branch of its own or at a barrier.
 ``tid ^ lane_mask`` stays in the warp for masks below 32. The simulator has one memory model,
 so the proxy fence has nothing to order.
+
+Named barriers (``named_sync``, ``named_arrive``) are a ``threading.Condition`` per (block,
+barrier id) with an arrival count and a generation: the ``count``-th arrival starts the next
+generation and wakes the waiters; ``named_arrive`` only counts.
 """
 
 import threading
@@ -61,3 +65,31 @@ def shfl_xor(value, lane_mask, scratch, tid):
 def proxy_fence():
     """fence.proxy.async.shared::cta (one memory model under the simulator)."""
     return None
+
+
+def _named_barrier(tid, barrier, count, wait):
+    me = threading.current_thread()
+    with _lock:
+        barriers = me._manager.__dict__.setdefault("numba_flash_named", {})
+        state = barriers.setdefault((tuple(me.blockIdx), int(barrier)),
+                                    {"cond": threading.Condition(), "arrived": 0, "gen": 0})
+    with state["cond"]:
+        gen = state["gen"]
+        state["arrived"] += 1
+        if state["arrived"] == count:
+            state["arrived"] = 0
+            state["gen"] += 1
+            state["cond"].notify_all()
+        elif wait and not state["cond"].wait_for(lambda: state["gen"] != gen, WARP_WAIT_S):
+            raise RuntimeError(f"named barrier {barrier} of block {tuple(me.blockIdx)}: fewer "
+                               f"than {count} threads arrived")
+
+
+def named_sync(barrier, count, tid):
+    """bar.sync barrier, count: arrive and wait for the generation to complete."""
+    _named_barrier(tid, barrier, count, True)
+
+
+def named_arrive(barrier, count, tid):
+    """bar.arrive barrier, count: arrive without waiting."""
+    _named_barrier(tid, barrier, count, False)

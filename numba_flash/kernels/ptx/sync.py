@@ -17,17 +17,27 @@ by itself. ``fence.proxy.async.shared::cta`` makes this thread's earlier shared-
 visible to later async-proxy reads; the kernels wait for their copies, fence, then
 ``syncthreads`` so every thread's writes are covered before any warp issues a wgmma.
 
+Named barriers. ``bar.sync id, n`` and ``bar.arrive id, n`` use one of the 16 hardware
+barriers of a CTA (``syncthreads`` is ``bar.sync 0``) for ``n`` threads only: the barrier
+completes when n threads have arrived, and ``arrive`` does not wait for that. Two warpgroups
+hand work to each other this way: the producer arrives once its shared-memory writes are done,
+the consumer syncs before it reads them, and the rest of the CTA never waits. A barrier orders
+the generic proxy only (``proxy_fence`` first, where a wgmma reads what was written).
+
 API:
 
     shfl_xor(value, lane_mask, scratch, tid)    the value of lane ``lane ^ lane_mask``
     scratch_size(threads)                       float32 elements of shfl_xor's scratch: 1 here
     proxy_fence()                               fence.proxy.async.shared::cta
+    named_sync(barrier, count, tid)             bar.sync barrier, count (constant ids 1..15)
+    named_arrive(barrier, count, tid)           bar.arrive barrier, count
 """
 
+from llvmlite import ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from .codegen import void_asm
+from .codegen import I32, is_int, void_asm
 
 
 def scratch_size(threads):
@@ -51,3 +61,28 @@ def proxy_fence(typingctx):
         return context.get_dummy_value()
 
     return types.void(), codegen
+
+
+def _named_barrier(op):
+    @intrinsic
+    def named(typingctx, barrier, count, tid):
+        if not (is_int(barrier) and is_int(count) and is_int(tid)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.VoidType(), [I32, I32])
+            asm = ir.InlineAsm(fnty, f"{op} $0, $1;", "r,r,~{memory}", side_effect=True)
+            builder.call(asm, [context.cast(builder, args[i], sig.args[i], types.int32)
+                               for i in range(2)])
+            return context.get_dummy_value()
+
+        return types.void(barrier, count, tid), codegen
+
+    return named
+
+
+named_sync = _named_barrier("bar.sync")
+named_sync.__doc__ = """``bar.sync barrier, count``: arrive, and wait until ``count`` threads (a
+multiple of 32, whole warps) have arrived on ``barrier`` (1..15). ``tid`` is the emulation's."""
+named_arrive = _named_barrier("bar.arrive")
+named_arrive.__doc__ = """``bar.arrive barrier, count``: arrive on ``barrier`` without waiting."""

@@ -1,12 +1,13 @@
 """The warp shuffle of kernels/ptx/sync.py (and its emulation's warp barrier): lanes swap values
 with ``lane ^ mask``, and a warp's exchange waits for its own 32 threads only, so warps may run
-different code between the block's barriers, as on a GPU. Simulator or GPU."""
+different code between the block's barriers, as on a GPU; and the named barriers, with which
+two groups of warps hand data to each other while a third never waits. Simulator or GPU."""
 
 import functools
 
 import numpy as np
 import pytest
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from numba_flash.kernels.instructions import sync
 
@@ -74,3 +75,49 @@ def test_a_warps_shuffles_wait_for_that_warp_only(repeat):
     np.testing.assert_array_equal(out[0], np.where(tid < 32, tid ^ 3, np.where(tid < 64, tid ^ 4,
                                                                                 tid)))
     np.testing.assert_array_equal(out[1], lane ^ 3)
+
+
+ROUNDS = 5
+
+
+@functools.lru_cache(maxsize=None)
+def _handoff_kernel():
+    named_sync, named_arrive = sync.named_sync, sync.named_arrive
+
+    @cuda.jit
+    def handoff(out):
+        """Warp 0 writes round r's values and arrives on barrier 1; warp 1 syncs on it, reads
+        them, writes its own and arrives on barrier 2, which warp 0 syncs on before the next
+        round overwrites its slot. Warp 2 never touches a named barrier."""
+        ping = cuda.shared.array(32, int32)
+        pong = cuda.shared.array(32, int32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        for r in range(ROUNDS):
+            if tid < 32:
+                ping[lane] = 100 * r + lane
+                named_arrive(1, 64, tid)
+                named_sync(2, 64, tid)
+                out[r, tid] = pong[lane]
+            elif tid < 64:
+                named_sync(1, 64, tid)
+                v = ping[lane]
+                pong[lane] = -v
+                out[r, tid] = v
+                named_arrive(2, 64, tid)
+            else:
+                out[r, tid] = r
+
+    return handoff
+
+
+@pytest.mark.parametrize("repeat", range(2))
+def test_named_barriers_hand_data_between_warps(repeat):
+    out = cuda.to_device(np.full((ROUNDS, THREADS), -1, np.int32))
+    _handoff_kernel()[1, THREADS](out)
+    out = out.copy_to_host()
+    r = np.arange(ROUNDS)[:, None]
+    lane = np.arange(32)[None, :]
+    np.testing.assert_array_equal(out[:, 32:64], 100 * r + lane)
+    np.testing.assert_array_equal(out[:, :32], -(100 * r + lane))
+    np.testing.assert_array_equal(out[:, 64:], np.broadcast_to(r, (ROUNDS, 32)))
