@@ -61,6 +61,11 @@ def shfl_xor(value, lane_mask, scratch, tid):
     return other
 
 
+def warp_uniform(value):
+    """Lane 0's value: the caller passes one that every lane of its warp holds."""
+    return value
+
+
 @cuda.jit(device=True)
 def proxy_fence():
     """fence.proxy.async.shared::cta (one memory model under the simulator)."""

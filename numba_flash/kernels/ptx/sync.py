@@ -29,6 +29,7 @@ API:
     shfl_xor(value, lane_mask, scratch, tid)    the value of lane ``lane ^ lane_mask``
     scratch_size(threads)                       float32 elements of shfl_xor's scratch: 1 here
     proxy_fence()                               fence.proxy.async.shared::cta
+    warp_uniform(value)                         lane 0's value, known to ptxas as warp-uniform
     named_sync(barrier, count, tid)             bar.sync barrier, count (constant ids 1..15)
     named_arrive(barrier, count, tid)           bar.arrive barrier, count
 """
@@ -49,6 +50,14 @@ def scratch_size(threads):
 @cuda.jit(device=True, inline="always")
 def shfl_xor(value, lane_mask, scratch, tid):
     return cuda.shfl_xor_sync(0xFFFFFFFF, value, lane_mask)
+
+
+@cuda.jit(device=True, inline="always")
+def warp_uniform(value):
+    """``value`` of lane 0, broadcast by ``shfl.sync.idx``: the same number, but ptxas now knows
+    every lane of the warp holds it. A branch on a warpgroup's index computed this way is not
+    divergent to ptxas, which otherwise serializes the wgmma inside it (C7519)."""
+    return cuda.shfl_sync(0xFFFFFFFF, value, 0)
 
 
 @intrinsic

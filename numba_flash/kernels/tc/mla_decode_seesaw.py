@@ -1,0 +1,503 @@
+"""Paged MLA decode on Hopper's warpgroups with FlashMLA's "seesaw": each warpgroup scores its
+own tile of a pair while the other multiplies.
+
+What it computes
+    The function of ``tc/mla_decode_wgmma.py`` (read it first: the packed query rows, Q resident
+    in shared memory, V as the first HEAD_DIM_V columns of each 64-key cache tile, the pieces,
+    partials and the combine are the same), with another division of the work between its two
+    warpgroups. There, both warpgroups go through every phase of every tile together (each
+    scores 32 of its keys, then both exchange maxima, write P, multiply P V), so the tensor
+    cores idle whenever the CTA is in a softmax or at a barrier. Here the tiles come in pairs
+    (a = 2p, b = 2p + 1): warpgroup 0 scores all 64 keys of tile a, warpgroup 1 those of tile
+    b, and each keeps its half of O_i's columns (O_L, O_R) as before:
+
+        WG0: softmax(S_a) from WG1's last maximum -> O_L += P_a V_a[:, L] (P from registers)
+             then, with WG1's new maximum: P_a rescaled into shared memory for WG1,
+             O_L += P_b V_b[:, L] (P_b from shared memory), score tile a + 2
+        WG1: softmax(S_b) from WG0's new maximum -> P_b into shared memory for WG0,
+             O_R += P_b V_b[:, R] (registers), O_R += P_a V_a[:, R] (shared), score tile b + 2
+
+    The running maximum crosses through shared memory in one direction per pair (WG0 -> WG1 ->
+    WG0 at the next pair), with the rescale factors beside it, so O_L, O_R, both row sums and
+    both P tiles always share one maximum. Named barriers (``sync.named_arrive`` /
+    ``named_sync``, 256 threads) order the four hand-offs: scale 0 ready, scale 1 ready, P_a
+    stored, P_b stored. While one warpgroup is in its softmax the other's chains run.
+
+Grid / block mapping
+    As ``mla_decode_wgmma.py``: grid (scheduler parts, h_kv, ceil(q_rows / 64)), 256 threads.
+    Per thread: S of a whole tile (32 floats), its half of O_i (VH / 2 floats), and the 64 rope
+    columns of Q (the last 64-column block, 16 registers): the S chains read that block from
+    registers (an rs wgmma), which frees it in shared memory for P_b.
+
+Memory pipeline
+    TMA only (page sizes that are multiples of 64). A cache buffer is refilled in two halves,
+    each with its own mbarrier: the V columns of O_L (boxes 0 .. VB - 1) by warpgroup 0 as soon
+    as its products on them are done, the rest (O_R's V columns and the rope block) by
+    warpgroup 1. Buffer 0 holds the even tiles, buffer 1 the odd ones; the warpgroup that
+    scores a buffer's tile waits for both of its halves. Rows past the piece end are zeroed in
+    the V columns by the scoring warpgroup before its barrier hands the tile on.
+
+Shared memory: that of ``mla_decode_wgmma.py`` (Q, two cache tiles, one P tile: 225 KiB at
+    576 / 512), P_b in Q's rope block; 448 static floats for the maxima, scale factors and sums.
+
+Limits
+    As ``mla_decode_wgmma.py``, and Q's last 64-column block must lie past the V columns
+    (HEAD_DIM > 2 VH, as DeepSeek's 576 / 512); page sizes that are multiples of 64.
+"""
+
+from functools import lru_cache
+
+from numba import cuda, float32, int32, types, uint16, uint32, uint64
+
+from ...runtime import tma as tma_maps
+from ...runtime.spec import Tiles
+from ..attention import DecodeSpec
+from ..common import constants
+from ..common.paged_kv import make_paged_kv_walk, make_row_keys
+from ..common.softmax import make_row_max
+from ..common.status import BAD_TABLE_ENTRY, PAST_TABLE, report
+from ..instructions import convert, memory, sync, tma, wgmma
+from .mla_decode_wgmma import BLOCK_M, BLOCK_N, shared_bytes, tile_cols, value_cols
+
+SHARED_ALIGN = memory.SHARED_ALIGN
+WARPGROUP = wgmma.WARPGROUP
+THREADS = 2 * WARPGROUP
+TPR = THREADS // BLOCK_N
+# Named barriers (0 is syncthreads'): the four hand-offs between the warpgroups, and one per
+# warpgroup for its own zeroed rows.
+SCALE0, SCALE1, P_A, P_B, OWN = 1, 2, 3, 4, 5
+
+
+def supports(head_dim, head_dim_v):
+    """Whether the seesaw takes these head dims: Q's last column block is not V."""
+    qw, _ = tile_cols(head_dim, head_dim_v)
+    return (head_dim % 16 == 0 and head_dim <= 576 and head_dim_v <= 512
+            and qw - wgmma.BLOCK_COLS >= 2 * value_cols(head_dim_v))
+
+
+@lru_cache(maxsize=None)
+def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
+    assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)
+    QW, KW = tile_cols(HEAD_DIM, HEAD_DIM_V)
+    VH = value_cols(HEAD_DIM_V)
+    NT, DT = BLOCK_N // 8, VH // 8
+    KK = BLOCK_N // 16                   # k-steps of P V
+    S_REGS, O_REGS = 4 * NT, 4 * DT
+    BOXES = QW // wgmma.BLOCK_COLS
+    VB = VH // wgmma.BLOCK_COLS          # boxes of O_L's V columns: buffer half 0
+    SS_STEPS = (BOXES - 1) * 4           # k-steps of S read from shared memory; the rope
+    Q_OFF = 0                            # block's 4 come from registers
+    ROPE = Q_OFF + (BOXES - 1) * BLOCK_M * wgmma.BLOCK_COLS  # Q's last block: P_b's home
+    K_OFF = BLOCK_M * QW
+    TILE = BLOCK_N * KW
+    P_OFF = K_OFF + 2 * TILE             # P_a
+    BOX = BLOCK_N * wgmma.BLOCK_COLS
+    CHUNKS = HEAD_DIM // 8
+    CPT = -(-CHUNKS // TPR)
+    CHUNKS_EXACT = CHUNKS % TPR == 0
+    V_WORDS = VH                         # 32-bit words of a row's 2 VH V columns
+    SCRATCH = wgmma.scratch_size(THREADS)
+    SHFL_SCRATCH = sync.scratch_size(THREADS)
+    mma_s = wgmma.mma_ss(FMT, BLOCK_N, 0)       # S = Q K^T over the shared blocks
+    mma_s_rope = wgmma.mma_rs(FMT, BLOCK_N, 0)  # ... and the rope block from registers
+    mma_o = wgmma.mma_ss(FMT, VH, 1)            # O += P V, P from shared memory
+    mma_o_regs = wgmma.mma_rs(FMT, VH, 1)       # O += P V, P from registers
+    pack, unpack = convert.pack(FMT), convert.unpack(FMT)
+    exp2 = convert.exp2_approx
+    copy16 = memory.cp_async_16_zfill
+    shfl_xor = sync.shfl_xor
+    named_sync, named_arrive = sync.named_sync, sync.named_arrive
+    row_max = make_row_max(1, NT)
+    cta_work, piece_of, _, _, put, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT,
+                                                                True)
+    start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
+    NEG_INF = constants.NEG_INF
+    ZERO, ONE = float32(0.0), float32(1.0)
+    NO_PAGE = int32(-1)
+    SBO, V_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
+    V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
+    BUF_STEP = TILE * 2 // 16
+    V_COLS_STEP = VH * BLOCK_N * 2 // 16  # O_R's V columns: VH columns on
+
+    @cuda.jit(device=True, inline="always")
+    def load_half(smem, at, tmap, k_cache, bars, bar, block_table, num_pages, req, n0, hk,
+                  page_size, status, lo, hi):
+        """(One thread) boxes lo .. hi - 1 of the tile of keys n0 .. n0 + 63 into the buffer at
+        ``at``, completing on mbarrier ``bar``; a bad table entry reads page -1 (zeros)."""
+        blk = int32(convert.div_u32(n0, page_size))
+        page = NO_PAGE
+        if blk < block_table.shape[1]:
+            entry = block_table[req, blk]
+            if entry >= 0 and entry < num_pages:
+                page = entry
+            else:
+                report(status, BAD_TABLE_ENTRY)
+        else:
+            report(status, PAST_TABLE)
+        tma.expect_tx(bars, bar, 2 * (hi - lo) * BOX)
+        for c in range(lo, hi):
+            tma.load_box_4d(smem, at + c * BOX, tmap, k_cache,
+                            (int32(c * wgmma.BLOCK_COLS), hk, n0 - blk * page_size, page),
+                            BLOCK_N, bars, bar)
+
+    @cuda.jit(device=True, inline="always")
+    def scores(S, desc_q, desc_k, rope, smem, scratch, tid):
+        """S = Q K^T of the tile at ``desc_k``: the shared blocks, then the rope block."""
+        wgmma.fence()
+        for ks in range(SS_STEPS):
+            mma_s(S, 0, desc_q + k_step(ks, BLOCK_M), desc_k + k_step(ks, BLOCK_N), ks > 0,
+                  smem, scratch, tid)
+        for kk in range(4):
+            mma_s_rope(S, 0, (rope[kk, 0], rope[kk, 1], rope[kk, 2], rope[kk, 3]),
+                       desc_k + k_step(SS_STEPS + kk, BLOCK_N), 1, smem, scratch, tid)
+        wgmma.commit()
+        wgmma.wait(0)
+        wgmma.fence_operands(S, S_REGS)
+
+    @cuda.jit(device=True, inline="always")
+    def zero_rows_past(smem_words, at, valid, lt, wg, tid):
+        """This warpgroup's threads zero the V columns of rows ``valid`` .. 63 of the tile at
+        ``at`` and publish them (their P is 0, but a NaN there would reach O as 0 * NaN)."""
+        for w in range(lt, (BLOCK_N - valid) * V_WORDS, WARPGROUP):
+            r = valid + w // V_WORDS
+            col = 2 * (w - (r - valid) * V_WORDS)
+            smem_words[uint32(at + wgmma.tile_offset(r, col, BLOCK_N)) >> 1] = uint32(0)
+        sync.proxy_fence()
+        named_sync(OWN + wg, WARPGROUP, tid)
+
+    @cuda.jit(device=True, inline="always")
+    def softmax(S, m_new, l_i, O_i, scale, scale_log2):
+        """Rows r_lo, r_lo + 8: O_i and l_i times ``scale``, S -> P = exp2((S - m_new)
+        scale_log2), its row sums into l_i."""
+        for half in range(2):
+            sc = scale[half]
+            l_i[half] *= sc
+            for dt in range(DT):
+                O_i[0, dt, 2 * half] *= sc
+                O_i[0, dt, 2 * half + 1] *= sc
+            m = m_new[half]
+            base = m * scale_log2 if m != NEG_INF else ZERO
+            row_sum = ZERO
+            for nt in range(NT):
+                for e in range(2 * half, 2 * half + 2):
+                    p = exp2(S[0, nt, e] * scale_log2 - base)
+                    S[0, nt, e] = p
+                    row_sum += p
+            l_i[half] += row_sum
+
+    @cuda.jit(device=True, inline="always")
+    def store_p(smem_words, at, S, r_lo, t2):
+        """P (float32 fragments) rounded to 16 bits into the 64 x 64 P tile at ``at``."""
+        for nt in range(NT):
+            for half in range(2):
+                word = uint32(at + wgmma.tile_offset(r_lo + 8 * half, 8 * nt + t2, BLOCK_M)) >> 1
+                smem_words[word] = pack(S[0, nt, 2 * half], S[0, nt, 2 * half + 1])
+        sync.proxy_fence()
+
+    @cuda.jit(device=True, inline="always")
+    def store_p16(smem_words, at, A, scale, r_lo, t2):
+        """P from its rs A registers, times each row's ``scale`` and rounded again, into the
+        P tile at ``at``: the float32 P is not kept that long (its 32 registers beside O_i's
+        128 made ptxas spill)."""
+        for kk in range(KK):
+            for i in range(4):
+                half = i & 1
+                lo, hi = unpack(A[kk, i])
+                word = uint32(at + wgmma.tile_offset(r_lo + 8 * half, 16 * kk + 8 * (i >> 1) + t2,
+                                                     BLOCK_M)) >> 1
+                smem_words[word] = pack(lo * scale[half], hi * scale[half])
+        sync.proxy_fence()
+
+    @cuda.jit(device=True, inline="always")
+    def pack_a(A, S):
+        """P rounded to 16 bits as the A registers of an rs wgmma, keys 16 kk .. 16 kk + 15 in
+        A[kk] (the accumulator and A-fragment layouts line up). All of them before the chain:
+        a register written between a warpgroup's wgmma makes ptxas fence and serialize them
+        (C7519)."""
+        for kk in range(KK):
+            A[kk, 0] = pack(S[0, 2 * kk, 0], S[0, 2 * kk, 1])
+            A[kk, 1] = pack(S[0, 2 * kk, 2], S[0, 2 * kk, 3])
+            A[kk, 2] = pack(S[0, 2 * kk + 1, 0], S[0, 2 * kk + 1, 1])
+            A[kk, 3] = pack(S[0, 2 * kk + 1, 2], S[0, 2 * kk + 1, 3])
+
+    def mla_decode_seesaw(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
+                          o_acc, lse_acc, status, s_q, group, page_size, scale_log2, tmap):
+        smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
+        smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
+        m_sh = cuda.shared.array((2, BLOCK_M), float32)      # the maxima each warpgroup set
+        scale_sh = cuda.shared.array((2, BLOCK_M), float32)  # ... and the factor they moved by
+        l_sh = cuda.shared.array((2, BLOCK_M), float32)
+        scratch = cuda.shared.array(SCRATCH, uint32)
+        shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
+        bars = cuda.shared.array(4, uint64)  # buffer b, half h: mbarrier 2 b + h
+        tid = cuda.threadIdx.x
+        wg = sync.warp_uniform(tid >> 7)  # a uniform branch for ptxas: no C7519
+        lt = tid & (WARPGROUP - 1)
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t2 = (lane & 3) * 2
+        part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0], status)
+        if begin_req >= cache_seqlens.shape[0]:
+            return  # idle part
+        num_pages = k_cache.shape[0]
+        q_rows = s_q * group
+        if lt == 0:
+            tma.tensormap_acquire(tmap)  # both issuing threads read the map
+        if tid == 0:
+            for i in range(4):
+                tma.mbarrier_init(bars, i, 1)
+            tma.mbarrier_init_fence()
+        cuda.syncthreads()
+        phase = 0  # the parity of this warpgroup's buffer's next phase (both halves alike)
+        row = tid // TPR
+        rl = tid % TPR
+        even = row * wgmma.BLOCK_COLS + ((rl ^ (row & 7)) << 3)
+        odd = row * wgmma.BLOCK_COLS + (((rl + 4) ^ (row & 7)) << 3)
+        base = wgmma.aligned_base(smem)
+        r_lo = 16 * (warp & 3) + g
+        gq = m0 + row
+        q_ok = gq < q_rows
+        tq = int32(convert.div_u32(gq, group)) if q_ok else int32(0)
+        hq = int32(hk * group + gq - tq * group) if q_ok else int32(0)
+
+        # This warpgroup's buffer (its tiles' K) and its V columns in both buffers.
+        mine = uint64(wg * BUF_STEP)
+        desc_q = wgmma.descriptor(smem, base + Q_OFF, 16, SBO)
+        desc_k = wgmma.descriptor(smem, base + K_OFF, 16, SBO) + mine
+        desc_v = wgmma.descriptor(smem, base + K_OFF, V_LBO, SBO) + uint64(wg * V_COLS_STEP)
+        desc_pa = wgmma.descriptor(smem, base + P_OFF, 16, SBO)
+        desc_pb = wgmma.descriptor(smem, base + ROPE, 16, SBO)
+
+        m_new = cuda.local.array(2, float32)
+        moved = cuda.local.array(2, float32)  # warpgroup 1: the factor warpgroup 0 moves by
+        scale = cuda.local.array(2, float32)
+        l_i = cuda.local.array(2, float32)
+        limit = cuda.local.array(2, int32)
+        m_tile = cuda.local.array((1, 2), float32)
+        m_unused = cuda.local.array((1, 2), float32)  # start_rows resets these; m, l live apart
+        l_unused = cuda.local.array((1, 2), float32)
+        O_i = cuda.local.array((1, DT, 4), float32)
+        S = cuda.local.array((1, NT, 4), float32)
+        rope = cuda.local.array((4, 4), uint32)
+        P16 = cuda.local.array((KK, 4), uint32)  # P as rs A registers
+
+        for req in range(begin_req, end_req + 1):
+            n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
+                                                       req, begin_req, end_req)
+            # Warp-uniform for ptxas, like wg: the wgmma under branches on it stay asynchronous.
+            n_tiles = sync.warp_uniform(
+                int32((n_hi - n_lo + BLOCK_N - 1) // BLOCK_N if n_hi > n_lo else 0))
+            cuda.syncthreads()  # the previous piece is done with Q, P and the exchanges
+
+            # Prologue: Q by cp.async; tiles 0 and 1, all boxes, by thread 0.
+            for i in range(CPT):
+                if CHUNKS_EXACT or rl + TPR * i < CHUNKS:
+                    copy16(smem, base + Q_OFF + (i >> 1) * BLOCK_M * wgmma.BLOCK_COLS
+                           + (odd if i & 1 else even), q,
+                           (req, tq, hq, uint64(8 * (rl + TPR * i))), q_ok)
+            memory.cp_async_commit()
+            if tid == 0:
+                for t in range(min(n_tiles, 2)):
+                    for h in range(2):
+                        load_half(smem, base + K_OFF + t * TILE, tmap, k_cache, bars, 2 * t + h,
+                                  block_table, num_pages, req, n_lo + t * BLOCK_N, hk,
+                                  page_size, status, h * VB, VB + h * (BOXES - VB))
+            start_rows(limit, m_unused, l_unused, O_i, n_hi, seqlen, s_q, group, m0 + r_lo)
+            for half in range(2):
+                l_i[half] = ZERO
+            if tid < BLOCK_M:
+                m_sh[1, tid] = NEG_INF  # "warpgroup 1's maximum" before the first pair
+            memory.cp_async_wait(0)
+            sync.proxy_fence()
+            cuda.syncthreads()
+            # The rope block of Q as rs A fragments (the layout of make_pack_a's P).
+            for kk in range(4):
+                for i in range(4):
+                    rope[kk, i] = smem_words[uint32(base + ROPE + wgmma.tile_offset(
+                        r_lo + 8 * (i & 1), 16 * kk + 8 * (i >> 1) + t2, BLOCK_M)) >> 1]
+
+            # Each warpgroup scores the first tile of its buffer (warpgroup 1: -inf if none).
+            my_tile = wg
+            if my_tile < n_tiles:
+                tma.wait(bars, 2 * wg, phase)
+                tma.wait(bars, 2 * wg + 1, phase)
+                phase ^= 1
+                valid = n_hi - (n_lo + my_tile * BLOCK_N)
+                if valid < BLOCK_N:
+                    zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
+                scores(S, desc_q, desc_k, rope, smem, scratch, tid)
+
+            for p in range((n_tiles + 1) // 2):
+                a = 2 * p
+                has_b = a + 1 < n_tiles
+                next_a = a + 2 < n_tiles
+                next_b = a + 3 < n_tiles
+                if wg == 0:
+                    # Softmax of tile a from warpgroup 1's last maximum.
+                    mask_keys(S, limit, n_lo + a * BLOCK_N + t2)
+                    row_max(S, m_tile, shfl_scratch, tid)
+                    for half in range(2):
+                        r = r_lo + 8 * half
+                        mo = m_sh[1, r]
+                        mn = max(mo, m_tile[0, half])
+                        scale[half] = exp2((mo - mn) * scale_log2) if mn != NEG_INF else ONE
+                        m_new[half] = mn
+                    if t2 == 0:
+                        for half in range(2):
+                            m_sh[0, r_lo + 8 * half] = m_new[half]
+                            scale_sh[0, r_lo + 8 * half] = scale[half]
+                    softmax(S, m_new, l_i, O_i, scale, scale_log2)
+                    named_arrive(SCALE0, THREADS, tid)
+                    # O_L += P_a V_a[:, L], P_a from registers.
+                    pack_a(P16, S)
+                    wgmma.fence()
+                    for kk in range(BLOCK_N // 16):
+                        mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
+                                   desc_v + uint64(kk * V_STEP), 1, smem, scratch, tid)
+                    wgmma.commit()
+                    wgmma.wait(0)
+                    wgmma.fence_operands(O_i, O_REGS)
+                    if tid == 0 and next_a:  # V_a[:, L] is done with: tile a + 2's half 0
+                        load_half(smem, base + K_OFF, tmap, k_cache, bars, 0, block_table,
+                                  num_pages, req, n_lo + (a + 2) * BLOCK_N, hk, page_size,
+                                  status, 0, VB)
+                    # Warpgroup 1's maximum: P_a and O_L move to it; P_a for warpgroup 1.
+                    named_sync(SCALE1, THREADS, tid)
+                    for half in range(2):
+                        scale[half] = scale_sh[1, r_lo + 8 * half]
+                    store_p16(smem_words, base + P_OFF, P16, scale, r_lo, t2)
+                    named_arrive(P_A, THREADS, tid)
+                    for half in range(2):
+                        l_i[half] *= scale[half]
+                        for dt in range(DT):
+                            O_i[0, dt, 2 * half] *= scale[half]
+                            O_i[0, dt, 2 * half + 1] *= scale[half]
+                    # O_L += P_b V_b[:, L], P_b from shared memory.
+                    named_sync(P_B, THREADS, tid)
+                    if has_b:
+                        wgmma.fence()
+                        for kk in range(BLOCK_N // 16):
+                            mma_o(O_i, 0, desc_pb + k_step(kk, BLOCK_M),
+                                  desc_v + uint64(BUF_STEP + kk * V_STEP), 1, smem, scratch, tid)
+                        wgmma.commit()
+                        wgmma.wait(0)
+                        wgmma.fence_operands(O_i, O_REGS)
+                    if tid == 0 and next_b:
+                        load_half(smem, base + K_OFF + TILE, tmap, k_cache, bars, 2, block_table,
+                                  num_pages, req, n_lo + (a + 3) * BLOCK_N, hk, page_size,
+                                  status, 0, VB)
+                else:
+                    # Softmax of tile b from warpgroup 0's new maximum (all -inf past the end).
+                    named_sync(SCALE0, THREADS, tid)
+                    if has_b:
+                        mask_keys(S, limit, n_lo + (a + 1) * BLOCK_N + t2)
+                    else:
+                        for nt in range(NT):
+                            for e in range(4):
+                                S[0, nt, e] = NEG_INF
+                    row_max(S, m_tile, shfl_scratch, tid)
+                    for half in range(2):
+                        r = r_lo + 8 * half
+                        mo = m_sh[0, r]
+                        mn = max(mo, m_tile[0, half])
+                        sc = exp2((mo - mn) * scale_log2) if mn != NEG_INF else ONE
+                        m_new[half] = mn
+                        moved[half] = sc                    # warpgroup 0 moves by this
+                        scale[half] = sc * scale_sh[0, r]   # O_R was at the older maximum
+                    if t2 == 0:
+                        for half in range(2):
+                            m_sh[1, r_lo + 8 * half] = m_new[half]
+                            scale_sh[1, r_lo + 8 * half] = moved[half]
+                    named_arrive(SCALE1, THREADS, tid)
+                    softmax(S, m_new, l_i, O_i, scale, scale_log2)
+                    store_p(smem_words, base + ROPE, S, r_lo, t2)
+                    named_arrive(P_B, THREADS, tid)
+                    pack_a(P16, S)
+                    wgmma.fence()
+                    if has_b:  # O_R += P_b V_b[:, R], P_b from registers
+                        for kk in range(BLOCK_N // 16):
+                            mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
+                                       desc_v + uint64(BUF_STEP + kk * V_STEP), 1, smem,
+                                       scratch, tid)
+                    # O_R += P_a V_a[:, R], P_a from shared memory.
+                    named_sync(P_A, THREADS, tid)
+                    for kk in range(BLOCK_N // 16):
+                        mma_o(O_i, 0, desc_pa + k_step(kk, BLOCK_M), desc_v + uint64(kk * V_STEP),
+                              1, smem, scratch, tid)
+                    wgmma.commit()
+                    wgmma.wait(0)
+                    wgmma.fence_operands(O_i, O_REGS)
+                    if lt == 0:  # both buffers' half 1 (V[:, R] and the rope block) are free
+                        if next_a:
+                            load_half(smem, base + K_OFF, tmap, k_cache, bars, 1, block_table,
+                                      num_pages, req, n_lo + (a + 2) * BLOCK_N, hk, page_size,
+                                      status, VB, BOXES)
+                        if next_b:
+                            load_half(smem, base + K_OFF + TILE, tmap, k_cache, bars, 3,
+                                      block_table, num_pages, req, n_lo + (a + 3) * BLOCK_N, hk,
+                                      page_size, status, VB, BOXES)
+                # The next tile of this warpgroup's buffer.
+                my_tile = a + 2 + wg
+                if my_tile < n_tiles:
+                    tma.wait(bars, 2 * wg, phase)
+                    tma.wait(bars, 2 * wg + 1, phase)
+                    phase ^= 1
+                    valid = n_hi - (n_lo + my_tile * BLOCK_N)
+                    if valid < BLOCK_N:
+                        zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
+                    scores(S, desc_q, desc_k, rope, smem, scratch, tid)
+
+            # Epilogue: the row sums of both warpgroups (one maximum: warpgroup 1's last), then
+            # O_i / l_i and the lse straight from the fragments.
+            for mask in (1, 2):
+                for half in range(2):
+                    l_i[half] += shfl_xor(l_i[half], mask, shfl_scratch, tid)
+            if t2 == 0:
+                for half in range(2):
+                    l_sh[wg, r_lo + 8 * half] = l_i[half]
+            cuda.syncthreads()
+            for half in range(2):
+                r = r_lo + 8 * half
+                gr = m0 + r
+                if gr < q_rows:
+                    l = l_sh[0, r] + l_sh[1, r]
+                    inv = ONE / l if l > ZERO else ZERO
+                    t = int32(convert.div_u32(gr, group))
+                    h = hk * group + gr - t * group
+                    for dt in range(DT):
+                        for e in range(2):
+                            col = VH * wg + 8 * dt + t2 + e
+                            if col < HEAD_DIM_V:
+                                put(out, o_acc, split, req, slot, t, h, col,
+                                    O_i[0, dt, 2 * half + e] * inv, status)
+                    if wg == 0 and t2 == 0:
+                        put_lse(lse, lse_acc, split, req, slot, t, h, m_sh[1, r] * scale_log2,
+                                l, status)
+
+    return mla_decode_seesaw
+
+
+class Spec(DecodeSpec):
+    name = "mla_decode_seesaw"
+    unroll_loops = True
+
+    def entry(self, config, device):
+        return ()
+
+    def tiles(self, config, entry):
+        return Tiles(BLOCK_M, BLOCK_N, THREADS, shared_bytes(config.head_dim, config.head_dim_v))
+
+    def signature(self, config):
+        return types.void(*super().signature(config).args, types.Array(types.uint64, 1, "A"))
+
+    def arguments(self, config, p):
+        return super().arguments(config, p) + (tma_maps.box_map(p["k_cache"], BLOCK_N),)
+
+    def make(self, config, tiles):
+        assert config.tma
+        return make_mla_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
+                                      config.fmt)
+
+
+SPEC = Spec()
