@@ -26,6 +26,7 @@ from .kernels.tc import backward_wgmma as tc_backward_wgmma
 from .kernels.tc import forward_mma as tc_forward_mma
 from .kernels.tc import forward_wgmma as tc_forward_wgmma
 from .kernels.tc import mla_decode_mma as tc_mla_decode_mma
+from .kernels.tc import mla_decode_seesaw as tc_mla_decode_seesaw
 from .kernels.tc import mla_decode_wgmma as tc_mla_decode_wgmma
 from .runtime import arrays, device
 from .runtime.launcher import PreparedLaunch
@@ -230,6 +231,8 @@ def _decode_spec(backend, config, q, k_cache, dev):
         backend = "simt"
     if backend == "tc":
         tma = tc is tc_mla_decode_wgmma and k_cache.shape[1] % tc.BLOCK_N == 0
+        if tma and tc_mla_decode_seesaw.supports(d, dv):
+            return tc_mla_decode_seesaw.SPEC, tc.SPEC.Config(*config, True, tma)
         return tc.SPEC, tc.SPEC.Config(*config, True, tma)
     return simt_mla_decode.SPEC, simt_mla_decode.SPEC.Config(*config, cache_aligned)
 

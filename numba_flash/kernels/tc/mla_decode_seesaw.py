@@ -64,7 +64,8 @@ WARPGROUP = wgmma.WARPGROUP
 THREADS = 2 * WARPGROUP
 TPR = THREADS // BLOCK_N
 # Named barriers (0 is syncthreads'): the four hand-offs between the warpgroups, and one per
-# warpgroup for its own zeroed rows.
+# warpgroup (OWN + wg) before a buffer half its products read is refilled (a warp's
+# wgmma.wait covers its own part of the product only) and after it zeroed rows.
 SCALE0, SCALE1, P_A, P_B, OWN = 1, 2, 3, 4, 5
 
 
@@ -358,6 +359,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.commit()
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
+                    named_sync(OWN, WARPGROUP, tid)  # every warp's part of the product is done
                     if tid == 0 and next_a:  # V_a[:, L] is done with: tile a + 2's half 0
                         load_half(smem, base + K_OFF, tmap, k_cache, bars, 0, block_table,
                                   num_pages, req, n_lo + (a + 2) * BLOCK_N, hk, page_size,
@@ -383,6 +385,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                         wgmma.commit()
                         wgmma.wait(0)
                         wgmma.fence_operands(O_i, O_REGS)
+                    named_sync(OWN, WARPGROUP, tid)
                     if tid == 0 and next_b:
                         load_half(smem, base + K_OFF + TILE, tmap, k_cache, bars, 2, block_table,
                                   num_pages, req, n_lo + (a + 3) * BLOCK_N, hk, page_size,
@@ -428,6 +431,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.commit()
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
+                    named_sync(OWN + 1, WARPGROUP, tid)
                     if lt == 0:  # both buffers' half 1 (V[:, R] and the rope block) are free
                         if next_a:
                             load_half(smem, base + K_OFF, tmap, k_cache, bars, 1, block_table,
