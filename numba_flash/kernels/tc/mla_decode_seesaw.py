@@ -290,13 +290,17 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             n_tiles = sync.warp_uniform(
                 int32((n_hi - n_lo + BLOCK_N - 1) // BLOCK_N if n_hi > n_lo else 0))
             cuda.syncthreads()  # the previous piece is done with Q, P and the exchanges
+            # 0, but not to ptxas: the addresses that depend on it (Q's copies, the rope loads,
+            # the outputs) stay in the request loop, where hoisted out of it they held about 60
+            # registers for the whole kernel and spilled 232 bytes.
+            fresh = n_tiles >> 31
 
             # Prologue: Q by cp.async; tiles 0 and 1, all boxes, by thread 0.
             for i in range(CPT):
                 if CHUNKS_EXACT or rl + TPR * i < CHUNKS:
                     copy16(smem, base + Q_OFF + (i >> 1) * BLOCK_M * wgmma.BLOCK_COLS
                            + (odd if i & 1 else even), q,
-                           (req, tq, hq, uint64(8 * (rl + TPR * i))), q_ok)
+                           (req, tq, hq, uint64(8 * (rl + TPR * i) + fresh)), q_ok)
             memory.cp_async_commit()
             if tid == 0:
                 for t in range(min(n_tiles, 2)):
@@ -315,7 +319,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             # The rope block of Q as rs A fragments (the layout of make_pack_a's P).
             for kk in range(4):
                 for i in range(4):
-                    rope[kk, i] = smem_words[uint32(base + ROPE + wgmma.tile_offset(
+                    rope[kk, i] = smem_words[uint32(base + ROPE + fresh + wgmma.tile_offset(
                         r_lo + 8 * (i & 1), 16 * kk + 8 * (i >> 1) + t2, BLOCK_M)) >> 1]
 
             # Each warpgroup scores the first tile of its buffer (warpgroup 1: -inf if none).
@@ -467,11 +471,11 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 if gr < q_rows:
                     l = l_sh[0, r] + l_sh[1, r]
                     inv = ONE / l if l > ZERO else ZERO
-                    t = int32(convert.div_u32(gr, group))
+                    t = int32(convert.div_u32(gr + fresh, group))
                     h = hk * group + gr - t * group
                     for dt in range(DT):
                         for e in range(2):
-                            col = VH * wg + 8 * dt + t2 + e
+                            col = VH * wg + 8 * dt + t2 + e + fresh
                             if col < HEAD_DIM_V:
                                 put(out, o_acc, split, req, slot, t, h, col,
                                     O_i[0, dt, 2 * half + e] * inv, status)
