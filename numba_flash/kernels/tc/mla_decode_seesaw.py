@@ -142,15 +142,36 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                             BLOCK_N, bars, bar)
 
     @cuda.jit(device=True, inline="always")
-    def scores(S, desc_q, desc_k, rope, smem, scratch, tid):
-        """S = Q K^T of the tile at ``desc_k``: the shared blocks, then the rope block."""
+    def half_scores(S, half, first, desc_q, desc_k, rope, smem, scratch, tid):
+        """The k-steps of S = Q K^T over buffer half ``half`` (half 1 ends with the rope block,
+        from registers); ``first``: the chain's first k-step overwrites S."""
+        lo = 0 if half == 0 else 4 * VB
+        hi = 4 * VB if half == 0 else SS_STEPS
+        for ks in range(lo, hi):
+            mma_s(S, 0, desc_q + k_step(ks, BLOCK_M), desc_k + k_step(ks, BLOCK_N),
+                  not first or ks > lo, smem, scratch, tid)
+        if half == 1:
+            for kk in range(4):
+                mma_s_rope(S, 0, (rope[kk, 0], rope[kk, 1], rope[kk, 2], rope[kk, 3]),
+                           desc_k + k_step(SS_STEPS + kk, BLOCK_N), 1, smem, scratch, tid)
+
+    @cuda.jit(device=True, inline="always")
+    def scores(S, desc_q, desc_k, rope, bars, wg, phase, smem, scratch, tid):
+        """S of this warpgroup's tile, each buffer half's k-steps as soon as it has landed: first
+        the half this warpgroup refilled itself (issued earlier), then the other one."""
         wgmma.fence()
-        for ks in range(SS_STEPS):
-            mma_s(S, 0, desc_q + k_step(ks, BLOCK_M), desc_k + k_step(ks, BLOCK_N), ks > 0,
-                  smem, scratch, tid)
-        for kk in range(4):
-            mma_s_rope(S, 0, (rope[kk, 0], rope[kk, 1], rope[kk, 2], rope[kk, 3]),
-                       desc_k + k_step(SS_STEPS + kk, BLOCK_N), 1, smem, scratch, tid)
+        if wg == 0:  # buffer 0: half 0 is warpgroup 0's refill
+            tma.wait(bars, 0, phase)
+            half_scores(S, 0, True, desc_q, desc_k, rope, smem, scratch, tid)
+            tma.wait(bars, 1, phase)
+            wgmma.fence()  # a wait between a chain's wgmma: fence after it
+            half_scores(S, 1, False, desc_q, desc_k, rope, smem, scratch, tid)
+        else:        # buffer 1: half 1 is warpgroup 1's
+            tma.wait(bars, 3, phase)
+            half_scores(S, 1, True, desc_q, desc_k, rope, smem, scratch, tid)
+            tma.wait(bars, 2, phase)
+            wgmma.fence()  # a wait between a chain's wgmma: fence after it
+            half_scores(S, 0, False, desc_q, desc_k, rope, smem, scratch, tid)
         wgmma.commit()
         wgmma.wait(0)
         wgmma.fence_operands(S, S_REGS)
@@ -325,19 +346,19 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             # Each warpgroup scores the first tile of its buffer (warpgroup 1: -inf if none).
             my_tile = wg
             if my_tile < n_tiles:
-                tma.wait(bars, 2 * wg, phase)
-                tma.wait(bars, 2 * wg + 1, phase)
+                scores(S, desc_q, desc_k, rope, bars, wg, phase, smem, scratch, tid)
                 phase ^= 1
                 valid = n_hi - (n_lo + my_tile * BLOCK_N)
                 if valid < BLOCK_N:
                     zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
-                scores(S, desc_q, desc_k, rope, smem, scratch, tid)
 
             for p in range((n_tiles + 1) // 2):
                 a = 2 * p
                 has_b = a + 1 < n_tiles
                 next_a = a + 2 < n_tiles
                 next_b = a + 3 < n_tiles
+                # V of tile b, or (no tile b: P_b = 0) tile a's finite one: never stale rows.
+                v_b = uint64(BUF_STEP if has_b else 0)
                 if wg == 0:
                     # Softmax of tile a from warpgroup 1's last maximum.
                     mask_keys(S, limit, n_lo + a * BLOCK_N + t2)
@@ -357,7 +378,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     # O_L += P_a V_a[:, L], P_a from registers.
                     pack_a(P16, S)
                     wgmma.fence()
-                    for kk in range(BLOCK_N // 16):
+                    for kk in range(KK):
                         mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
                                    desc_v + uint64(kk * V_STEP), 1, smem, scratch, tid)
                     wgmma.commit()
@@ -379,16 +400,16 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                         for dt in range(DT):
                             O_i[0, dt, 2 * half] *= scale[half]
                             O_i[0, dt, 2 * half + 1] *= scale[half]
-                    # O_L += P_b V_b[:, L], P_b from shared memory.
+                    # O_L += P_b V_b[:, L], P_b from shared memory (without a tile b, P_b = 0
+                    # times tile a's V: a branch around the chain would serialize it).
                     named_sync(P_B, THREADS, tid)
-                    if has_b:
-                        wgmma.fence()
-                        for kk in range(BLOCK_N // 16):
-                            mma_o(O_i, 0, desc_pb + k_step(kk, BLOCK_M),
-                                  desc_v + uint64(BUF_STEP + kk * V_STEP), 1, smem, scratch, tid)
-                        wgmma.commit()
-                        wgmma.wait(0)
-                        wgmma.fence_operands(O_i, O_REGS)
+                    wgmma.fence()
+                    for kk in range(KK):
+                        mma_o(O_i, 0, desc_pb + k_step(kk, BLOCK_M),
+                              desc_v + v_b + uint64(kk * V_STEP), 1, smem, scratch, tid)
+                    wgmma.commit()
+                    wgmma.wait(0)
+                    wgmma.fence_operands(O_i, O_REGS)
                     named_sync(OWN, WARPGROUP, tid)
                     if tid == 0 and next_b:
                         load_half(smem, base + K_OFF + TILE, tmap, k_cache, bars, 2, block_table,
@@ -422,14 +443,12 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     named_arrive(P_B, THREADS, tid)
                     pack_a(P16, S)
                     wgmma.fence()
-                    if has_b:  # O_R += P_b V_b[:, R], P_b from registers
-                        for kk in range(BLOCK_N // 16):
-                            mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
-                                       desc_v + uint64(BUF_STEP + kk * V_STEP), 1, smem,
-                                       scratch, tid)
+                    for kk in range(KK):  # O_R += P_b V_b[:, R], P_b from registers
+                        mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
+                                   desc_v + v_b + uint64(kk * V_STEP), 1, smem, scratch, tid)
                     # O_R += P_a V_a[:, R], P_a from shared memory.
                     named_sync(P_A, THREADS, tid)
-                    for kk in range(BLOCK_N // 16):
+                    for kk in range(KK):
                         mma_o(O_i, 0, desc_pa + k_step(kk, BLOCK_M), desc_v + uint64(kk * V_STEP),
                               1, smem, scratch, tid)
                     wgmma.commit()
@@ -448,13 +467,11 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 # The next tile of this warpgroup's buffer.
                 my_tile = a + 2 + wg
                 if my_tile < n_tiles:
-                    tma.wait(bars, 2 * wg, phase)
-                    tma.wait(bars, 2 * wg + 1, phase)
+                    scores(S, desc_q, desc_k, rope, bars, wg, phase, smem, scratch, tid)
                     phase ^= 1
                     valid = n_hi - (n_lo + my_tile * BLOCK_N)
                     if valid < BLOCK_N:
                         zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
-                    scores(S, desc_q, desc_k, rope, smem, scratch, tid)
 
             # Epilogue: the row sums of both warpgroups (one maximum: warpgroup 1's last), then
             # O_i / l_i and the lse straight from the fragments.
