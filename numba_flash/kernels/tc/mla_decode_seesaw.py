@@ -179,7 +179,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     @cuda.jit(device=True, inline="always")
     def zero_rows_past(smem_words, at, valid, lt, wg, tid):
         """This warpgroup's threads zero the V columns of rows ``valid`` .. 63 of the tile at
-        ``at`` and publish them (their P is 0, but a NaN there would reach O as 0 * NaN)."""
+        ``at`` and publish them (their P is 0, but a NaN there would reach O as 0 * NaN). The
+        first barrier: every warp's part of the S chain that read these rows is done."""
+        named_sync(OWN + wg, WARPGROUP, tid)
         for w in range(lt, (BLOCK_N - valid) * V_WORDS, WARPGROUP):
             r = valid + w // V_WORDS
             col = 2 * (w - (r - valid) * V_WORDS)
