@@ -448,24 +448,28 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     for kk in range(KK):  # O_R += P_b V_b[:, R], P_b from registers
                         mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
                                    desc_v + v_b + uint64(kk * V_STEP), 1, smem, scratch, tid)
+                    wgmma.commit()
                     # O_R += P_a V_a[:, R], P_a from shared memory.
                     named_sync(P_A, THREADS, tid)
                     for kk in range(KK):
                         mma_o(O_i, 0, desc_pa + k_step(kk, BLOCK_M), desc_v + uint64(kk * V_STEP),
                               1, smem, scratch, tid)
                     wgmma.commit()
+                    # Half 1 of buffer 1 (V_b[:, R], rope) as soon as the first product is done,
+                    # half 1 of buffer 0 after the second.
+                    wgmma.wait(1)
+                    named_sync(OWN + 1, WARPGROUP, tid)
+                    if lt == 0 and next_b:
+                        load_half(smem, base + K_OFF + TILE, tmap, k_cache, bars, 3, block_table,
+                                  num_pages, req, n_lo + (a + 3) * BLOCK_N, hk, page_size,
+                                  status, VB, BOXES)
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
                     named_sync(OWN + 1, WARPGROUP, tid)
-                    if lt == 0:  # both buffers' half 1 (V[:, R] and the rope block) are free
-                        if next_a:
-                            load_half(smem, base + K_OFF, tmap, k_cache, bars, 1, block_table,
-                                      num_pages, req, n_lo + (a + 2) * BLOCK_N, hk, page_size,
-                                      status, VB, BOXES)
-                        if next_b:
-                            load_half(smem, base + K_OFF + TILE, tmap, k_cache, bars, 3,
-                                      block_table, num_pages, req, n_lo + (a + 3) * BLOCK_N, hk,
-                                      page_size, status, VB, BOXES)
+                    if lt == 0 and next_a:
+                        load_half(smem, base + K_OFF, tmap, k_cache, bars, 1, block_table,
+                                  num_pages, req, n_lo + (a + 2) * BLOCK_N, hk, page_size,
+                                  status, VB, BOXES)
                 # The next tile of this warpgroup's buffer.
                 my_tile = a + 2 + wg
                 if my_tile < n_tiles:
