@@ -11,12 +11,13 @@ compute at issue; the fences and waits do nothing.
 """
 
 import numpy as np
-from numba import cuda
+from numba import cuda, uint64
 
 from . import memory
 from ..ptx.layout import (BLOCK_COLS, SCRATCH_WORDS, SWIZZLE_BYTES, TILE_ALIGN,  # noqa: F401
-                          make_aligned_base, make_descriptor, padded_cols, tile_offset, SBO, MN_K_STEP,
-                          k_step, WARPGROUP)
+                          make_aligned_base, make_descriptor, make_descriptor_low,
+                          HIGH_WORD, padded_cols, tile_offset, SBO, MN_K_STEP, k_step,
+                          WARPGROUP)
 from ..ptx.model import read_operand, warp_a_tile
 from .sync import warp_sync
 
@@ -28,6 +29,13 @@ def scratch_size(threads):
 
 aligned_base = make_aligned_base(memory.shared_address)
 descriptor = make_descriptor(memory.shared_address)
+descriptor_low = make_descriptor_low(memory.shared_address)
+
+
+@cuda.jit(device=True, inline="always")
+def descriptor_join(low):
+    """``wgmma.descriptor_join``: the low word's 32 bits under the constant high word."""
+    return (uint64(low) & uint64(0xFFFFFFFF)) | (uint64(HIGH_WORD) << uint64(32))
 
 
 def _make_mma(fmt, n, a_regs, trans_b):

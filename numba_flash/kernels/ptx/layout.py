@@ -19,7 +19,7 @@ byte offset under the simulator: each ``wgmma`` module builds them from its own
 ``memory.shared_address``, with one body for both.
 """
 
-from numba import cuda, types, uint64
+from numba import cuda, types, uint32, uint64
 
 # Bytes moved by one cp.async.cg (and by one 16-byte store): every address it touches is a
 # multiple of this.
@@ -112,3 +112,23 @@ def make_descriptor(shared_address):
                 | uint64(SWIZZLE_128))
 
     return descriptor
+
+
+# A descriptor's high word (stride byte offset SBO, layout type) is the same constant in every
+# kernel here, and its low word (start address, leading byte offset) is all that k-steps and
+# buffers move. Kept as a 32-bit value and joined to the constant only as the wgmma's operand
+# (``descriptor_join``), an operand costs one 32-bit add (none where ptxas keeps the value in a
+# uniform register) instead of a 64-bit add with carry and two moves to uniform registers.
+HIGH_WORD = (SBO >> 4) | (SWIZZLE_128 >> 32)
+
+
+def make_descriptor_low(shared_address):
+    """``descriptor_low(smem, offset, lbo)`` over the binding's ``shared_address``."""
+
+    @cuda.jit(device=True, inline="always")
+    def descriptor_low(smem, offset, lbo):
+        """The low word of ``descriptor(smem, offset, lbo, SBO)`` as a uint32; ``low +
+        k-step offset`` never carries out of it (addresses are below 256 KiB)."""
+        return uint32(((shared_address(smem, offset) & 0x3FFFF) >> 4) | ((lbo >> 4) << 16))
+
+    return descriptor_low

@@ -57,6 +57,8 @@ simulator's emulation):
     tile_offset(row, col, rows)                      -> element offset in a swizzled tile
     aligned_base(smem)                               -> first 1024-byte-aligned element of smem
     descriptor(smem, offset, lbo, sbo)               -> uint64 128-byte-swizzle descriptor
+    descriptor_low(smem, offset, lbo)                -> uint32: its low word (address, lbo)
+    descriptor_join(low)                             -> uint64: low + the constant high word
     k_step(ks, rows)                                 its offset for k-step ks of a K-major tile
     SBO, MN_K_STEP                                   the stride between 8-row groups; the offset
                                                      of one k-step of an MN-major tile
@@ -78,8 +80,8 @@ from numba.cuda.extending import intrinsic
 from . import memory
 from .codegen import F32, I32, I64, void_asm
 from .layout import (BLOCK_COLS, SWIZZLE_BYTES, TILE_ALIGN, make_aligned_base,  # noqa: F401
-                     make_descriptor, padded_cols, tile_offset, SBO, MN_K_STEP,
-                     k_step, WARPGROUP)
+                     make_descriptor, make_descriptor_low, HIGH_WORD, padded_cols,
+                     tile_offset, SBO, MN_K_STEP, k_step, WARPGROUP)
 
 
 def scratch_size(threads):
@@ -90,6 +92,24 @@ def scratch_size(threads):
 
 aligned_base = make_aligned_base(memory.shared_address)
 descriptor = make_descriptor(memory.shared_address)
+descriptor_low = make_descriptor_low(memory.shared_address)
+
+
+@intrinsic
+def descriptor_join(typingctx, low):
+    """The descriptor of low word ``low`` (``descriptor_low`` plus offsets): one ``mov.b64``
+    from the 32-bit value and the constant high word, opaque to LLVM, so the sums that made
+    ``low`` stay 32-bit adds."""
+    if not isinstance(low, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        word = builder.trunc(context.cast(builder, args[0], sig.args[0], types.uint64), I32)
+        asm = ir.InlineAsm(ir.FunctionType(I64, [I32]),
+                           "mov.b64 $0, {{$1, {}}};".format(HIGH_WORD), "=l,r")
+        return builder.call(asm, [word])
+
+    return types.uint64(low), codegen
 
 
 # ---- wgmma.mma_async ---------------------------------------------------------------------------

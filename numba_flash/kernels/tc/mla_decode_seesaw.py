@@ -53,7 +53,7 @@ from ...runtime import tma as tma_maps
 from ...runtime.spec import Tiles
 from ..attention import DecodeSpec
 from ..common import constants
-from ..common.paged_kv import make_paged_kv_walk, make_row_keys
+from ..common.paged_kv import make_paged_kv_walk, make_piece_out, make_row_keys
 from ..common.softmax import make_row_max
 from ..common.status import BAD_TABLE_ENTRY, PAST_TABLE, report
 from ..instructions import convert, memory, sync, tma, wgmma
@@ -109,13 +109,14 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     shfl_xor = sync.shfl_xor
     named_sync, named_arrive = sync.named_sync, sync.named_arrive
     row_max = make_row_max(1, NT)
-    cta_work, piece_of, _, _, put, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT,
-                                                                True)
+    cta_work, piece_of, _, _, _, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, True)
     start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
+    stage, write = make_piece_out(HEAD_DIM_V, VH, BLOCK_M, THREADS // 32, FMT)
+    assert BLOCK_M * 2 * VH * 4 <= 2 * P_OFF  # the staged float32 O_i fits below P_a
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
     NO_PAGE = int32(-1)
-    SBO, V_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
+    V_STEP, k_step, desc = wgmma.MN_K_STEP, wgmma.k_step, wgmma.descriptor_join
     V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
     BUF_STEP = TILE * 2 // 16
     V_COLS_STEP = VH * BLOCK_N * 2 // 16  # O_R's V columns: VH columns on
@@ -142,36 +143,38 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                             BLOCK_N, bars, bar)
 
     @cuda.jit(device=True, inline="always")
-    def half_scores(S, half, first, desc_q, desc_k, rope, smem, scratch, tid):
+    def half_scores(S, half, first, low_q, low_k, rope, smem, scratch, tid):
         """The k-steps of S = Q K^T over buffer half ``half`` (half 1 ends with the rope block,
         from registers); ``first``: the chain's first k-step overwrites S."""
         lo = 0 if half == 0 else 4 * VB
         hi = 4 * VB if half == 0 else SS_STEPS
         for ks in range(lo, hi):
-            mma_s(S, 0, desc_q + k_step(ks, BLOCK_M), desc_k + k_step(ks, BLOCK_N),
-                  not first or ks > lo, smem, scratch, tid)
+            mma_s(S, 0, desc(low_q + uint32(k_step(ks, BLOCK_M))),
+                  desc(low_k + uint32(k_step(ks, BLOCK_N))), not first or ks > lo, smem,
+                  scratch, tid)
         if half == 1:
             for kk in range(4):
                 mma_s_rope(S, 0, (rope[kk, 0], rope[kk, 1], rope[kk, 2], rope[kk, 3]),
-                           desc_k + k_step(SS_STEPS + kk, BLOCK_N), 1, smem, scratch, tid)
+                           desc(low_k + uint32(k_step(SS_STEPS + kk, BLOCK_N))), 1, smem,
+                           scratch, tid)
 
     @cuda.jit(device=True, inline="always")
-    def scores(S, desc_q, desc_k, rope, bars, wg, phase, smem, scratch, tid):
+    def scores(S, low_q, low_k0, rope, bars, wg, phase, smem, scratch, tid):
         """S of this warpgroup's tile, each buffer half's k-steps as soon as it has landed: first
         the half this warpgroup refilled itself (issued earlier), then the other one."""
         wgmma.fence()
         if wg == 0:  # buffer 0: half 0 is warpgroup 0's refill
             tma.wait(bars, 0, phase)
-            half_scores(S, 0, True, desc_q, desc_k, rope, smem, scratch, tid)
+            half_scores(S, 0, True, low_q, low_k0, rope, smem, scratch, tid)
             tma.wait(bars, 1, phase)
             wgmma.fence()  # a wait between a chain's wgmma: fence after it
-            half_scores(S, 1, False, desc_q, desc_k, rope, smem, scratch, tid)
+            half_scores(S, 1, False, low_q, low_k0, rope, smem, scratch, tid)
         else:        # buffer 1: half 1 is warpgroup 1's
             tma.wait(bars, 3, phase)
-            half_scores(S, 1, True, desc_q, desc_k, rope, smem, scratch, tid)
+            half_scores(S, 1, True, low_q, low_k0 + BUF_STEP, rope, smem, scratch, tid)
             tma.wait(bars, 2, phase)
             wgmma.fence()  # a wait between a chain's wgmma: fence after it
-            half_scores(S, 0, False, desc_q, desc_k, rope, smem, scratch, tid)
+            half_scores(S, 0, False, low_q, low_k0 + BUF_STEP, rope, smem, scratch, tid)
         wgmma.commit()
         wgmma.wait(0)
         wgmma.fence_operands(S, S_REGS)
@@ -248,6 +251,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                           o_acc, lse_acc, status, s_q, group, page_size, scale_log2, tmap):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
+        smem_f32 = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # ... again
         m_sh = cuda.shared.array((2, BLOCK_M), float32)      # the maxima each warpgroup set
         scale_sh = cuda.shared.array((2, BLOCK_M), float32)  # ... and the factor they moved by
         l_sh = cuda.shared.array((2, BLOCK_M), float32)
@@ -285,13 +289,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         tq = int32(convert.div_u32(gq, group)) if q_ok else int32(0)
         hq = int32(hk * group + gq - tq * group) if q_ok else int32(0)
 
-        # This warpgroup's buffer (its tiles' K) and its V columns in both buffers.
-        mine = uint64(wg * BUF_STEP)
-        desc_q = wgmma.descriptor(smem, base + Q_OFF, 16, SBO)
-        desc_k = wgmma.descriptor(smem, base + K_OFF, 16, SBO) + mine
-        desc_v = wgmma.descriptor(smem, base + K_OFF, V_LBO, SBO) + uint64(wg * V_COLS_STEP)
-        desc_pa = wgmma.descriptor(smem, base + P_OFF, 16, SBO)
-        desc_pb = wgmma.descriptor(smem, base + ROPE, 16, SBO)
+        # The operands' descriptor low words; each warpgroup's code adds its own buffer and V
+        # columns as constants (no arithmetic on wg: these stay warp-uniform for ptxas).
+        low_q = wgmma.descriptor_low(smem, base + Q_OFF, 16)
+        low_k = wgmma.descriptor_low(smem, base + K_OFF, 16)
+        low_v = wgmma.descriptor_low(smem, base + K_OFF, V_LBO)
+        low_pa = wgmma.descriptor_low(smem, base + P_OFF, 16)
+        low_pb = wgmma.descriptor_low(smem, base + ROPE, 16)
 
         m_new = cuda.local.array(2, float32)
         moved = cuda.local.array(2, float32)  # warpgroup 1: the factor warpgroup 0 moves by
@@ -348,7 +352,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             # Each warpgroup scores the first tile of its buffer (warpgroup 1: -inf if none).
             my_tile = wg
             if my_tile < n_tiles:
-                scores(S, desc_q, desc_k, rope, bars, wg, phase, smem, scratch, tid)
+                scores(S, low_q, low_k, rope, bars, wg, phase, smem, scratch, tid)
                 phase ^= 1
                 valid = n_hi - (n_lo + my_tile * BLOCK_N)
                 if valid < BLOCK_N:
@@ -360,7 +364,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 next_a = a + 2 < n_tiles
                 next_b = a + 3 < n_tiles
                 # V of tile b, or (no tile b: P_b = 0) tile a's finite one: never stale rows.
-                v_b = uint64(BUF_STEP if has_b else 0)
+                v_b = uint32(BUF_STEP if has_b else 0)
                 if wg == 0:
                     # Softmax of tile a from warpgroup 1's last maximum.
                     mask_keys(S, limit, n_lo + a * BLOCK_N + t2)
@@ -382,7 +386,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.fence()
                     for kk in range(KK):
                         mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
-                                   desc_v + uint64(kk * V_STEP), 1, smem, scratch, tid)
+                                   desc(low_v + kk * V_STEP), 1, smem, scratch, tid)
                     wgmma.commit()
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
@@ -407,8 +411,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     named_sync(P_B, THREADS, tid)
                     wgmma.fence()
                     for kk in range(KK):
-                        mma_o(O_i, 0, desc_pb + k_step(kk, BLOCK_M),
-                              desc_v + v_b + uint64(kk * V_STEP), 1, smem, scratch, tid)
+                        mma_o(O_i, 0, desc(low_pb + uint32(k_step(kk, BLOCK_M))),
+                              desc(low_v + v_b + kk * V_STEP), 1, smem, scratch, tid)
                     wgmma.commit()
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
@@ -447,13 +451,14 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.fence()
                     for kk in range(KK):  # O_R += P_b V_b[:, R], P_b from registers
                         mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
-                                   desc_v + v_b + uint64(kk * V_STEP), 1, smem, scratch, tid)
+                                   desc(low_v + V_COLS_STEP + v_b + kk * V_STEP), 1, smem,
+                                   scratch, tid)
                     wgmma.commit()
                     # O_R += P_a V_a[:, R], P_a from shared memory.
                     named_sync(P_A, THREADS, tid)
                     for kk in range(KK):
-                        mma_o(O_i, 0, desc_pa + k_step(kk, BLOCK_M), desc_v + uint64(kk * V_STEP),
-                              1, smem, scratch, tid)
+                        mma_o(O_i, 0, desc(low_pa + uint32(k_step(kk, BLOCK_M))),
+                              desc(low_v + V_COLS_STEP + kk * V_STEP), 1, smem, scratch, tid)
                     wgmma.commit()
                     # Half 1 of buffer 1 (V_b[:, R], rope) as soon as the first product is done,
                     # half 1 of buffer 0 after the second.
@@ -473,38 +478,37 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 # The next tile of this warpgroup's buffer.
                 my_tile = a + 2 + wg
                 if my_tile < n_tiles:
-                    scores(S, desc_q, desc_k, rope, bars, wg, phase, smem, scratch, tid)
+                    scores(S, low_q, low_k, rope, bars, wg, phase, smem, scratch, tid)
                     phase ^= 1
                     valid = n_hi - (n_lo + my_tile * BLOCK_N)
                     if valid < BLOCK_N:
                         zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
 
             # Epilogue: the row sums of both warpgroups (one maximum: warpgroup 1's last), then
-            # O_i / l_i and the lse straight from the fragments.
+            # O_i / l_i staged over Q and the tiles (nothing is in flight there now) and copied
+            # out by rows; the lse straight from the fragments.
             for mask in (1, 2):
                 for half in range(2):
                     l_i[half] += shfl_xor(l_i[half], mask, shfl_scratch, tid)
             if t2 == 0:
                 for half in range(2):
                     l_sh[wg, r_lo + 8 * half] = l_i[half]
-            cuda.syncthreads()
+            cuda.syncthreads()  # ... and every warpgroup's wgmma reads of the tiles are done
             for half in range(2):
                 r = r_lo + 8 * half
-                gr = m0 + r
-                if gr < q_rows:
-                    l = l_sh[0, r] + l_sh[1, r]
-                    inv = ONE / l if l > ZERO else ZERO
-                    t = int32(convert.div_u32(gr + fresh, group))
-                    h = hk * group + gr - t * group
-                    for dt in range(DT):
-                        for e in range(2):
-                            col = VH * wg + 8 * dt + t2 + e + fresh
-                            if col < HEAD_DIM_V:
-                                put(out, o_acc, split, req, slot, t, h, col,
-                                    O_i[0, dt, 2 * half + e] * inv, status)
-                    if wg == 0 and t2 == 0:
-                        put_lse(lse, lse_acc, split, req, slot, t, h, m_sh[1, r] * scale_log2,
-                                l, status)
+                l = l_sh[0, r] + l_sh[1, r]
+                inv = ONE / l if l > ZERO else ZERO
+                stage(smem_words, smem_f32, (base >> 1) + fresh, O_i, VH * wg, r, half, t2, inv,
+                      split)
+                gr = m0 + r + fresh
+                if wg == 0 and t2 == 0 and gr < q_rows:
+                    t = int32(convert.div_u32(gr, group))
+                    put_lse(lse, lse_acc, split, req, slot, t, hk * group + gr - t * group,
+                            m_sh[1, r] * scale_log2, l, status)
+            cuda.syncthreads()
+            write(out, o_acc, smem, smem_f32, (base >> 1) + fresh, split, req, slot, m0 + fresh,
+                  q_rows, group, hk, warp, lane, status)
+            sync.proxy_fence()  # these reads before the next piece's copies into the tiles
 
     return mla_decode_seesaw
 
