@@ -33,6 +33,12 @@ descriptor_low = make_descriptor_low(memory.shared_address)
 
 
 @cuda.jit(device=True, inline="always")
+def operand_low(smem, offset, lbo):
+    """``wgmma.operand_low``: ``descriptor_low`` of ``aligned_base(smem) + offset``."""
+    return descriptor_low(smem, aligned_base(smem) + offset, lbo)
+
+
+@cuda.jit(device=True, inline="always")
 def descriptor_join(low):
     """``wgmma.descriptor_join``: the low word's 32 bits under the constant high word."""
     return (uint64(low) & uint64(0xFFFFFFFF)) | (uint64(HIGH_WORD) << uint64(32))

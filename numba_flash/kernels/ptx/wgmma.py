@@ -59,6 +59,8 @@ simulator's emulation):
     descriptor(smem, offset, lbo, sbo)               -> uint64 128-byte-swizzle descriptor
     descriptor_low(smem, offset, lbo)                -> uint32: its low word (address, lbo)
     descriptor_join(low)                             -> uint64: low + the constant high word
+    operand_low(smem, offset, lbo)                   descriptor_low of aligned_base + offset,
+                                                     from a base ptxas keeps uniform
     k_step(ks, rows)                                 its offset for k-step ks of a K-major tile
     SBO, MN_K_STEP                                   the stride between 8-row groups; the offset
                                                      of one k-step of an MN-major tile
@@ -93,6 +95,31 @@ def scratch_size(threads):
 aligned_base = make_aligned_base(memory.shared_address)
 descriptor = make_descriptor(memory.shared_address)
 descriptor_low = make_descriptor_low(memory.shared_address)
+
+
+@intrinsic
+def _opaque_u32(typingctx, x):
+    """``x`` through a ``mov.b32`` LLVM may neither move nor merge with another."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        word = builder.trunc(context.cast(builder, args[0], sig.args[0], types.uint64), I32)
+        asm = ir.InlineAsm(ir.FunctionType(I32, [I32]), "mov.b32 $0, $1;", "=r,r",
+                           side_effect=True)
+        return builder.call(asm, [word])
+
+    return types.uint32(x), codegen
+
+
+@cuda.jit(device=True, inline="always")
+def operand_low(smem, offset, lbo):
+    """``descriptor_low`` of the operand ``offset`` elements past ``aligned_base(smem)``, the
+    base computed again here behind an opaque move. A base computed once is shared with the
+    threads' own addresses, lives in a vector register, and every descriptor made from it then
+    costs moves to uniform registers before each wgmma; made here from the shared-memory
+    symbol alone, ptxas keeps the descriptors and their k-step sums in uniform registers."""
+    return descriptor_low(smem, _opaque_u32(aligned_base(smem)) + offset, lbo)
 
 
 @intrinsic

@@ -117,6 +117,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     ZERO, ONE = float32(0.0), float32(1.0)
     NO_PAGE = int32(-1)
     V_STEP, k_step, desc = wgmma.MN_K_STEP, wgmma.k_step, wgmma.descriptor_join
+    operand_low = wgmma.operand_low
     V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
     BUF_STEP = TILE * 2 // 16
     V_COLS_STEP = VH * BLOCK_N * 2 // 16  # O_R's V columns: VH columns on
@@ -143,6 +144,18 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                             BLOCK_N, bars, bar)
 
     @cuda.jit(device=True, inline="always")
+    def v_operand(smem, cols, kk):
+        """Descriptor of k-step ``kk`` of P V's B operand, V columns ``cols`` (16-byte units)
+        on; each wgmma's operands are made from their own ``operand_low``, which keeps them in
+        uniform registers (made once for a chain, ptxas moved them from vector ones)."""
+        return desc(operand_low(smem, K_OFF, V_LBO) + cols + kk * V_STEP)
+
+    @cuda.jit(device=True, inline="always")
+    def p_operand(smem, at, kk):
+        """Descriptor of k-step ``kk`` of a P tile at element ``at`` (P V's A operand)."""
+        return desc(operand_low(smem, at, 16) + uint32(k_step(kk, BLOCK_M)))
+
+    @cuda.jit(device=True, inline="always")
     def half_scores(S, half, first, low_q, low_k, rope, smem, scratch, tid):
         """The k-steps of S = Q K^T over buffer half ``half`` (half 1 ends with the rope block,
         from registers); ``first``: the chain's first k-step overwrites S."""
@@ -159,9 +172,11 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                            scratch, tid)
 
     @cuda.jit(device=True, inline="always")
-    def scores(S, low_q, low_k0, rope, bars, wg, phase, smem, scratch, tid):
+    def scores(S, rope, bars, wg, phase, smem, scratch, tid):
         """S of this warpgroup's tile, each buffer half's k-steps as soon as it has landed: first
         the half this warpgroup refilled itself (issued earlier), then the other one."""
+        low_q = operand_low(smem, Q_OFF, 16)
+        low_k0 = operand_low(smem, K_OFF, 16)
         wgmma.fence()
         if wg == 0:  # buffer 0: half 0 is warpgroup 0's refill
             tma.wait(bars, 0, phase)
@@ -291,11 +306,6 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
 
         # The operands' descriptor low words; each warpgroup's code adds its own buffer and V
         # columns as constants (no arithmetic on wg: these stay warp-uniform for ptxas).
-        low_q = wgmma.descriptor_low(smem, base + Q_OFF, 16)
-        low_k = wgmma.descriptor_low(smem, base + K_OFF, 16)
-        low_v = wgmma.descriptor_low(smem, base + K_OFF, V_LBO)
-        low_pa = wgmma.descriptor_low(smem, base + P_OFF, 16)
-        low_pb = wgmma.descriptor_low(smem, base + ROPE, 16)
 
         m_new = cuda.local.array(2, float32)
         moved = cuda.local.array(2, float32)  # warpgroup 1: the factor warpgroup 0 moves by
@@ -352,7 +362,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             # Each warpgroup scores the first tile of its buffer (warpgroup 1: -inf if none).
             my_tile = wg
             if my_tile < n_tiles:
-                scores(S, low_q, low_k, rope, bars, wg, phase, smem, scratch, tid)
+                scores(S, rope, bars, wg, phase, smem, scratch, tid)
                 phase ^= 1
                 valid = n_hi - (n_lo + my_tile * BLOCK_N)
                 if valid < BLOCK_N:
@@ -367,7 +377,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 v_b = uint32(BUF_STEP if has_b else 0)
                 if wg == 0:
                     # Softmax of tile a from warpgroup 1's last maximum.
-                    mask_keys(S, limit, n_lo + a * BLOCK_N + t2)
+                    mask_keys(S, limit, int32(n_lo + a * BLOCK_N + t2))
                     row_max(S, m_tile, shfl_scratch, tid)
                     for half in range(2):
                         r = r_lo + 8 * half
@@ -386,7 +396,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.fence()
                     for kk in range(KK):
                         mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
-                                   desc(low_v + kk * V_STEP), 1, smem, scratch, tid)
+                                   v_operand(smem, 0, kk), 1, smem, scratch, tid)
                     wgmma.commit()
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
@@ -411,8 +421,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     named_sync(P_B, THREADS, tid)
                     wgmma.fence()
                     for kk in range(KK):
-                        mma_o(O_i, 0, desc(low_pb + uint32(k_step(kk, BLOCK_M))),
-                              desc(low_v + v_b + kk * V_STEP), 1, smem, scratch, tid)
+                        mma_o(O_i, 0, p_operand(smem, ROPE, kk), v_operand(smem, v_b, kk), 1,
+                              smem, scratch, tid)
                     wgmma.commit()
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
@@ -425,7 +435,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     # Softmax of tile b from warpgroup 0's new maximum (all -inf past the end).
                     named_sync(SCALE0, THREADS, tid)
                     if has_b:
-                        mask_keys(S, limit, n_lo + (a + 1) * BLOCK_N + t2)
+                        mask_keys(S, limit, int32(n_lo + (a + 1) * BLOCK_N + t2))
                     else:
                         for nt in range(NT):
                             for e in range(4):
@@ -451,14 +461,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.fence()
                     for kk in range(KK):  # O_R += P_b V_b[:, R], P_b from registers
                         mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
-                                   desc(low_v + V_COLS_STEP + v_b + kk * V_STEP), 1, smem,
-                                   scratch, tid)
+                                   v_operand(smem, V_COLS_STEP + v_b, kk), 1, smem, scratch, tid)
                     wgmma.commit()
                     # O_R += P_a V_a[:, R], P_a from shared memory.
                     named_sync(P_A, THREADS, tid)
                     for kk in range(KK):
-                        mma_o(O_i, 0, desc(low_pa + uint32(k_step(kk, BLOCK_M))),
-                              desc(low_v + V_COLS_STEP + kk * V_STEP), 1, smem, scratch, tid)
+                        mma_o(O_i, 0, p_operand(smem, P_OFF, kk), v_operand(smem, V_COLS_STEP, kk),
+                              1, smem, scratch, tid)
                     wgmma.commit()
                     # Half 1 of buffer 1 (V_b[:, R], rope) as soon as the first product is done,
                     # half 1 of buffer 0 after the second.
@@ -478,7 +487,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 # The next tile of this warpgroup's buffer.
                 my_tile = a + 2 + wg
                 if my_tile < n_tiles:
-                    scores(S, low_q, low_k, rope, bars, wg, phase, smem, scratch, tid)
+                    scores(S, rope, bars, wg, phase, smem, scratch, tid)
                     phase ^= 1
                     valid = n_hi - (n_lo + my_tile * BLOCK_N)
                     if valid < BLOCK_N:
