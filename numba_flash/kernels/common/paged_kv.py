@@ -275,10 +275,10 @@ def make_row_keys(CAUSAL, NT, DT):
     def mask_keys(S, limit, key0):
         """Element (nt, e) holds key key0 + 8 nt + (e & 1) of row half e >> 1."""
         for half in range(2):
-            lim = limit[half] - key0
+            lim = int32(limit[half] - key0)  # 32-bit: a 64-bit difference held two registers
             for nt in range(NT):
                 for e in range(2 * half, 2 * half + 2):
-                    if 8 * nt + (e & 1) >= lim:
+                    if int32(8 * nt + (e & 1)) >= lim:
                         S[0, nt, e] = NEG_INF
 
     return start_rows, mask_keys

@@ -293,19 +293,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             tma.mbarrier_init_fence()
         cuda.syncthreads()
         phase = 0  # the parity of this warpgroup's buffer's next phase (both halves alike)
-        row = tid // TPR
-        rl = tid % TPR
-        even = row * wgmma.BLOCK_COLS + ((rl ^ (row & 7)) << 3)
-        odd = row * wgmma.BLOCK_COLS + (((rl + 4) ^ (row & 7)) << 3)
         base = wgmma.aligned_base(smem)
         r_lo = 16 * (warp & 3) + g
-        gq = m0 + row
-        q_ok = gq < q_rows
-        tq = int32(convert.div_u32(gq, group)) if q_ok else int32(0)
-        hq = int32(hk * group + gq - tq * group) if q_ok else int32(0)
-
-        # The operands' descriptor low words; each warpgroup's code adds its own buffer and V
-        # columns as constants (no arithmetic on wg: these stay warp-uniform for ptxas).
 
         m_new = cuda.local.array(2, float32)
         moved = cuda.local.array(2, float32)  # warpgroup 1: the factor warpgroup 0 moves by
@@ -320,7 +309,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         rope = cuda.local.array((4, 4), uint32)
         P16 = cuda.local.array((KK, 4), uint32)  # P as rs A registers
 
-        for req in range(begin_req, end_req + 1):
+        for req in range(int32(begin_req), int32(end_req + 1)):  # 32-bit: 1 register each
             n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
                                                        req, begin_req, end_req)
             # Warp-uniform for ptxas, like wg: the wgmma under branches on it stay asynchronous.
@@ -331,6 +320,15 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             # the outputs) stay in the request loop, where hoisted out of it they held about 60
             # registers for the whole kernel and spilled 232 bytes.
             fresh = n_tiles >> 31
+            # The row of Q this thread copies, its chunks, and its token and head.
+            row = tid // TPR + fresh
+            rl = tid % TPR
+            even = row * wgmma.BLOCK_COLS + ((rl ^ (row & 7)) << 3)
+            odd = row * wgmma.BLOCK_COLS + (((rl + 4) ^ (row & 7)) << 3)
+            gq = m0 + row
+            q_ok = gq < q_rows
+            tq = int32(convert.div_u32(gq, group)) if q_ok else int32(0)
+            hq = int32(hk * group + gq - tq * group) if q_ok else int32(0)
 
             # Prologue: Q by cp.async; tiles 0 and 1, all boxes, by thread 0.
             for i in range(CPT):
@@ -364,7 +362,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             if my_tile < n_tiles:
                 scores(S, rope, bars, wg, phase, smem, scratch, tid)
                 phase ^= 1
-                valid = n_hi - (n_lo + my_tile * BLOCK_N)
+                valid = int32(n_hi - (n_lo + my_tile * BLOCK_N))
                 if valid < BLOCK_N:
                     zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
 
@@ -489,7 +487,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 if my_tile < n_tiles:
                     scores(S, rope, bars, wg, phase, smem, scratch, tid)
                     phase ^= 1
-                    valid = n_hi - (n_lo + my_tile * BLOCK_N)
+                    valid = int32(n_hi - (n_lo + my_tile * BLOCK_N))
                     if valid < BLOCK_N:
                         zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
 
