@@ -310,8 +310,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         P16 = cuda.local.array((KK, 4), uint32)  # P as rs A registers
 
         for req in range(int32(begin_req), int32(end_req + 1)):  # 32-bit: 1 register each
-            n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
-                                                       req, begin_req, end_req)
+            n_lo, n_hi, seqlen, _, _ = piece_of(metadata, cache_seqlens, num_splits, part, req,
+                                                begin_req, end_req)
             # Warp-uniform for ptxas, like wg: the wgmma under branches on it stay asynchronous.
             n_tiles = sync.warp_uniform(
                 int32((n_hi - n_lo + BLOCK_N - 1) // BLOCK_N if n_hi > n_lo else 0))
@@ -491,6 +491,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     if valid < BLOCK_N:
                         zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
 
+            # (read again here: kept from the start, the two were live through every tile)
+            _, _, _, split, slot = piece_of(metadata, cache_seqlens, num_splits, part, req,
+                                            begin_req, end_req)
             # Epilogue: the row sums of both warpgroups (one maximum: warpgroup 1's last), then
             # O_i / l_i staged over Q and the tiles (nothing is in flight there now) and copied
             # out by rows; the lse straight from the fragments.
