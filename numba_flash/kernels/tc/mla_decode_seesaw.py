@@ -297,7 +297,6 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         r_lo = 16 * (warp & 3) + g
 
         m_new = cuda.local.array(2, float32)
-        moved = cuda.local.array(2, float32)  # warpgroup 1: the factor warpgroup 0 moves by
         scale = cuda.local.array(2, float32)
         l_i = cuda.local.array(2, float32)
         limit = cuda.local.array(2, int32)
@@ -383,10 +382,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                         mn = max(mo, m_tile[0, half])
                         scale[half] = exp2((mo - mn) * scale_log2) if mn != NEG_INF else ONE
                         m_new[half] = mn
-                    if t2 == 0:
-                        for half in range(2):
-                            m_sh[0, r_lo + 8 * half] = m_new[half]
-                            scale_sh[0, r_lo + 8 * half] = scale[half]
+                        if t2 == 0:
+                            m_sh[0, r] = mn
+                            scale_sh[0, r] = scale[half]
                     softmax(S, m_new, l_i, O_i, scale, scale_log2)
                     named_arrive(SCALE0, THREADS, tid)
                     # O_L += P_a V_a[:, L], P_a from registers.
@@ -445,12 +443,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                         mn = max(mo, m_tile[0, half])
                         sc = exp2((mo - mn) * scale_log2) if mn != NEG_INF else ONE
                         m_new[half] = mn
-                        moved[half] = sc                    # warpgroup 0 moves by this
                         scale[half] = sc * scale_sh[0, r]   # O_R was at the older maximum
-                    if t2 == 0:
-                        for half in range(2):
-                            m_sh[1, r_lo + 8 * half] = m_new[half]
-                            scale_sh[1, r_lo + 8 * half] = moved[half]
+                        if t2 == 0:
+                            m_sh[1, r] = mn
+                            scale_sh[1, r] = sc             # warpgroup 0 moves by this
                     named_arrive(SCALE1, THREADS, tid)
                     softmax(S, m_new, l_i, O_i, scale, scale_log2)
                     store_p(smem_words, base + ROPE, S, r_lo, t2)
