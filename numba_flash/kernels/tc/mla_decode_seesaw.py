@@ -130,7 +130,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         blk = int32(convert.div_u32(n0, page_size))
         page = NO_PAGE
         if blk < block_table.shape[1]:
-            entry = block_table[req, blk]
+            entry = block_table[uint64(req), uint64(blk)]  # both >= 0: no wraparound code
             if entry >= 0 and entry < num_pages:
                 page = entry
             else:
@@ -283,6 +283,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0], status)
         if begin_req >= cache_seqlens.shape[0]:
             return  # idle part
+        begin_req, end_req = int32(begin_req), int32(end_req)  # 32-bit: one register each
         num_pages = k_cache.shape[0]
         q_rows = s_q * group
         if lt == 0:
@@ -308,7 +309,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         rope = cuda.local.array((4, 4), uint32)
         P16 = cuda.local.array((KK, 4), uint32)  # P as rs A registers
 
-        for req in range(int32(begin_req), int32(end_req + 1)):  # 32-bit: 1 register each
+        for req in range(begin_req, end_req + 1):
             n_lo, n_hi, seqlen, _, _ = piece_of(metadata, cache_seqlens, num_splits, part, req,
                                                 begin_req, end_req)
             # Warp-uniform for ptxas, like wg: the wgmma under branches on it stay asynchronous.
@@ -399,7 +400,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     named_sync(OWN, WARPGROUP, tid)  # every warp's part of the product is done
                     if tid == 0 and next_a:  # V_a[:, L] is done with: tile a + 2's half 0
                         load_half(smem, base + K_OFF, tmap, k_cache, bars, 0, block_table,
-                                  num_pages, req, n_lo + (a + 2) * BLOCK_N, hk, page_size,
+                                  num_pages, req, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
                                   status, 0, VB)
                     # Warpgroup 1's maximum: P_a and O_L move to it; P_a for warpgroup 1.
                     named_sync(SCALE1, THREADS, tid)
@@ -425,17 +426,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     named_sync(OWN, WARPGROUP, tid)
                     if tid == 0 and next_b:
                         load_half(smem, base + K_OFF + TILE, tmap, k_cache, bars, 2, block_table,
-                                  num_pages, req, n_lo + (a + 3) * BLOCK_N, hk, page_size,
+                                  num_pages, req, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
                                   status, 0, VB)
                 else:
                     # Softmax of tile b from warpgroup 0's new maximum (all -inf past the end).
                     named_sync(SCALE0, THREADS, tid)
-                    if has_b:
-                        mask_keys(S, limit, int32(n_lo + (a + 1) * BLOCK_N + t2))
-                    else:
-                        for nt in range(NT):
-                            for e in range(4):
-                                S[0, nt, e] = NEG_INF
+                    # (no tile b: its keys lie past every row's limit, so all of S is -inf)
+                    mask_keys(S, limit, int32(n_lo + (a + 1) * BLOCK_N + t2))
                     row_max(S, m_tile, shfl_scratch, tid)
                     for half in range(2):
                         r = r_lo + 8 * half
@@ -469,14 +466,14 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     named_sync(OWN + 1, WARPGROUP, tid)
                     if lt == 0 and next_b:
                         load_half(smem, base + K_OFF + TILE, tmap, k_cache, bars, 3, block_table,
-                                  num_pages, req, n_lo + (a + 3) * BLOCK_N, hk, page_size,
+                                  num_pages, req, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
                                   status, VB, BOXES)
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
                     named_sync(OWN + 1, WARPGROUP, tid)
                     if lt == 0 and next_a:
                         load_half(smem, base + K_OFF, tmap, k_cache, bars, 1, block_table,
-                                  num_pages, req, n_lo + (a + 2) * BLOCK_N, hk, page_size,
+                                  num_pages, req, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
                                   status, VB, BOXES)
                 # The next tile of this warpgroup's buffer.
                 my_tile = a + 2 + wg

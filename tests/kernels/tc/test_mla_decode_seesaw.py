@@ -45,8 +45,6 @@ def test_tma_decodes_with_a_rope_block_take_the_seesaw(rng):
     assert not mla_decode_seesaw.supports(64, 64)  # no block of Q past V: the lockstep kernel
 
 
-@pytest.mark.xfail(reason="spills 36 bytes at 255 registers: to remove before it ships",
-                   strict=True)
 def test_compiles_to_asynchronous_wgmma_without_spills():
     configs = [((rows, 576, 512, causal, fmt, True, True), None)
                for rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16"))]
