@@ -187,8 +187,6 @@ def make_piece_out(HEAD_DIM_V, VH, BLOCK_M, WARPS, FMT):
     assert VH % 64 == 0
     DT = VH // 8
     PITCH = 2 * VH                                       # words per staged row
-    F32_CHUNKS, F32_FULL = -(-HEAD_DIM_V // 4), HEAD_DIM_V // 4  # 16-byte chunks of a row
-    H_CHUNKS, H_FULL = -(-HEAD_DIM_V // 8), HEAD_DIM_V // 8
     pack = convert.pack(FMT)
 
     @cuda.jit(device=True, inline="always")
@@ -208,10 +206,27 @@ def make_piece_out(HEAD_DIM_V, VH, BLOCK_M, WARPS, FMT):
                     O_i[0, dt, 2 * half] * inv, O_i[0, dt, 2 * half + 1] * inv)
 
     @cuda.jit(device=True, inline="always")
+    def copy_row(dst, i, t, h, view, PER, smem, row, sw, lane):
+        """Staged row ``row`` (swizzle ``sw``) into ``dst[i, t, h, :HEAD_DIM_V]``, chunks of PER
+        elements of ``view`` (the staged words as float32, or as 16-bit halves): one
+        ``st.global.v4`` per chunk when the row is 16-byte aligned and the chunk lies inside
+        HEAD_DIM_V, else element by element up to HEAD_DIM_V."""
+        at = memory.global_address(dst, (i, t, h, 0))
+        aligned = at & uint64(15) == 0
+        for c in range(lane, -(-HEAD_DIM_V // PER), 32):
+            src = row + ((c ^ sw) << 2)  # the chunk's first word
+            if aligned and c < HEAD_DIM_V // PER:
+                memory.st_global_16(at + uint64(16 * c), smem, 2 * src)
+            else:
+                for e in range(PER):
+                    if PER * c + e < HEAD_DIM_V:
+                        dst[i, t, h, uint64(PER * c + e)] = view[(PER // 4) * src + e]
+
+    @cuda.jit(device=True, inline="always")
     def write(out, o_acc, smem, smem_f32, at, split, req, slot, m0, q_rows, group, hk, warp,
               lane, status):
-        """A chunk leaves as one ``st.global.v4`` when the row is 16-byte aligned and the chunk
-        lies inside HEAD_DIM_V, else element by element up to HEAD_DIM_V."""
+        """Every warp copies rows warp, warp + WARPS, ... that hold a query row: float32 into
+        the piece's slot of ``o_acc``, or 16-bit into ``out``."""
         if split and not (slot >= 0 and slot < o_acc.shape[0]):
             if warp == 0 and lane == 0:
                 report(status, BAD_SPLITS)
@@ -221,30 +236,10 @@ def make_piece_out(HEAD_DIM_V, VH, BLOCK_M, WARPS, FMT):
             if gr < q_rows:
                 t = int32(convert.div_u32(gr, group))
                 h = hk * group + gr - t * group
-                row = at + r * PITCH
-                sw = r & 7
                 if split:
-                    dst = memory.global_address(o_acc, (slot, t, h, 0))
-                    aligned = dst & uint64(15) == 0
-                    for c in range(lane, F32_CHUNKS, 32):
-                        src = row + ((c ^ sw) << 2)
-                        if aligned and c < F32_FULL:
-                            memory.st_global_16(dst + uint64(16 * c), smem, 2 * src)
-                        else:
-                            for e in range(4):
-                                if 4 * c + e < HEAD_DIM_V:
-                                    o_acc[slot, t, h, uint64(4 * c + e)] = smem_f32[src + e]
+                    copy_row(o_acc, slot, t, h, smem_f32, 4, smem, at + r * PITCH, r & 7, lane)
                 else:
-                    dst = memory.global_address(out, (req, t, h, 0))
-                    aligned = dst & uint64(15) == 0
-                    for c in range(lane, H_CHUNKS, 32):
-                        src = row + ((c ^ sw) << 2)
-                        if aligned and c < H_FULL:
-                            memory.st_global_16(dst + uint64(16 * c), smem, 2 * src)
-                        else:
-                            for e in range(8):
-                                if 8 * c + e < HEAD_DIM_V:
-                                    out[req, t, h, uint64(8 * c + e)] = smem[2 * src + e]
+                    copy_row(out, req, t, h, smem, 8, smem, at + r * PITCH, r & 7, lane)
 
     return stage, write
 
