@@ -98,6 +98,9 @@ def specializations():
                 "tc.mla_decode_wgmma", [q_rows, 576, 512, causal, fmt, True, tma])
         add(f"tc wgmma mla d=48 dv=23 causal=True bfloat16{copies}", (SM90A,),
             "tc.mla_decode_wgmma", [8, 48, 23, True, "bfloat16", True, tma])
+    for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
+        add(f"tc wgmma mla seesaw q_rows={q_rows} causal={causal} {fmt} tma", (SM90A,),
+            "tc.mla_decode_seesaw", [q_rows, 576, 512, causal, fmt, True, True])
     for entry in ((32, 32, 4, 0), (16, 32, 4, 0)):  # the mma.sync decode's table
         for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
             add(f"tc mma mla q_rows={q_rows} causal={causal} {fmt} tiles={entry}", (SM80,),
