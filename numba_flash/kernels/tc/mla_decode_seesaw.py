@@ -208,6 +208,18 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         named_sync(OWN + wg, WARPGROUP, tid)
 
     @cuda.jit(device=True, inline="always")
+    def score_own_tile(S, rope, bars, wg, phase, tile, n_lo, n_hi, smem, smem_words, base, scratch,
+                       lt, tid):
+        """S of ``tile`` (in this warpgroup's buffer), then the V rows past the piece end zeroed;
+        returns the buffer's next phase."""
+        scores(S, rope, bars, wg, phase, smem, scratch, tid)
+        next_phase = phase ^ 1
+        valid = int32(n_hi - (n_lo + tile * BLOCK_N))
+        if valid < BLOCK_N:
+            zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
+        return next_phase
+
+    @cuda.jit(device=True, inline="always")
     def softmax(S, m_new, l_i, O_i, scale, scale_log2):
         """Rows r_lo, r_lo + 8: O_i and l_i times ``scale``, S -> P = exp2((S - m_new)
         scale_log2), its row sums into l_i."""
@@ -360,11 +372,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             # Each warpgroup scores the first tile of its buffer (warpgroup 1: -inf if none).
             my_tile = wg
             if my_tile < n_tiles:
-                scores(S, rope, bars, wg, phase, smem, scratch, tid)
-                phase ^= 1
-                valid = int32(n_hi - (n_lo + my_tile * BLOCK_N))
-                if valid < BLOCK_N:
-                    zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
+                phase = score_own_tile(S, rope, bars, wg, phase, my_tile, n_lo, n_hi, smem,
+                                       smem_words, base, scratch, lt, tid)
 
             for p in range((n_tiles + 1) // 2):
                 a = 2 * p
@@ -478,11 +487,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 # The next tile of this warpgroup's buffer.
                 my_tile = a + 2 + wg
                 if my_tile < n_tiles:
-                    scores(S, rope, bars, wg, phase, smem, scratch, tid)
-                    phase ^= 1
-                    valid = int32(n_hi - (n_lo + my_tile * BLOCK_N))
-                    if valid < BLOCK_N:
-                        zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
+                    phase = score_own_tile(S, rope, bars, wg, phase, my_tile, n_lo, n_hi, smem,
+                                           smem_words, base, scratch, lt, tid)
 
             # (read again here: kept from the start, the two were live through every tile)
             _, _, _, split, slot = piece_of(metadata, cache_seqlens, num_splits, part, req,
