@@ -13,7 +13,8 @@ What it computes
 
         WG0: softmax(S_a) from WG1's last maximum -> O_L += P_a V_a[:, L] (P from registers)
              then, with WG1's new maximum: P_a rescaled into shared memory for WG1,
-             O_L += P_b V_b[:, L] (P_b from shared memory), score tile a + 2
+             O_L += P_b V_b[:, L] (P_b from shared memory), score tile a + 2 (its first half
+             issued right behind that product, so the tensor cores have work across the wait)
         WG1: softmax(S_b) from WG0's new maximum -> P_b into shared memory for WG0,
              O_R += P_b V_b[:, R] (registers), O_R += P_a V_a[:, R] (shared), score tile b + 2
 
@@ -30,15 +31,16 @@ Grid / block mapping
     registers (an rs wgmma), which frees it in shared memory for P_b.
 
 Memory pipeline
-    TMA only (page sizes that are multiples of 64). A cache buffer is refilled in two halves,
-    each with its own mbarrier: the V columns of O_L (boxes 0 .. VB - 1) by warpgroup 0 as soon
-    as its products on them are done, the rest (O_R's V columns and the rope block) by
-    warpgroup 1. Buffer 0 holds the even tiles, buffer 1 the odd ones; the warpgroup that
-    scores a buffer's tile waits for both of its halves. Rows past the piece end are zeroed in
+    TMA only (page sizes that are multiples of 64). A cache buffer is refilled in two halves:
+    the V columns of O_L (boxes 0 .. VB - 1) by warpgroup 0 as soon as its products on them are
+    done, the rest (O_R's V columns and the rope block) by warpgroup 1. Each 64-column box has
+    its own mbarrier, so an S chain waits box by box and starts on the first one to land.
+    Buffer 0 holds the even tiles, buffer 1 the odd ones. Rows past the piece end are zeroed in
     the V columns by the scoring warpgroup before its barrier hands the tile on.
 
 Shared memory: that of ``mla_decode_wgmma.py`` (Q, two cache tiles, one P tile: 225 KiB at
-    576 / 512), P_b in Q's rope block; 448 static floats for the maxima, scale factors and sums.
+    576 / 512), P_b in Q's rope block; 448 static floats for the maxima, scale factors and sums, and
+    2 x 9 mbarriers.
 
 Limits
     As ``mla_decode_wgmma.py``, and Q's last 64-column block must lie past the V columns
@@ -86,8 +88,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     S_REGS, O_REGS = 4 * NT, 4 * DT
     BOXES = QW // wgmma.BLOCK_COLS
     VB = VH // wgmma.BLOCK_COLS          # boxes of O_L's V columns: buffer half 0
-    SS_STEPS = (BOXES - 1) * 4           # k-steps of S read from shared memory; the rope
-    Q_OFF = 0                            # block's 4 come from registers
+    N_BARS = 2 * BOXES                   # one mbarrier per box of each cache buffer
+    Q_OFF = 0
     ROPE = Q_OFF + (BOXES - 1) * BLOCK_M * wgmma.BLOCK_COLS  # Q's last block: P_b's home
     K_OFF = BLOCK_M * QW
     TILE = BLOCK_N * KW
@@ -123,10 +125,11 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     V_COLS_STEP = VH * BLOCK_N * 2 // 16  # O_R's V columns: VH columns on
 
     @cuda.jit(device=True, inline="always")
-    def load_half(smem, at, tmap, k_cache, bars, bar, block_table, num_pages, req, n0, hk,
+    def load_half(smem, base, buf, tmap, k_cache, bars, block_table, num_pages, req, n0, hk,
                   page_size, status, lo, hi):
-        """(One thread) boxes lo .. hi - 1 of the tile of keys n0 .. n0 + 63 into the buffer at
-        ``at``, completing on mbarrier ``bar``; a bad table entry reads page -1 (zeros)."""
+        """(One thread) boxes lo .. hi - 1 of the tile of keys n0 .. n0 + 63 into cache buffer
+        ``buf``, box c completing on its own mbarrier (buf BOXES + c) so that an S chain can start
+        on the first box to land; a bad table entry reads page -1 (zeros)."""
         blk = int32(convert.div_u32(n0, page_size))
         page = NO_PAGE
         if blk < block_table.shape[1]:
@@ -137,9 +140,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 report(status, BAD_TABLE_ENTRY)
         else:
             report(status, PAST_TABLE)
-        tma.expect_tx(bars, bar, 2 * (hi - lo) * BOX)
         for c in range(lo, hi):
-            tma.load_box_4d(smem, at + c * BOX, tmap, k_cache,
+            bar = buf * BOXES + c
+            tma.expect_tx(bars, bar, 2 * BOX)
+            tma.load_box_4d(smem, base + K_OFF + buf * TILE + c * BOX, tmap, k_cache,
                             (int32(c * wgmma.BLOCK_COLS), hk, n0 - blk * page_size, page),
                             BLOCK_N, bars, bar)
 
@@ -156,40 +160,43 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         return desc(operand_low(smem, at, 16) + uint32(k_step(kk, BLOCK_M)))
 
     @cuda.jit(device=True, inline="always")
-    def half_scores(S, half, first, low_q, low_k, rope, smem, scratch, tid):
-        """The k-steps of S = Q K^T over buffer half ``half`` (half 1 ends with the rope block,
-        from registers); ``first``: the chain's first k-step overwrites S."""
-        lo = 0 if half == 0 else 4 * VB
-        hi = 4 * VB if half == 0 else SS_STEPS
-        for ks in range(lo, hi):
-            mma_s(S, 0, desc(low_q + uint32(k_step(ks, BLOCK_M))),
-                  desc(low_k + uint32(k_step(ks, BLOCK_N))), not first or ks > lo, smem,
-                  scratch, tid)
-        if half == 1:
+    def half_scores(S, half, first, buf, parity, rope, bars, smem, scratch, tid):
+        """The k-steps of S = Q K^T over half ``half`` of cache buffer ``buf`` (half 1 ends with
+        the rope block, from registers), each box's as soon as its mbarrier completed the phase
+        of ``parity``; ``first``: the chain's first k-step overwrites S. Not committed."""
+        low_q = operand_low(smem, Q_OFF, 16)
+        low_k = operand_low(smem, K_OFF, 16) + uint32(buf * BUF_STEP)
+        lo = 0 if half == 0 else VB
+        hi = VB if half == 0 else BOXES
+        wgmma.fence()
+        for c in range(lo, hi):
+            tma.wait(bars, buf * BOXES + c, parity)
+            wgmma.fence()  # a wait between a chain's wgmma: fence after it
             for kk in range(4):
-                mma_s_rope(S, 0, (rope[kk, 0], rope[kk, 1], rope[kk, 2], rope[kk, 3]),
-                           desc(low_k + uint32(k_step(SS_STEPS + kk, BLOCK_N))), 1, smem,
-                           scratch, tid)
+                ks = 4 * c + kk
+                if c < BOXES - 1:
+                    mma_s(S, 0, desc(low_q + uint32(k_step(ks, BLOCK_M))),
+                          desc(low_k + uint32(k_step(ks, BLOCK_N))), not first or ks > 4 * lo,
+                          smem, scratch, tid)
+                else:
+                    mma_s_rope(S, 0, (rope[kk, 0], rope[kk, 1], rope[kk, 2], rope[kk, 3]),
+                               desc(low_k + uint32(k_step(ks, BLOCK_N))), 1, smem, scratch, tid)
 
     @cuda.jit(device=True, inline="always")
-    def scores(S, rope, bars, wg, phase, smem, scratch, tid):
-        """S of this warpgroup's tile, each buffer half's k-steps as soon as it has landed: first
-        the half this warpgroup refilled itself (issued earlier), then the other one."""
-        low_q = operand_low(smem, Q_OFF, 16)
-        low_k0 = operand_low(smem, K_OFF, 16)
-        wgmma.fence()
-        if wg == 0:  # buffer 0: half 0 is warpgroup 0's refill
-            tma.wait(bars, 0, phase)
-            half_scores(S, 0, True, low_q, low_k0, rope, smem, scratch, tid)
-            tma.wait(bars, 1, phase)
-            wgmma.fence()  # a wait between a chain's wgmma: fence after it
-            half_scores(S, 1, False, low_q, low_k0, rope, smem, scratch, tid)
-        else:        # buffer 1: half 1 is warpgroup 1's
-            tma.wait(bars, 3, phase)
-            half_scores(S, 1, True, low_q, low_k0 + BUF_STEP, rope, smem, scratch, tid)
-            tma.wait(bars, 2, phase)
-            wgmma.fence()  # a wait between a chain's wgmma: fence after it
-            half_scores(S, 0, False, low_q, low_k0 + BUF_STEP, rope, smem, scratch, tid)
+    def own_scores(S, rope, bars, wg, parity, smem, scratch, tid):
+        """S of the tile in this warpgroup's buffer (``wg``): first the half this warpgroup
+        refilled itself (issued earlier), then the other one."""
+        if wg == 0:
+            half_scores(S, 0, True, 0, parity, rope, bars, smem, scratch, tid)
+            half_scores(S, 1, False, 0, parity, rope, bars, smem, scratch, tid)
+        else:
+            half_scores(S, 1, True, 1, parity, rope, bars, smem, scratch, tid)
+            half_scores(S, 0, False, 1, parity, rope, bars, smem, scratch, tid)
+        scores_done(S)
+
+    @cuda.jit(device=True, inline="always")
+    def scores_done(S):
+        """Wait for this warpgroup's S chain (everything it has in flight)."""
         wgmma.commit()
         wgmma.wait(0)
         wgmma.fence_operands(S, S_REGS)
@@ -208,16 +215,12 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         named_sync(OWN + wg, WARPGROUP, tid)
 
     @cuda.jit(device=True, inline="always")
-    def score_own_tile(S, rope, bars, wg, phase, tile, n_lo, n_hi, smem, smem_words, base, scratch,
-                       lt, tid):
-        """S of ``tile`` (in this warpgroup's buffer), then the V rows past the piece end zeroed;
-        returns the buffer's next phase."""
-        scores(S, rope, bars, wg, phase, smem, scratch, tid)
-        next_phase = phase ^ 1
+    def zero_tail(smem_words, base, tile, n_lo, n_hi, lt, wg, tid):
+        """After this warpgroup scored ``tile`` (in its buffer ``wg``): the V rows past the piece
+        end zeroed."""
         valid = int32(n_hi - (n_lo + tile * BLOCK_N))
         if valid < BLOCK_N:
             zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
-        return next_phase
 
     @cuda.jit(device=True, inline="always")
     def softmax(S, m_new, l_i, O_i, scale, scale_log2):
@@ -284,7 +287,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         l_sh = cuda.shared.array((2, BLOCK_M), float32)
         scratch = cuda.shared.array(SCRATCH, uint32)
         shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
-        bars = cuda.shared.array(4, uint64)  # buffer b, half h: mbarrier 2 b + h
+        bars = cuda.shared.array(N_BARS, uint64)  # buffer b, box c: mbarrier b BOXES + c
         tid = cuda.threadIdx.x
         wg = sync.warp_uniform(tid >> 7)  # a uniform branch for ptxas: no C7519
         lt = tid & (WARPGROUP - 1)
@@ -301,11 +304,11 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         if lt == 0:
             tma.tensormap_acquire(tmap)  # both issuing threads read the map
         if tid == 0:
-            for i in range(4):
+            for i in range(N_BARS):
                 tma.mbarrier_init(bars, i, 1)
             tma.mbarrier_init_fence()
         cuda.syncthreads()
-        phase = 0  # the parity of this warpgroup's buffer's next phase (both halves alike)
+        phase = 0  # the parity of this warpgroup's buffer's next phase (all its boxes alike)
         base = wgmma.aligned_base(smem)
         r_lo = 16 * (warp & 3) + g
 
@@ -351,10 +354,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             memory.cp_async_commit()
             if tid == 0:
                 for t in range(min(n_tiles, 2)):
-                    for h in range(2):
-                        load_half(smem, base + K_OFF + t * TILE, tmap, k_cache, bars, 2 * t + h,
-                                  block_table, num_pages, req, n_lo + t * BLOCK_N, hk,
-                                  page_size, status, h * VB, VB + h * (BOXES - VB))
+                    load_half(smem, base, t, tmap, k_cache, bars, block_table, num_pages, req,
+                              n_lo + t * BLOCK_N, hk, page_size, status, 0, BOXES)
             start_rows(limit, m_unused, l_unused, O_i, n_hi, seqlen, s_q, group, m0 + r_lo)
             for half in range(2):
                 l_i[half] = ZERO
@@ -370,10 +371,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                         r_lo + 8 * (i & 1), 16 * kk + 8 * (i >> 1) + t2, BLOCK_M)) >> 1]
 
             # Each warpgroup scores the first tile of its buffer (warpgroup 1: -inf if none).
-            my_tile = wg
-            if my_tile < n_tiles:
-                phase = score_own_tile(S, rope, bars, wg, phase, my_tile, n_lo, n_hi, smem,
-                                       smem_words, base, scratch, lt, tid)
+            if wg < n_tiles:
+                own_scores(S, rope, bars, wg, phase, smem, scratch, tid)
+                phase ^= 1
+                zero_tail(smem_words, base, wg, n_lo, n_hi, lt, wg, tid)
 
             for p in range((n_tiles + 1) // 2):
                 a = 2 * p
@@ -408,7 +409,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.fence_operands(O_i, O_REGS)
                     named_sync(OWN, WARPGROUP, tid)  # every warp's part of the product is done
                     if tid == 0 and next_a:  # V_a[:, L] is done with: tile a + 2's half 0
-                        load_half(smem, base + K_OFF, tmap, k_cache, bars, 0, block_table,
+                        load_half(smem, base, 0, tmap, k_cache, bars, block_table,
                                   num_pages, req, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
                                   status, 0, VB)
                     # Warpgroup 1's maximum: P_a and O_L move to it; P_a for warpgroup 1.
@@ -430,13 +431,26 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                         mma_o(O_i, 0, p_operand(smem, ROPE, kk), v_operand(smem, v_b, kk), 1,
                               smem, scratch, tid)
                     wgmma.commit()
-                    wgmma.wait(0)
+                    # Tile a + 2's first half right behind it: the tensor cores keep work while
+                    # this warpgroup waits for the older chain and hands buffer 1's half 0 back.
+                    # Without a tile a + 2 the chain runs on tile a's rows, waits for no phase
+                    # (the parity of the one completed last) and is dropped: a branch around it
+                    # made ptxas serialize every wgmma (C7518).
+                    parity = phase if next_a else phase ^ 1
+                    half_scores(S, 0, True, 0, parity, rope, bars, smem, scratch, tid)
+                    wgmma.commit()
+                    wgmma.wait(1)
                     wgmma.fence_operands(O_i, O_REGS)
                     named_sync(OWN, WARPGROUP, tid)
                     if tid == 0 and next_b:
-                        load_half(smem, base + K_OFF + TILE, tmap, k_cache, bars, 2, block_table,
+                        load_half(smem, base, 1, tmap, k_cache, bars, block_table,
                                   num_pages, req, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
                                   status, 0, VB)
+                    half_scores(S, 1, False, 0, parity, rope, bars, smem, scratch, tid)
+                    scores_done(S)
+                    if next_a:
+                        phase ^= 1
+                        zero_tail(smem_words, base, a + 2, n_lo, n_hi, lt, 0, tid)
                 else:
                     # Softmax of tile b from warpgroup 0's new maximum (all -inf past the end).
                     named_sync(SCALE0, THREADS, tid)
@@ -474,21 +488,21 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.wait(1)
                     named_sync(OWN + 1, WARPGROUP, tid)
                     if lt == 0 and next_b:
-                        load_half(smem, base + K_OFF + TILE, tmap, k_cache, bars, 3, block_table,
+                        load_half(smem, base, 1, tmap, k_cache, bars, block_table,
                                   num_pages, req, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
                                   status, VB, BOXES)
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
                     named_sync(OWN + 1, WARPGROUP, tid)
                     if lt == 0 and next_a:
-                        load_half(smem, base + K_OFF, tmap, k_cache, bars, 1, block_table,
+                        load_half(smem, base, 0, tmap, k_cache, bars, block_table,
                                   num_pages, req, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
                                   status, VB, BOXES)
-                # The next tile of this warpgroup's buffer.
-                my_tile = a + 2 + wg
-                if my_tile < n_tiles:
-                    phase = score_own_tile(S, rope, bars, wg, phase, my_tile, n_lo, n_hi, smem,
-                                           smem_words, base, scratch, lt, tid)
+                    # Tile b + 2 (in buffer 1).
+                    if next_b:
+                        own_scores(S, rope, bars, 1, phase, smem, scratch, tid)
+                        phase ^= 1
+                        zero_tail(smem_words, base, a + 3, n_lo, n_hi, lt, 1, tid)
 
             # (read again here: kept from the start, the two were live through every tile)
             _, _, _, split, slot = piece_of(metadata, cache_seqlens, num_splits, part, req,
