@@ -39,8 +39,8 @@ Memory pipeline
     the V columns by the scoring warpgroup before its barrier hands the tile on.
 
 Shared memory: that of ``mla_decode_wgmma.py`` (Q, two cache tiles, one P tile: 225 KiB at
-    576 / 512), P_b in Q's rope block; 448 static floats for the maxima, scale factors and sums, and
-    2 x 9 mbarriers.
+    576 / 512), P_b in Q's rope block; 448 static floats for the maxima, scale factors and
+    sums, and one mbarrier per box of each buffer (18 at 576).
 
 Limits
     As ``mla_decode_wgmma.py``, and Q's last 64-column block must lie past the V columns
