@@ -183,6 +183,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                                desc(low_k + uint32(k_step(ks, BLOCK_N))), 1, smem, scratch, tid)
 
     @cuda.jit(device=True, inline="always")
+    def scores_done(S):
+        """Wait for this warpgroup's S chain (everything it has in flight)."""
+        wgmma.commit()
+        wgmma.wait(0)
+        wgmma.fence_operands(S, S_REGS)
+
+    @cuda.jit(device=True, inline="always")
     def own_scores(S, rope, bars, wg, parity, smem, scratch, tid):
         """S of the tile in this warpgroup's buffer (``wg``): first the half this warpgroup
         refilled itself (issued earlier), then the other one."""
@@ -193,13 +200,6 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             half_scores(S, 1, True, 1, parity, rope, bars, smem, scratch, tid)
             half_scores(S, 0, False, 1, parity, rope, bars, smem, scratch, tid)
         scores_done(S)
-
-    @cuda.jit(device=True, inline="always")
-    def scores_done(S):
-        """Wait for this warpgroup's S chain (everything it has in flight)."""
-        wgmma.commit()
-        wgmma.wait(0)
-        wgmma.fence_operands(S, S_REGS)
 
     @cuda.jit(device=True, inline="always")
     def zero_rows_past(smem_words, at, valid, lt, wg, tid):
@@ -221,6 +221,16 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         valid = int32(n_hi - (n_lo + tile * BLOCK_N))
         if valid < BLOCK_N:
             zero_rows_past(smem_words, base + K_OFF + wg * TILE, valid, lt, wg, tid)
+
+    @cuda.jit(device=True, inline="always")
+    def score_own_tile(S, rope, bars, wg, phase, tile, n_lo, n_hi, smem, smem_words, base,
+                       scratch, lt, tid):
+        """S of ``tile`` (in this warpgroup's buffer) in one go, then its V rows past the piece
+        end zeroed; returns the buffer's next phase."""
+        own_scores(S, rope, bars, wg, phase, smem, scratch, tid)
+        next_phase = phase ^ 1
+        zero_tail(smem_words, base, tile, n_lo, n_hi, lt, wg, tid)
+        return next_phase
 
     @cuda.jit(device=True, inline="always")
     def softmax(S, m_new, l_i, O_i, scale, scale_log2):
@@ -372,9 +382,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
 
             # Each warpgroup scores the first tile of its buffer (warpgroup 1: -inf if none).
             if wg < n_tiles:
-                own_scores(S, rope, bars, wg, phase, smem, scratch, tid)
-                phase ^= 1
-                zero_tail(smem_words, base, wg, n_lo, n_hi, lt, wg, tid)
+                phase = score_own_tile(S, rope, bars, wg, phase, wg, n_lo, n_hi, smem, smem_words,
+                                       base, scratch, lt, tid)
 
             for p in range((n_tiles + 1) // 2):
                 a = 2 * p
@@ -500,9 +509,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                                   status, VB, BOXES)
                     # Tile b + 2 (in buffer 1).
                     if next_b:
-                        own_scores(S, rope, bars, 1, phase, smem, scratch, tid)
-                        phase ^= 1
-                        zero_tail(smem_words, base, a + 3, n_lo, n_hi, lt, 1, tid)
+                        phase = score_own_tile(S, rope, bars, 1, phase, a + 3, n_lo, n_hi, smem,
+                                               smem_words, base, scratch, lt, tid)
 
             # (read again here: kept from the start, the two were live through every tile)
             _, _, _, split, slot = piece_of(metadata, cache_seqlens, num_splits, part, req,
