@@ -65,10 +65,11 @@ SHARED_ALIGN = memory.SHARED_ALIGN
 WARPGROUP = wgmma.WARPGROUP
 THREADS = 2 * WARPGROUP
 TPR = THREADS // BLOCK_N
-# Named barriers (0 is syncthreads'): the four hand-offs between the warpgroups, and one per
-# warpgroup (OWN + wg) before a buffer half its products read is refilled (a warp's
-# wgmma.wait covers its own part of the product only) and after it zeroed rows.
-SCALE0, SCALE1, P_A, P_B, OWN = 1, 2, 3, 4, 5
+# Named barriers (0 is syncthreads'): the four hand-offs between the warpgroups, one that
+# orders their chains (PA_ISSUED), and one per warpgroup (OWN + wg) before a buffer half its
+# products read is refilled (a warp's wgmma.wait covers its own part of the product only) and
+# after it zeroed rows.
+SCALE0, SCALE1, P_A, P_B, PA_ISSUED, OWN = 1, 2, 3, 4, 5, 6
 
 
 def supports(head_dim, head_dim_v):
@@ -433,8 +434,12 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                             O_i[0, dt, 2 * half] *= scale[half]
                             O_i[0, dt, 2 * half + 1] *= scale[half]
                     # O_L += P_b V_b[:, L], P_b from shared memory (without a tile b, P_b = 0
-                    # times tile a's V: a branch around the chain would serialize it).
+                    # times tile a's V: a branch around the chain would serialize it). Only
+                    # once warpgroup 1 has issued its P_a V_a[:, R]: the tensor cores take that
+                    # chain first, and its end frees buffer 0's half 1 for tile a + 2, which
+                    # this warpgroup scores next.
                     named_sync(P_B, THREADS, tid)
+                    named_sync(PA_ISSUED, THREADS, tid)
                     wgmma.fence()
                     for kk in range(KK):
                         mma_o(O_i, 0, p_operand(smem, ROPE, kk), v_operand(smem, v_b, kk), 1,
@@ -492,6 +497,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                         mma_o(O_i, 0, p_operand(smem, P_OFF, kk), v_operand(smem, V_COLS_STEP, kk),
                               1, smem, scratch, tid)
                     wgmma.commit()
+                    named_arrive(PA_ISSUED, THREADS, tid)
                     # Half 1 of buffer 1 (V_b[:, R], rope) as soon as the first product is done,
                     # half 1 of buffer 0 after the second.
                     wgmma.wait(1)
