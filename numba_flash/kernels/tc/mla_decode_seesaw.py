@@ -32,10 +32,10 @@ Grid / block mapping
 
 Memory pipeline
     TMA only (page sizes that are multiples of 64). A cache buffer is refilled in two halves:
-    the V columns of O_L (boxes 0 .. VB - 1) by warpgroup 0 as soon as its products on them are
-    done, the rest (O_R's V columns and the rope block) by warpgroup 1. Each 64-column box has
-    its own mbarrier, so an S chain waits box by box and starts on the first one to land.
-    Buffer 0 holds the even tiles, buffer 1 the odd ones. Rows past the piece end are zeroed in
+    the V columns of O_L (boxes 0 .. VB - 1) and the rope block, which only S chains read, by
+    warpgroup 0 as soon as its products on them are done, O_R's V columns by warpgroup 1 after
+    its last product on them. Each 64-column box has its own mbarrier, so an S chain waits box
+    by box and starts on the first one to land. Buffer 0 holds the even tiles, buffer 1 the odd ones. Rows past the piece end are zeroed in
     the V columns by the scoring warpgroup before its barrier hands the tile on.
 
 Shared memory: that of ``mla_decode_wgmma.py`` (Q, two cache tiles, one P tile: 225 KiB at
@@ -127,10 +127,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
 
     @cuda.jit(device=True, inline="always")
     def load_half(smem, base, buf, tmap, k_cache, bars, block_table, num_pages, req, n0, hk,
-                  page_size, status, lo, hi):
-        """(One thread) boxes lo .. hi - 1 of the tile of keys n0 .. n0 + 63 into cache buffer
-        ``buf``, box c completing on its own mbarrier (buf BOXES + c) so that an S chain can start
-        on the first box to land; a bad table entry reads page -1 (zeros)."""
+                  page_size, status, half):
+        """(One thread) half ``half`` of the tile of keys n0 .. n0 + 63 into cache buffer ``buf``
+        (``half_boxes``), box c completing on its own mbarrier (buf BOXES + c) so that an S chain
+        can start on the first box to land; a bad table entry reads page -1 (zeros)."""
         blk = int32(convert.div_u32(n0, page_size))
         page = NO_PAGE
         if blk < block_table.shape[1]:
@@ -141,12 +141,26 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 report(status, BAD_TABLE_ENTRY)
         else:
             report(status, PAST_TABLE)
-        for c in range(lo, hi):
+        for i in range(half_boxes(half)):
+            c = half_box(half, i)
             bar = buf * BOXES + c
             tma.expect_tx(bars, bar, 2 * BOX)
             tma.load_box_4d(smem, base + K_OFF + buf * TILE + c * BOX, tmap, k_cache,
                             (int32(c * wgmma.BLOCK_COLS), hk, n0 - blk * page_size, page),
                             BLOCK_N, bars, bar)
+
+    @cuda.jit(device=True, inline="always")
+    def half_boxes(half):
+        """The boxes of a buffer half: half 0 holds O_L's V columns and the rope block (which
+        only S chains read, so it is free as early as they are), half 1 O_R's V columns."""
+        return VB + 1 if half == 0 else BOXES - 1 - VB
+
+    @cuda.jit(device=True, inline="always")
+    def half_box(half, i):
+        """Box ``i`` of half ``half`` (``half_boxes``)."""
+        if half == 0:
+            return i if i < VB else BOXES - 1
+        return VB + i
 
     @cuda.jit(device=True, inline="always")
     def v_operand(smem, cols, kk):
@@ -162,22 +176,21 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
 
     @cuda.jit(device=True, inline="always")
     def half_scores(S, half, first, buf, parity, rope, bars, smem, scratch, tid):
-        """The k-steps of S = Q K^T over half ``half`` of cache buffer ``buf`` (half 1 ends with
+        """The k-steps of S = Q K^T over half ``half`` of cache buffer ``buf`` (half 0 ends with
         the rope block, from registers), each box's as soon as its mbarrier completed the phase
         of ``parity``; ``first``: the chain's first k-step overwrites S. Not committed."""
         low_q = operand_low(smem, Q_OFF, 16)
         low_k = operand_low(smem, K_OFF, 16) + uint32(buf * BUF_STEP)
-        lo = 0 if half == 0 else VB
-        hi = VB if half == 0 else BOXES
         wgmma.fence()
-        for c in range(lo, hi):
+        for i in range(half_boxes(half)):
+            c = half_box(half, i)
             tma.wait(bars, buf * BOXES + c, parity)
             wgmma.fence()  # a wait between a chain's wgmma: fence after it
             for kk in range(4):
                 ks = 4 * c + kk
                 if c < BOXES - 1:
                     mma_s(S, 0, desc(low_q + uint32(k_step(ks, BLOCK_M))),
-                          desc(low_k + uint32(k_step(ks, BLOCK_N))), not first or ks > 4 * lo,
+                          desc(low_k + uint32(k_step(ks, BLOCK_N))), not first or i + kk > 0,
                           smem, scratch, tid)
                 else:
                     mma_s_rope(S, 0, (rope[kk, 0], rope[kk, 1], rope[kk, 2], rope[kk, 3]),
@@ -365,8 +378,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             memory.cp_async_commit()
             if tid == 0:
                 for t in range(min(n_tiles, 2)):
-                    load_half(smem, base, t, tmap, k_cache, bars, block_table, num_pages, req,
-                              n_lo + t * BLOCK_N, hk, page_size, status, 0, BOXES)
+                    for half in range(2):
+                        load_half(smem, base, t, tmap, k_cache, bars, block_table, num_pages,
+                                  req, n_lo + t * BLOCK_N, hk, page_size, status, half)
             start_rows(limit, m_unused, l_unused, O_i, n_hi, seqlen, s_q, group, m0 + r_lo)
             for half in range(2):
                 l_i[half] = ZERO
@@ -421,7 +435,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     if tid == 0 and next_a:  # V_a[:, L] is done with: tile a + 2's half 0
                         load_half(smem, base, 0, tmap, k_cache, bars, block_table,
                                   num_pages, req, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
-                                  status, 0, VB)
+                                  status, 0)
                     # Warpgroup 1's maximum: P_a and O_L move to it; P_a for warpgroup 1.
                     named_sync(SCALE1, THREADS, tid)
                     for half in range(2):
@@ -459,7 +473,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     if tid == 0 and next_b:
                         load_half(smem, base, 1, tmap, k_cache, bars, block_table,
                                   num_pages, req, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
-                                  status, 0, VB)
+                                  status, 0)
                     half_scores(S, 1, False, 0, parity, rope, bars, smem, scratch, tid)
                     scores_done(S)
                     if next_a:
@@ -498,21 +512,21 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                               1, smem, scratch, tid)
                     wgmma.commit()
                     named_arrive(PA_ISSUED, THREADS, tid)
-                    # Half 1 of buffer 1 (V_b[:, R], rope) as soon as the first product is done,
+                    # Half 1 of buffer 1 (V_b[:, R]) as soon as the first product is done,
                     # half 1 of buffer 0 after the second.
                     wgmma.wait(1)
                     named_sync(OWN + 1, WARPGROUP, tid)
                     if lt == 0 and next_b:
                         load_half(smem, base, 1, tmap, k_cache, bars, block_table,
                                   num_pages, req, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
-                                  status, VB, BOXES)
+                                  status, 1)
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
                     named_sync(OWN + 1, WARPGROUP, tid)
                     if lt == 0 and next_a:
                         load_half(smem, base, 0, tmap, k_cache, bars, block_table,
                                   num_pages, req, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
-                                  status, VB, BOXES)
+                                  status, 1)
                     # Tile b + 2 (in buffer 1).
                     if next_b:
                         phase = score_own_tile(S, rope, bars, 1, phase, a + 3, n_lo, n_hi, smem,
