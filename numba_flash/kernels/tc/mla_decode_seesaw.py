@@ -35,8 +35,9 @@ Memory pipeline
     the V columns of O_L (boxes 0 .. VB - 1) and the rope block, which only S chains read, by
     warpgroup 0 as soon as its products on them are done, O_R's V columns by warpgroup 1 after
     its last product on them. Each 64-column box has its own mbarrier, so an S chain waits box
-    by box and starts on the first one to land. Buffer 0 holds the even tiles, buffer 1 the odd ones. Rows past the piece end are zeroed in
-    the V columns by the scoring warpgroup before its barrier hands the tile on.
+    by box and starts on the first one to land. Buffer 0 holds the even tiles, buffer 1 the odd
+    ones. Rows past the piece end are zeroed in the V columns by the scoring warpgroup before its
+    barrier hands the tile on.
 
 Shared memory: that of ``mla_decode_wgmma.py`` (Q, two cache tiles, one P tile: 225 KiB at
     576 / 512), P_b in Q's rope block; 448 static floats for the maxima, scale factors and
