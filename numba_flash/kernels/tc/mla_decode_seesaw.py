@@ -127,21 +127,31 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     V_COLS_STEP = VH * BLOCK_N * 2 // 16  # O_R's V columns: VH columns on
 
     @cuda.jit(device=True, inline="always")
-    def load_half(smem, base, buf, tmap, k_cache, bars, block_table, num_pages, req, n0, hk,
+    def table_entry(block_table, req, n0, page_size):
+        """The block-table entry of the page that holds key n0 as it is stored (``load_half``
+        checks it), -1 past the table's columns. Read well before its use: a test of the
+        loaded value here would wait for the load."""
+        blk = int32(convert.div_u32(n0, page_size))
+        entry = NO_PAGE
+        if blk < block_table.shape[1]:
+            entry = block_table[uint64(req), uint64(blk)]  # both >= 0: no wraparound code
+        return entry
+
+    @cuda.jit(device=True, inline="always")
+    def load_half(smem, base, buf, tmap, k_cache, bars, block_table, entry, num_pages, n0, hk,
                   page_size, status, half):
         """(One thread) half ``half`` of the tile of keys n0 .. n0 + 63 into cache buffer ``buf``
         (``half_boxes``), box c completing on its own mbarrier (buf BOXES + c) so that an S chain
-        can start on the first box to land; a bad table entry reads page -1 (zeros)."""
+        can start on the first box to land; ``entry``: its ``table_entry``, which if bad reads
+        page -1 (zeros)."""
         blk = int32(convert.div_u32(n0, page_size))
         page = NO_PAGE
-        if blk < block_table.shape[1]:
-            entry = block_table[uint64(req), uint64(blk)]  # both >= 0: no wraparound code
-            if entry >= 0 and entry < num_pages:
-                page = entry
-            else:
-                report(status, BAD_TABLE_ENTRY)
-        else:
+        if blk >= block_table.shape[1]:
             report(status, PAST_TABLE)
+        elif entry >= 0 and entry < num_pages:
+            page = entry
+        else:
+            report(status, BAD_TABLE_ENTRY)
         for i in range(half_boxes(half)):
             c = half_box(half, i)
             bar = buf * BOXES + c
@@ -379,9 +389,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             memory.cp_async_commit()
             if tid == 0:
                 for t in range(min(n_tiles, 2)):
+                    entry = table_entry(block_table, req, n_lo + t * BLOCK_N, page_size)
                     for half in range(2):
-                        load_half(smem, base, t, tmap, k_cache, bars, block_table, num_pages,
-                                  req, n_lo + t * BLOCK_N, hk, page_size, status, half)
+                        load_half(smem, base, t, tmap, k_cache, bars, block_table, entry,
+                                  num_pages, n_lo + t * BLOCK_N, hk, page_size, status, half)
             start_rows(limit, m_unused, l_unused, O_i, n_hi, seqlen, s_q, group, m0 + r_lo)
             for half in range(2):
                 l_i[half] = ZERO
@@ -408,6 +419,17 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 next_b = a + 3 < n_tiles
                 # V of tile b, or (no tile b: P_b = 0) tile a's finite one: never stale rows.
                 v_b = uint32(BUF_STEP if has_b else 0)
+                # The table entries of tiles a + 2 and a + 3, read by the threads that issue
+                # their boxes now: the loads' latency passes under this pair's softmax instead
+                # of delaying the refills that the other warpgroup's next scores wait for.
+                entry_a, entry_b = NO_PAGE, NO_PAGE
+                if lt == 0:
+                    if next_a:
+                        entry_a = table_entry(block_table, req, int32(n_lo + (a + 2) * BLOCK_N),
+                                              page_size)
+                    if next_b:
+                        entry_b = table_entry(block_table, req, int32(n_lo + (a + 3) * BLOCK_N),
+                                              page_size)
                 if wg == 0:
                     # Softmax of tile a from warpgroup 1's last maximum.
                     mask_keys(S, limit, int32(n_lo + a * BLOCK_N + t2))
@@ -434,8 +456,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.fence_operands(O_i, O_REGS)
                     named_sync(OWN, WARPGROUP, tid)  # every warp's part of the product is done
                     if tid == 0 and next_a:  # V_a[:, L] is done with: tile a + 2's half 0
-                        load_half(smem, base, 0, tmap, k_cache, bars, block_table,
-                                  num_pages, req, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
+                        load_half(smem, base, 0, tmap, k_cache, bars, block_table, entry_a,
+                                  num_pages, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
                                   status, 0)
                     # Warpgroup 1's maximum: P_a and O_L move to it; P_a for warpgroup 1.
                     named_sync(SCALE1, THREADS, tid)
@@ -472,8 +494,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.fence_operands(O_i, O_REGS)
                     named_sync(OWN, WARPGROUP, tid)
                     if tid == 0 and next_b:
-                        load_half(smem, base, 1, tmap, k_cache, bars, block_table,
-                                  num_pages, req, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
+                        load_half(smem, base, 1, tmap, k_cache, bars, block_table, entry_b,
+                                  num_pages, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
                                   status, 0)
                     half_scores(S, 1, False, 0, parity, rope, bars, smem, scratch, tid)
                     scores_done(S)
@@ -518,15 +540,15 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     wgmma.wait(1)
                     named_sync(OWN + 1, WARPGROUP, tid)
                     if lt == 0 and next_b:
-                        load_half(smem, base, 1, tmap, k_cache, bars, block_table,
-                                  num_pages, req, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
+                        load_half(smem, base, 1, tmap, k_cache, bars, block_table, entry_b,
+                                  num_pages, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
                                   status, 1)
                     wgmma.wait(0)
                     wgmma.fence_operands(O_i, O_REGS)
                     named_sync(OWN + 1, WARPGROUP, tid)
                     if lt == 0 and next_a:
-                        load_half(smem, base, 0, tmap, k_cache, bars, block_table,
-                                  num_pages, req, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
+                        load_half(smem, base, 0, tmap, k_cache, bars, block_table, entry_a,
+                                  num_pages, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
                                   status, 1)
                     # Tile b + 2 (in buffer 1).
                     if next_b:
