@@ -22,7 +22,9 @@ What it computes
     WG0 at the next pair), with the rescale factors beside it, so O_L, O_R, both row sums and
     both P tiles always share one maximum. Named barriers (``sync.named_arrive`` /
     ``named_sync``, 256 threads) order the four hand-offs: scale 0 ready, scale 1 ready, P_a
-    stored, P_b stored. While one warpgroup is in its softmax the other's chains run.
+    stored, P_b stored; a fifth holds warpgroup 0's P_b V chain until warpgroup 1 has issued
+    its P_a V chain, whose end frees the half of buffer 0 that tile a + 2 still needs. While
+    one warpgroup is in its softmax the other's chains run.
 
 Grid / block mapping
     As ``mla_decode_wgmma.py``: grid (scheduler parts, h_kv, ceil(q_rows / 64)), 256 threads.
