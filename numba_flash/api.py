@@ -199,9 +199,9 @@ def _backward_specs(backend, head_dim, dev):
 
 
 # Packed query rows per kv head up to which ``auto`` keeps the simt decode: its narrow variant
-# splits the keys of one row over the warps and streams the cache at 3.8-4.0 TB/s, 0.97-1.06x
-# FlashMLA, where the 64-row tensor-core tile is 63/64 padding (0.91-0.93x). At two rows (s_q 2,
-# h_q 1) the tc kernel is ahead, 0.91-0.94x against 0.66-0.69x. Measured on an H200 in one run:
+# splits the keys of one row over the warps and streams the cache at 3.8-4.3 TB/s, 0.98-1.06x
+# FlashMLA, where the 64-row tensor-core tile is 63/64 padding (0.92-0.96x). At two rows (s_q 2,
+# h_q 1) the tc kernel is ahead, 0.92-0.96x against 0.63-0.68x. Measured on an H200 in one run:
 # bench/results/NVIDIA-H200/mla_decode.csv.
 SIMT_DECODE_ROWS = 1
 
