@@ -95,7 +95,7 @@ def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, sp
     assert_lse(lse, rl)
 
 
-def check_bad_device_values(rng, backend, page=16):
+def check_bad_device_values(rng, backend, page=16, d=32, dv=32):
     """Values only the device sees, each wrong in one way: a block-table entry inside a
     sequence that is no page of the cache (past its end, -1), a length past the table's columns,
     metadata naming requests outside the batch, split counts naming slots that do not exist.
@@ -105,7 +105,6 @@ def check_bad_device_values(rng, backend, page=16):
     # reaches past the table's columns (planned for, so the walk goes that far at any page size).
     seqlens, long = ([40, 33], [40, 100]) if page < 64 else ([100, 33], [100, 200])
     seqlens = np.array(seqlens, np.int32)
-    d = dv = 32
     k_cache, table = paged_cache(rng, seqlens, page, 1, d, "bfloat16", spare_columns=0)
     q = to_device(randn(rng, (2, 1, 4, d), "bfloat16"))
     cache = to_device(k_cache)
