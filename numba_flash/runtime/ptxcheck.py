@@ -175,18 +175,34 @@ def _load_target(spec):
 
 
 def _child(jobs_json):
-    """Child-process side of ``compile_reports_isolated``: prints one JSON line per job."""
+    """Child-process side of ``compile_reports_isolated``: prints one JSON line per job.
+
+    Consecutive jobs that name the same kernel (target and arguments) for several compute
+    capabilities share Numba's front end, the slow part of a compile: the LLVM IR it emits
+    consults the capability only below sm_75 (float64 atomics, fastmath tanh), so one code
+    library gives the PTX of each capability from 8.0 up, as the runtime's own compile for that
+    capability would. NVVM and ptxas still run once per capability."""
+    from .compiler import kernel_library
+
+    last, last_cc, library, max_registers = None, (0, 0), None, 0
     for spec, cc, args in json.loads(jobs_json):
-        target = _load_target(spec)(*args)
-        pyfunc, signature = target[0], target[1]
-        options = target[2] if len(target) > 2 else {}
-        ptx, report = compile_report(pyfunc, signature, cc=tuple(cc), **options)
+        if (spec, args) != last or min(tuple(cc)[:2], last_cc) < (7, 5):
+            target = _load_target(spec)(*args)
+            pyfunc, signature = getattr(target[0], "py_func", target[0]), target[1]
+            options = dict(target[2]) if len(target) > 2 else {}
+            max_registers = options.pop("max_registers", 0)
+            library = kernel_library(pyfunc, signature, tuple(cc), options)
+            last = (spec, args)
+        last_cc = tuple(cc)[:2]
+        ptx = library.get_asm_str(cc=tuple(cc))
+        report = assemble_report(ptx, cc=tuple(cc), max_registers=max_registers)
         print("PTXCHECK-RESULT " + json.dumps({"ptx": ptx, "report": report}), flush=True)
 
 
 def compile_reports_isolated(jobs, timeout=600):
     """``compile_report`` for several kernels in fresh Python processes with the simulator off,
-    one per CPU core (up to one per job; each imports Numba once and takes every n-th job).
+    one per CPU core (up to one per kernel; each imports Numba once, and the jobs of one kernel
+    for several compute capabilities go to the same child, which lowers it once).
 
     ``jobs`` is a list of ``(spec, cc, args)``. ``spec`` names a function,
     ``"package.module:function"`` or ``"/path/file.py:function"``, which is called with ``*args``
@@ -200,25 +216,29 @@ def compile_reports_isolated(jobs, timeout=600):
     root = str(pathlib.Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     code = "import sys; from numba_flash.runtime import ptxcheck; ptxcheck._child(sys.argv[1])"
-    n = max(1, min(os.cpu_count() or 1, len(jobs)))
-    shares = [jobs[i::n] for i in range(n)]
+    kernels = {}  # (spec, args) -> indices of its jobs, in the order the kernels first appear
+    for i, (spec, _, args) in enumerate(jobs):
+        kernels.setdefault((spec, json.dumps(args)), []).append(i)
+    kernels = list(kernels.values())
+    n = max(1, min(os.cpu_count() or 1, len(kernels)))
+    shares = [[i for indices in kernels[c::n] for i in indices] for c in range(n)]
 
     def run(share):  # a thread per child: each drains its own pipes (the PTX is megabytes)
-        return subprocess.run([sys.executable, "-c", code, json.dumps(share)], env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([sys.executable, "-c", code, json.dumps([jobs[i] for i in share])],
+                              env=env, capture_output=True, text=True, timeout=timeout)
 
     with ThreadPoolExecutor(n) as pool:
         procs = list(pool.map(run, shares))
     results = [None] * len(jobs)
-    for i, (proc, share) in enumerate(zip(procs, shares)):
+    for proc, share in zip(procs, shares):
         done = [json.loads(line[len("PTXCHECK-RESULT "):]) for line in proc.stdout.splitlines()
                 if line.startswith("PTXCHECK-RESULT ")]
         if proc.returncode != 0 or len(done) != len(share):
-            failed = share[len(done)] if len(done) < len(share) else None
+            failed = jobs[share[len(done)]] if len(done) < len(share) else None
             raise RuntimeError("PTX compile failed at job {} (exit {}):\n{}".format(
                 failed, proc.returncode, proc.stderr[-8000:]))
-        for k, result in enumerate(done):
-            results[i + k * n] = (result["ptx"], result["report"])
+        for i, result in zip(share, done):
+            results[i] = (result["ptx"], result["report"])
     return results
 
 

@@ -138,6 +138,33 @@ def check_bad_device_values(rng, backend, page=16, d=32, dv=32):
         nf.check_errors()  # cleared
 
 
+def check_bad_table_walk(rng, backend, page, d, dv):
+    """A kernel's own walk of the block table, in one decode: request 0 has a bad entry in its
+    first pair of tiles (the prologue's reads), another in tile 2 and a length whose tile 3 lies
+    past the table's columns (both read inside the tile loop, where a kernel may read entries
+    ahead of their use). The decode must stay inside its arrays, report both values, and give
+    request 1 its reference result. The metadata and split counts are read by the walk that
+    every tensor-core decode shares (``check_bad_device_values`` covers them)."""
+    seqlens = np.array([3 * page - 2, 33], np.int32)  # three pages, three columns
+    k_cache, table = paged_cache(rng, seqlens, page, 1, d, "bfloat16", spare_columns=0)
+    assert table.shape[1] == 3
+    table[0, 0], table[0, 2] = SENTINEL, -1
+    lens = np.array([3 * page + 9, 33], np.int32)  # request 0 planned into a fourth page
+    q = randn(rng, (2, 1, 4, d), "bfloat16")
+    out = nan_like(np.zeros((2, 1, 4, dv), DTYPES["bfloat16"]))
+    meta = nf.get_mla_metadata(to_device(lens), 4, 1, num_sms=1)  # one piece: 2, 3 in the loop
+    nf.flash_mla_with_kvcache(to_device(q), to_device(k_cache), to_device(table), to_device(lens),
+                              dv, *meta, backend=backend, out=out)
+    got = to_host(out)
+    with pytest.raises(RuntimeError, match="block_table") as raised:
+        nf.check_errors()
+    assert "cache_seqlens" in str(raised.value)
+    nf.check_errors()  # cleared
+    want = ref.mla_decode_ref(q[1:], k_cache, table[1:], seqlens[1:], dv)[0]
+    assert_close_rule(got[1:], want, mla_lowp(q[1:], k_cache, table[1:], seqlens[1:], dv, False),
+                      "bfloat16")
+
+
 def check_nan_query_row(rng, backend):
     """A NaN in one query row gives that row a NaN lse (and out); the other rows stay finite."""
     seqlens = np.array([100, 7], np.int32)

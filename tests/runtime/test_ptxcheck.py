@@ -1,5 +1,8 @@
 """runtime/ptxcheck.py: reading what ptxas reports (the compiles themselves are exercised by
-every kernel's PTX test)."""
+every kernel's PTX test), and the sharing of one front-end pass between capabilities."""
+
+import pathlib
+import re
 
 from numba_flash.runtime import ptxcheck
 
@@ -17,3 +20,22 @@ def test_parse_ptxas_log():
     assert (r["registers"], r["spill_stores"], r["spill_loads"], r["stack"]) == (255, 16, 8, 24)
     assert (r["barriers"], r["smem"], r["lmem"]) == (1, 3072, 24)
     assert list(r["functions"]) == ["_Z1kPf"]
+
+
+def unmangled(ptx):
+    return re.sub(r"_ZN\w+", "KERNEL", ptx)
+
+
+def test_one_front_end_gives_each_capability_its_own_ptx():
+    """The jobs of one kernel for sm_80 and sm_90 share a front-end pass in one child: their PTX
+    equals that of compiles run alone, each in its own child, but for the kernel's mangled name
+    (Numba hashes the closure into it per process)."""
+    target = str(pathlib.Path(__file__).parents[1] / "kernels" / "ptx" / "_ptx_kernels.py")
+    jobs = [(target + ":probe", cc, ("fragment_mma", "bfloat16")) for cc in ((8, 0), (9, 0))]
+    shared = ptxcheck.compile_reports_isolated(jobs)
+    alone = [ptxcheck.compile_reports_isolated([job])[0] for job in jobs]
+    for (ptx, report), (ptx_alone, report_alone), cc in zip(shared, alone, ("80", "90")):
+        assert f".target sm_{cc}" in ptx
+        assert unmangled(ptx) == unmangled(ptx_alone)
+        assert report["registers"] == report_alone["registers"]
+    assert shared[0][0] != shared[1][0]

@@ -1,7 +1,7 @@
 """The seesaw decode (kernels/tc/mla_decode_seesaw.py) against the float64 reference on the
 adversarial caches of kernels/_decode_cases.py. Simulator: emulated wgmma, named barriers and TMA,
 head dims with a rope block past the V columns (192 / 64); GPU: DeepSeek's sizes at page sizes
-that take TMA. Both: bad device-side values (block table, lengths, metadata, split counts)."""
+that take TMA. Both: bad block-table entries and lengths in the seesaw's own table walk."""
 
 import pytest
 from numba import cuda
@@ -10,7 +10,7 @@ from numba_flash import api
 from numba_flash.kernels.tc import mla_decode_seesaw
 from numba_flash.runtime import arrays, device
 from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
-from kernels._decode_cases import DEEPSEEK_CASES, check_bad_device_values, run_case
+from kernels._decode_cases import DEEPSEEK_CASES, check_bad_table_walk, run_case
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -37,14 +37,15 @@ def test_decode_matches_reference(case, rng):
     run_case(rng, *case, backend="tc")
 
 
-def test_bad_device_values_are_bounded_and_reported(rng):
-    """The seesaw's own walk (its table entries are read a pair of tiles ahead of their check)
-    with a bad block table, a length past the table, bad metadata and bad split counts."""
+def test_bad_table_entries_and_lengths_are_bounded_and_reported(rng):
+    """The seesaw's own walk (it reads the entries of tiles a + 2, a + 3 at the top of each pair
+    and checks them where it issues their boxes) with bad entries before and inside the tile
+    loop and a length past the table."""
     q = arrays.adapt(to_device(randn(rng, (2, 1, 4, 192), "bfloat16")), "q")
     k = arrays.adapt(to_device(randn(rng, (2, 64, 1, 192), "bfloat16")), "k_cache")
     spec, _ = api._decode_spec("tc", (4, 192, 64, False, "bfloat16"), q, k, device.current())
-    assert spec is mla_decode_seesaw.SPEC  # the shapes check_bad_device_values decodes
-    check_bad_device_values(rng, "tc", page=64, d=192, dv=64)
+    assert spec is mla_decode_seesaw.SPEC  # the shapes check_bad_table_walk decodes
+    check_bad_table_walk(rng, "tc", page=64, d=192, dv=64)
 
 
 def test_tma_decodes_with_a_rope_block_take_the_seesaw(rng):
