@@ -5,15 +5,16 @@ synccheck, initcheck), so that one process touches every launch path.
     python bench/every_kernel.py                # exit status 0 when every result is right
     python bench/every_kernel.py --quick        # float16, causal and the s_q = 2 decode only
     python bench/every_kernel.py --family mma   # only the tc calls, planned as for an A100
+    python bench/every_kernel.py --no-seesaw    # without the seesaw decode (for racecheck)
 
 Covers the naive baseline, the simt forwards (the tiled one and the one-thread-per-row teaching
 kernel), the tc forward (on a Hopper the wgmma kernel, elsewhere mma.sync; ``--family mma`` runs
 only the tc calls, planned for an sm_80 part, so a Hopper runs the mma.sync kernels) and both
 backwards, the MLA planner on the device, both MLA decodes with split pieces and the combine
-(both ways of copying the cache on a Hopper). Shapes are off every
-tile multiple: Sq 37, Sk 53, GQA 4:2, head dim 40, a paged cache of 5-row pages. Under the
-simulator (no GPU) the same calls run on emulated instructions, on smaller shapes; the tests
-run it there.
+(both ways of copying the cache on a Hopper, and there the seesaw kernel too). Shapes are off
+every tile multiple: Sq 37, Sk 53, GQA 4:2, head dim 40, paged caches of 5- and 64-row pages.
+Under the simulator (no GPU) the same calls run on emulated instructions, on smaller shapes; the
+tests run it there.
 """
 
 import sys
@@ -47,6 +48,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     quick = "--quick" in argv
     mma = "--family" in argv and argv[argv.index("--family") + 1] == "mma"
+    seesaw = "--no-seesaw" not in argv  # racecheck misreads it: tools/racecheck_arrive.py
     from contextlib import nullcontext
 
     import ml_dtypes
@@ -103,10 +105,13 @@ def main(argv=None):
                   reference.attention_fwd_ref(q, k, v, True)[0], 2e-2)
 
     # Paged MLA decode: lengths off the page and tile grid, a split request; 5-row pages (row
-    # copies) and 64-row pages (whole tiles: TMA boxes on a Hopper).
+    # copies) and 64-row pages (whole tiles: TMA boxes on a Hopper). On a GPU also head dims
+    # 192 / 64, DeepSeek's 576 / 512 scaled down (a rope block past the V columns), which a
+    # Hopper's tc family runs on the seesaw kernel (under the simulator its own tests run it).
     seqlens = np.array([140, 1, 0, 77] if SIMULATOR else [300, 1, 0, 77], np.int32)
-    d, dv = 48, 32
-    for page in (5, 64):
+    shapes = [(48, 32, page) for page in (5, 64)] + ([(192, 64, 64)] if seesaw and not SIMULATOR
+                                                     else [])
+    for d, dv, page in shapes:
         pages = [max(-(-int(n) // page), 1) for n in seqlens]
         k_cache = rng.standard_normal((sum(pages), page, 1, d)).astype(np.float32).astype(bf16)
         table = np.zeros((len(seqlens), max(pages)), np.int32)
@@ -118,7 +123,7 @@ def main(argv=None):
             meta = nf.get_mla_metadata(_device(seqlens), s_q * h_q, 1, num_sms=6)
             want, _ = reference.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=s_q > 1)
             for backend in backends:
-                name = f"decode {backend} page={page} s_q={s_q} h_q={h_q}"
+                name = f"decode {backend} d={d} page={page} s_q={s_q} h_q={h_q}"
                 try:
                     with planned(backend):
                         out, _ = nf.flash_mla_with_kvcache(_device(q), _device(k_cache),
