@@ -101,6 +101,12 @@ CCS = ((8, 0), (9, 0))
 SERIALIZED = "wgmma.mma_async instructions are serialized"
 
 
+# The 16-bit format a compile check gives a tile entry, by causality: the two formats change only
+# the conversions and the type of the mma instructions, so each entry is compiled once and each
+# head dim in both.
+FMTS = {False: "float16", True: "bfloat16"}
+
+
 def assert_compiles_clean(module, configs, must_contain=(), ccs=CCS, must_not_log=()):
     """Compile the spec of kernel ``module`` (``"simt.forward"``, or ``"simt.backward:DQ"`` for
     a module with several specs) for each ``(config, tile entry)`` of ``configs`` (entry None:

@@ -7,7 +7,7 @@ import pytest
 from numba import cuda
 
 import numba_flash as nf
-from helpers import SIMULATOR, assert_compiles_clean, nan_like, to_device
+from helpers import FMTS, SIMULATOR, assert_compiles_clean, nan_like, to_device
 from kernels._backward_cases import (check_bitwise_deterministic, check_gradients,
                                      check_large_logits, check_rows_without_keys, inputs)
 from kernels.tc._forward_cases import planned_for_family
@@ -126,10 +126,10 @@ def test_an_unaligned_out_is_refused_by_tc_and_run_by_auto(rng):
 
 
 def test_every_specialization_compiles_to_wgmma_without_spills():
+    """Every tile entry, causal and not, each in one 16-bit format (``helpers.FMTS``)."""
     for name, column in (("DKDV", 1), ("DQ", 2)):
-        configs = [((row[0], causal, fmt), row[column][int(causal)])
-                   for row in backward_wgmma.TILES for causal in (False, True)
-                   for fmt in ("float16", "bfloat16")]
+        configs = [((row[0], causal, FMTS[causal]), row[column][int(causal)])
+                   for row in backward_wgmma.TILES for causal in (False, True)]
         configs.append(((8, True, "float16"), None))
         configs.append(((72, False, "bfloat16"), None))
         assert_compiles_clean(f"tc.backward_wgmma:{name}", configs, ccs=((9, 0, "a"),),

@@ -4,7 +4,7 @@ forward_wgmma.py, test_forward_wgmma.py); here it is selected everywhere."""
 
 import pytest
 
-from helpers import SIMULATOR, assert_compiles_clean, check_forward
+from helpers import FMTS, SIMULATOR, assert_compiles_clean, check_forward
 from numba_flash.kernels.tc import forward_mma
 from numba_flash.runtime.device import SHARED_RESERVED_PER_BLOCK, Device
 from kernels.tc._forward_cases import (CASES, check_growing_row_maxima, check_large_logits,
@@ -52,9 +52,9 @@ def test_output_view_with_rows_off_16_byte_alignment(rng):
 
 
 def test_every_specialization_compiles_to_mma_without_spills():
-    configs = [((d, causal, fmt), tiles) for d, options in forward_mma.TILES
-               for tiles in options for causal in (False, True)
-               for fmt in ("float16", "bfloat16")] + [((8, True, "float16"), None)]
+    """Every tile entry, causal and not, each in one 16-bit format (``helpers.FMTS``)."""
+    configs = [((d, causal, FMTS[causal]), tiles) for d, options in forward_mma.TILES
+               for tiles in options for causal in (False, True)] + [((8, True, "float16"), None)]
     assert_compiles_clean("tc.forward_mma", configs,
                           must_contain=("mma.sync.aligned.m16n8k16", "ldmatrix", "cp.async",
                                         "st.global.v4.b32"))

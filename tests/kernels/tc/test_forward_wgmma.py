@@ -6,7 +6,7 @@ GPU: the device's tiles, where the device is a Hopper."""
 import pytest
 from numba import cuda
 
-from helpers import SIMULATOR, assert_compiles_clean, check_forward
+from helpers import FMTS, SIMULATOR, assert_compiles_clean, check_forward
 from numba_flash.kernels.tc import forward_wgmma
 from numba_flash.runtime import device
 from kernels.tc._forward_cases import (CASES, check_growing_row_maxima, check_large_logits,
@@ -57,8 +57,9 @@ def test_three_warpgroups_and_causal_tiles_in_any_order(rng):
 
 
 def test_every_specialization_compiles_to_wgmma_without_spills():
-    configs = [((d, causal, fmt), None) for d, _ in forward_wgmma.TILES
-               for causal in (False, True) for fmt in ("float16", "bfloat16")]
+    """Every tile entry, causal and not, each in one 16-bit format (``helpers.FMTS``)."""
+    configs = [((d, causal, FMTS[causal]), None) for d, _ in forward_wgmma.TILES
+               for causal in (False, True)]
     configs.append(((8, True, "float16"), None))
     assert_compiles_clean("tc.forward_wgmma", configs, ccs=((9, 0, "a"),),
                           must_contain=("wgmma.mma_async.sync.aligned", "cp.async",
