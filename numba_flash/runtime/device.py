@@ -14,9 +14,10 @@ from numba import config
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)  # Numba chose the simulator when numba.cuda loaded
 if SIMULATOR:
-    from .simulator import lock_shared_arrays
+    from .simulator import hold_module_swaps, lock_shared_arrays
 
     lock_shared_arrays()
+    hold_module_swaps()
 
 DEFAULT_SHARED_LIMIT = 48 * 1024   # dynamic shared bytes a kernel gets without opting in
 SHARED_RESERVED_PER_BLOCK = 1024   # bytes the hardware keeps in every block's shared memory

@@ -8,7 +8,8 @@ together may each create an array, and the one that loses keeps writing to an ar
 thread reads. The kernel then computes wrong results now and then, more often on a busy
 machine. ``lock_shared_arrays`` replaces the method with the same one under a lock (and takes
 the caller's frame directly instead of formatting the whole stack, which also makes every
-declaration cheaper).
+declaration cheaper). ``hold_module_swaps`` takes the simulator's per-call swap of a module's
+``cuda`` global, and its locks, off every device-function call.
 """
 
 import sys
@@ -46,3 +47,51 @@ def lock_shared_arrays():
 
     array.locked = True
     shared.array = array
+
+
+_swaps_lock = threading.Lock()
+_held = {}  # id(a module's globals) -> the swap of its ``cuda`` held by the running launch
+
+
+def hold_module_swaps():
+    """Let device-function calls skip the simulator's per-call swap of the ``cuda`` global
+    (idempotent).
+
+    numba-cuda 0.30 (``simulator/kernel.FakeCUDAKernel.__call__``) runs every device-function
+    call inside ``kernelapi.swapped_cuda_module``, which points the function's module-level
+    ``cuda`` at the launch's fake module and back, taking two locks on the way in and one on the
+    way out. Every simulated thread does that on every call: in a simulated seesaw decode, a
+    third of the samples sit in those locks. Here the first call into a module during a launch
+    makes the same swap once and holds it to the end of the launch (launches never overlap: the
+    simulator keeps one launch's state in globals, and ``launcher.launch`` serializes them);
+    later calls into that module go straight to the function."""
+    from numba.cuda.simulator import kernel
+    from numba.cuda.simulator.kernelapi import swapped_cuda_module
+
+    original = kernel.FakeCUDAKernel.__call__
+    if getattr(original, "holds_swaps", False):
+        return
+
+    def call(self, *args):
+        context = kernel._get_kernel_context()
+        if not (self._device or context):  # a launch: undo its swaps when it is over
+            try:
+                return original(self, *args)
+            finally:
+                with _swaps_lock:
+                    for swap in _held.values():
+                        swap.__exit__(None, None, None)
+                    _held.clear()
+        if context is None:  # a device function called outside any launch: as numba-cuda does
+            return original(self, *args)
+        key = id(self.fn.__globals__)
+        if key not in _held:
+            with _swaps_lock:
+                if key not in _held:
+                    swap = swapped_cuda_module(self.fn, context)
+                    swap.__enter__()
+                    _held[key] = swap
+        return self.fn(*args)
+
+    call.holds_swaps = True
+    kernel.FakeCUDAKernel.__call__ = call

@@ -1,5 +1,6 @@
 """runtime/simulator.py: the simulator's static shared arrays are created once per declaration
-even when every thread of the block reaches the declaration at the same time."""
+even when every thread of the block reaches the declaration at the same time, and device calls
+into other modules see the launch through swaps held for its length."""
 
 import time
 
@@ -45,3 +46,33 @@ def test_every_thread_sees_one_array_per_declaration(monkeypatch):
     _sum_of_slots[1, THREADS](out)
     monkeypatch.undo()
     np.testing.assert_array_equal(out, np.full(THREADS, THREADS * (THREADS - 1) / 2))
+
+
+def test_device_calls_into_another_module_see_the_launch_and_leave_it_restored():
+    """A device function of another module reads the launch's thread index through that
+    module's ``cuda`` global, which the launch swaps once (``hold_module_swaps``) and restores
+    at its end, also when the kernel raises."""
+    import types
+
+    from numba.cuda.simulator import kernel
+    from numba_flash.runtime import simulator
+
+    assert getattr(kernel.FakeCUDAKernel.__call__, "holds_swaps", False)
+    other = types.ModuleType("other_module")
+    exec("from numba import cuda\n"
+         "@cuda.jit(device=True)\n"
+         "def lane_times(k):\n"
+         "    return cuda.threadIdx.x * k\n", other.__dict__)
+
+    @cuda.jit
+    def fill(out, k):
+        out[cuda.threadIdx.x] = other.lane_times(k)
+
+    for k in (2, 3):  # a second launch swaps again
+        out = np.zeros(THREADS, np.int64)
+        fill[1, THREADS](out, k)
+        np.testing.assert_array_equal(out, k * np.arange(THREADS))
+        assert other.cuda is cuda and not simulator._held
+    with pytest.raises(IndexError):
+        fill[1, THREADS + 1](np.zeros(THREADS, np.int64), 1)
+    assert other.cuda is cuda and not simulator._held
