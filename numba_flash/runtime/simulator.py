@@ -64,7 +64,13 @@ def hold_module_swaps():
     third of the samples sit in those locks. Here the first call into a module during a launch
     makes the same swap once and holds it to the end of the launch (launches never overlap: the
     simulator keeps one launch's state in globals, and ``launcher.launch`` serializes them);
-    later calls into that module go straight to the function."""
+    later calls into that module go straight to the function.
+
+    Caveat: while a launch holds a module's swap, that module's ``cuda`` is the fake one for
+    every host thread, so another thread that builds kernels in it then (the ``make_*``
+    factories call ``cuda.jit``) would see the fake module. numba-cuda already swaps a kernel's
+    own module for a whole launch, so this is not new in kind; nothing here builds and launches
+    from two threads at once."""
     from numba.cuda.simulator import kernel
     from numba.cuda.simulator.kernelapi import swapped_cuda_module
 
