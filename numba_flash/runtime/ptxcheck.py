@@ -174,28 +174,32 @@ def _load_target(spec):
     return getattr(module, name)
 
 
+def _front_end_key(spec, args, cc):
+    """Jobs with one key share one code library (Numba's front end, the slow part of a
+    compile): the same kernel (target and arguments), and a capability from sm_75 up, where the
+    LLVM IR no longer consults it (below, float64 atomics and fastmath tanh differ)."""
+    cc = tuple(cc)[:2]
+    return spec, json.dumps(args), cc if cc < (7, 5) else None
+
+
 def _child(jobs_json):
     """Child-process side of ``compile_reports_isolated``: prints one JSON line per job.
-
-    Consecutive jobs that name the same kernel (target and arguments) for several compute
-    capabilities share Numba's front end, the slow part of a compile: the LLVM IR it emits
-    consults the capability only below sm_75 (float64 atomics, fastmath tanh), so one code
-    library gives the PTX of each capability from 8.0 up, as the runtime's own compile for that
-    capability would. NVVM and ptxas still run once per capability."""
+    Consecutive jobs of one ``_front_end_key`` are lowered once, and NVVM and ptxas run for each
+    capability, as the runtime's own compile for that capability would."""
     from .compiler import kernel_library
 
-    last, last_cc, library, max_registers = None, (0, 0), None, 0
+    last = None
     for spec, cc, args in json.loads(jobs_json):
-        if (spec, args) != last or min(tuple(cc)[:2], last_cc) < (7, 5):
+        cc = tuple(cc)
+        if _front_end_key(spec, args, cc) != last:
             target = _load_target(spec)(*args)
             pyfunc, signature = getattr(target[0], "py_func", target[0]), target[1]
             options = dict(target[2]) if len(target) > 2 else {}
             max_registers = options.pop("max_registers", 0)
-            library = kernel_library(pyfunc, signature, tuple(cc), options)
-            last = (spec, args)
-        last_cc = tuple(cc)[:2]
-        ptx = library.get_asm_str(cc=tuple(cc))
-        report = assemble_report(ptx, cc=tuple(cc), max_registers=max_registers)
+            library = kernel_library(pyfunc, signature, cc, options)
+            last = _front_end_key(spec, args, cc)
+        ptx = library.get_asm_str(cc=cc)
+        report = assemble_report(ptx, cc=cc, max_registers=max_registers)
         print("PTXCHECK-RESULT " + json.dumps({"ptx": ptx, "report": report}), flush=True)
 
 
@@ -216,9 +220,9 @@ def compile_reports_isolated(jobs, timeout=600):
     root = str(pathlib.Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     code = "import sys; from numba_flash.runtime import ptxcheck; ptxcheck._child(sys.argv[1])"
-    kernels = {}  # (spec, args) -> indices of its jobs, in the order the kernels first appear
-    for i, (spec, _, args) in enumerate(jobs):
-        kernels.setdefault((spec, json.dumps(args)), []).append(i)
+    kernels = {}  # front-end key -> indices of its jobs, in the order the keys first appear
+    for i, (spec, cc, args) in enumerate(jobs):
+        kernels.setdefault(_front_end_key(spec, args, cc), []).append(i)
     kernels = list(kernels.values())
     n = max(1, min(os.cpu_count() or 1, len(kernels)))
     shares = [[i for indices in kernels[c::n] for i in indices] for c in range(n)]
