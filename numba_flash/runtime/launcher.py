@@ -7,6 +7,11 @@ parameters), half the kernel's own time at seqlen 4096. Here the parameter layou
 from the kernel's signature and a launch is one ``struct.pack_into`` of (pointer, shape,
 strides) from the adapted arrays (``arrays.Tensor``) and one ctypes call of libcuda's
 ``cuLaunchKernel``: a few microseconds.
+
+A kernel launched with ``dependent=True`` goes through ``cuLaunchKernelEx`` with the
+programmatic stream serialization attribute (sm_90+): it may start before the kernel ahead of it
+on the stream has finished, and waits for it with ``sync.wait_prior_grid`` where it reads what
+that kernel wrote (``kernels/ptx/sync.py``).
 """
 
 import ctypes
@@ -109,10 +114,11 @@ class Kernel:
         return handle
 
 
-def launch(kernel, grid, threads, stream, shared_bytes, *args):
+def launch(kernel, grid, threads, stream, shared_bytes, *args, dependent=False):
     """Launch ``kernel`` (``compiler.compile_kernel``) on ``stream``. Array arguments are
-    ``arrays.Tensor`` records, the others plain numbers in the signature's order. The simulator
-    ignores streams and receives the records' views."""
+    ``arrays.Tensor`` records, the others plain numbers in the signature's order; ``dependent``:
+    as a programmatic dependent of the kernel before it (the module docstring). The simulator
+    ignores streams and dependencies and receives the records' views."""
     if SIMULATOR:
         with _SIMULATED_LAUNCH:  # the simulator keeps one launch's state in globals
             kernel[grid, threads, 0, shared_bytes](*(a.view if isinstance(a, Tensor) else a
@@ -121,7 +127,7 @@ def launch(kernel, grid, threads, stream, shared_bytes, *args):
     block = kernel.parameters
     values, device = block.values(args)
     _launch_values(kernel, kernel.function(device), grid, threads, int(stream.handle),
-                   shared_bytes, values, ())
+                   shared_bytes, values, (), dependent)
 
 
 class PreparedLaunch:
@@ -147,7 +153,7 @@ class PreparedLaunch:
 
 
 def _launch_values(kernel, function, grid, threads, stream_handle, shared_bytes, values,
-                   pointers):
+                   pointers, dependent=False):
     """Pack ``values`` (with ``pointers``: (slot, address) pairs written in first) into the
     kernel's parameter block and launch."""
     block = kernel.parameters
@@ -156,8 +162,13 @@ def _launch_values(kernel, function, grid, threads, stream_handle, shared_bytes,
         for slot, ptr in pointers:
             values[slot] = ptr
         block.format.pack_into(block.buffer, 0, *values)
-        result = _cu_launch_kernel()(function, gx, gy, gz, threads, 1, 1, shared_bytes,
-                                     stream_handle, block.address, None)
+        if dependent:
+            config = LaunchConfig(gx, gy, gz, threads, 1, 1, shared_bytes, stream_handle,
+                                  ctypes.addressof(_PROGRAMMATIC), 1)
+            result = _cu_launch_kernel_ex()(ctypes.byref(config), function, block.address, None)
+        else:
+            result = _cu_launch_kernel()(function, gx, gy, gz, threads, 1, 1, shared_bytes,
+                                         stream_handle, block.address, None)
     if result:
         raise CudaAPIError(result, f"cuLaunchKernel of {kernel.library.name!r} failed "
                                    f"(CUresult {result})")
@@ -176,6 +187,35 @@ def _cu_launch_kernel():
         fn.restype = ctypes.c_int
         _launch_kernel.append(fn)
     return _launch_kernel[0]
+
+
+class LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute`` (cuda.h): an id, padding to 8 bytes, a 64-byte value union."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("rest", ctypes.c_char * 60)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` (cuda.h), the first argument of ``cuLaunchKernelEx``."""
+    _fields_ = [(name, ctypes.c_uint) for name in ("gridDimX", "gridDimY", "gridDimZ",
+                                                   "blockDimX", "blockDimY", "blockDimZ",
+                                                   "sharedMemBytes")] + [
+        ("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_PROGRAMMATIC = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+_launch_kernel_ex = []
+
+
+def _cu_launch_kernel_ex():
+    """libcuda's ``cuLaunchKernelEx`` through ctypes (a launch with attributes)."""
+    if not _launch_kernel_ex:
+        fn = libcuda().cuLaunchKernelEx
+        fn.argtypes = [ctypes.c_void_p] * 4
+        fn.restype = ctypes.c_int
+        _launch_kernel_ex.append(fn)
+    return _launch_kernel_ex[0]
 
 
 def check_grid(name, grid):

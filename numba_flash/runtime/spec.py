@@ -10,7 +10,9 @@ that says, in one place,
 - ``make(config, tiles)``: the Python kernel function, ``signature(config)``: its argument
   types, ``unroll_loops`` and the tiles' register cap: its compile options;
 - ``grid(config, tiles, problem)`` and ``arguments(config, problem)``: how a launch follows from
-  the problem, a dict of the adapted arrays (``arrays.Tensor``) and numbers the API passes.
+  the problem, a dict of the adapted arrays (``arrays.Tensor``) and numbers the API passes;
+  ``dependent(config)``: whether it is launched as a programmatic dependent of the kernel before
+  it (``launcher``).
   ``prepare`` checks the tiles against the device and the grid against CUDA's limits before
   anything is launched.
 
@@ -85,6 +87,10 @@ class KernelSpec:
         """What besides the tiles decides the code (the whole config by default)."""
         return config
 
+    def dependent(self, config):
+        """Launched as a programmatic dependent of the kernel before it (default: no)."""
+        return False
+
     # ---------------------------------------------------------------- provided
 
     def options(self, tiles):
@@ -150,7 +156,7 @@ class KernelSpec:
         grid = self.grid(config, tiles, problem)
         launcher.check_grid(self.name, grid)
         launcher.launch(kernel, grid, tiles.threads, stream, tiles.shared_bytes,
-                        *self.arguments(config, problem))
+                        *self.arguments(config, problem), dependent=self.dependent(config))
         return tiles
 
     def forget(self):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from numba import cuda, types
 
+from numba_flash.kernels.instructions import sync
 from numba_flash.runtime import arrays, compiler, device, launcher
 from helpers import SIMULATOR, to_device, to_host
 
@@ -83,3 +84,48 @@ def test_launch_passes_strided_views_and_scalars_to_a_real_kernel(rng):
     launcher.launch(kernel, (1,), 32, arrays.stream_of(out), 0, x, out, np.int32(3),
                     np.float32(0.5))
     np.testing.assert_array_equal(to_host(out.obj), host[::2, 2] * np.float32(0.5) + 3)
+
+
+def test_launch_config_structures_follow_cuda_h():
+    """CUlaunchAttribute: id, 4 bytes of padding, a 64-byte value union; CUlaunchConfig: seven
+    32-bit sizes, then the stream, the attribute pointer and their count (x86-64 and aarch64)."""
+    A, C = launcher.LaunchAttribute, launcher.LaunchConfig
+    assert (ctypes.sizeof(A), A.value.offset) == (72, 8)
+    assert (ctypes.sizeof(C), C.hStream.offset, C.attrs.offset, C.numAttrs.offset) == \
+        (56, 32, 40, 48)
+
+
+def slow_producer(x, out, spins):
+    """out = 2 x, written after a long wait, by a kernel that lets its dependent start at once."""
+    sync.launch_dependents()
+    i = cuda.grid(1)
+    acc = x[i]
+    for _ in range(spins):  # a dependent that did not wait would read the old out
+        acc = acc * np.float32(1.0000001)
+    if i < out.shape[0]:
+        out[i] = x[i] * 2 + (acc - acc)
+
+
+def consumer(out, y, spins):
+    """y = out + 1, read after ``wait_prior_grid``."""
+    sync.wait_prior_grid()
+    i = cuda.grid(1)
+    if i < y.shape[0]:
+        y[i] = out[i] + 1
+
+
+@pytest.mark.skipif(SIMULATOR or device.current().cc < (9, 0),
+                    reason="programmatic dependent launch: a GPU of compute capability 9.0+")
+def test_dependent_launch_waits_for_the_kernel_before_it(rng):
+    sig = types.void(F32_1D, F32_1D, types.int32)
+    cc = device.current().cc
+    first = compiler.compile_kernel(slow_producer, sig, 0, cc)
+    second = compiler.compile_kernel(consumer, sig, 0, cc)
+    host = rng.standard_normal(4096).astype(np.float32)
+    x = arrays.adapt(to_device(host), "x")
+    out = arrays.adapt(to_device(np.zeros(4096, np.float32)), "out")
+    y = arrays.adapt(to_device(np.full(4096, np.nan, np.float32)), "y")
+    stream = arrays.stream_of(out)
+    launcher.launch(first, (32,), 128, stream, 0, x, out, np.int32(200_000))
+    launcher.launch(second, (32,), 128, stream, 0, out, y, np.int32(0), dependent=True)
+    np.testing.assert_array_equal(to_host(y.obj), host * 2 + 1)

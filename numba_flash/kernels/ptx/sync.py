@@ -1,6 +1,6 @@
 """Exchanges and orderings between threads that are not one instruction family's own: the warp
-shuffle and the shared-memory proxy fence. (wgmma's fences are in ``wgmma``, cp.async's waits
-in ``memory``.)
+shuffle, the shared-memory proxy fence, named barriers and the grid dependency controls.
+(wgmma's fences are in ``wgmma``, cp.async's waits in ``memory``.)
 
 Shuffles. ``shfl.sync.bfly.b32`` lets the lanes of a warp swap registers without shared memory:
 lane ``i`` receives the value of lane ``i ^ lane_mask``. The ``.sync`` form also makes the lanes
@@ -24,6 +24,16 @@ hand work to each other this way: the producer arrives once its shared-memory wr
 the consumer syncs before it reads them, and the rest of the CTA never waits. A barrier orders
 the generic proxy only (``proxy_fence`` first, where a wgmma reads what was written).
 
+Grid dependencies (sm_90+). A kernel launched on a stream normally starts only once the kernel
+before it has finished and its writes are flushed. Launched as a *programmatic dependent*
+(``launcher.launch(..., dependent=True)``), it may start earlier: as soon as every CTA of the
+kernel before it has executed ``griddepcontrol.launch_dependents`` or exited. Its CTAs then
+run ``griddepcontrol.wait`` before they read anything that kernel wrote; the wait returns once
+that kernel has completed and its memory is visible. Work that does not depend on it (reading
+inputs written earlier still, deciding that there is nothing to do) runs before the wait, and
+the dependent's launch and first instructions hide under the other kernel's last CTAs. Both
+instructions are no-ops for a kernel launched the ordinary way.
+
 API:
 
     shfl_xor(value, lane_mask, scratch, tid)    the value of lane ``lane ^ lane_mask``
@@ -32,6 +42,8 @@ API:
     warp_uniform(value)                         lane 0's value, known to ptxas as warp-uniform
     named_sync(barrier, count, tid)             bar.sync barrier, count (constant ids 1..15)
     named_arrive(barrier, count, tid)           bar.arrive barrier, count
+    launch_dependents()                         griddepcontrol.launch_dependents (sm_90+)
+    wait_prior_grid()                           griddepcontrol.wait (sm_90+)
 """
 
 from llvmlite import ir
@@ -95,3 +107,23 @@ named_sync.__doc__ = """``bar.sync barrier, count``: arrive, and wait until ``co
 multiple of 32, whole warps) have arrived on ``barrier`` (1..15). ``tid`` is the emulation's."""
 named_arrive = _named_barrier("bar.arrive")
 named_arrive.__doc__ = """``bar.arrive barrier, count``: arrive on ``barrier`` without waiting."""
+
+
+def _grid_dependency(instruction):
+    @intrinsic
+    def control(typingctx):
+        def codegen(context, builder, sig, args):
+            void_asm(builder, instruction)
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    return control
+
+
+launch_dependents = _grid_dependency("griddepcontrol.launch_dependents;")
+launch_dependents.__doc__ = """``griddepcontrol.launch_dependents``: this CTA no longer holds
+back the launch of a programmatic dependent (sm_90+)."""
+wait_prior_grid = _grid_dependency("griddepcontrol.wait;")
+wait_prior_grid.__doc__ = """``griddepcontrol.wait``: wait until the kernel this one depends on
+programmatically has completed and its writes are visible (sm_90+)."""

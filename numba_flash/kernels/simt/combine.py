@@ -15,6 +15,13 @@ What it computes
     ``out = 0``, ``lse = +inf``. Requests handled in one piece were written by the decode
     kernel: their CTAs return at once.
 
+Overlap with the decode (sm_90+, ``Config.programmatic``)
+    The kernel is launched as a programmatic dependent of the decode (``kernels/ptx/sync.py``):
+    its CTAs may start while the decode's last CTAs still run, read ``num_splits`` (written
+    before the decode started), return at once for the requests the decode finished itself,
+    and wait for the decode (``wait_prior_grid``) only before reading its partials. When no
+    request is split, the whole combine runs under the decode.
+
 Grid / block mapping
     grid = (b, ceil(s_q * h_q / ROWS)); block = THREADS = 128 threads, one warp per query row
     (token t, head h); lane ``l`` owns the output columns ``l + 32 j``: consecutive lanes read
@@ -39,13 +46,14 @@ from ...runtime.spec import KernelSpec, Tiles
 
 from ..common import constants, formats
 from ..common.status import BAD_SPLITS, report
+from ..instructions import sync
 
 THREADS = 128
 ROWS = THREADS // 32  # query rows per CTA, one per warp
 
 
 @lru_cache(maxsize=None)
-def make_combine_kernel(HEAD_DIM_V, FMT):
+def make_combine_kernel(HEAD_DIM_V, FMT, PROGRAMMATIC):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
     TD = -(-HEAD_DIM_V // 32)  # columns per lane
     DV_EXACT = HEAD_DIM_V % 32 == 0
@@ -68,6 +76,8 @@ def make_combine_kernel(HEAD_DIM_V, FMT):
             if lane == 0:
                 report(status, BAD_SPLITS)
             return
+        if PROGRAMMATIC:
+            sync.wait_prior_grid()  # the decode's partials are complete and visible
         t = row // h_q
         h = row - t * h_q
 
@@ -111,6 +121,7 @@ def make_combine_kernel(HEAD_DIM_V, FMT):
 class Config(NamedTuple):
     head_dim_v: int
     fmt: str
+    programmatic: bool = False  # launched to overlap the decode (sm_90+: the module docstring)
 
 
 class Spec(KernelSpec):
@@ -127,7 +138,10 @@ class Spec(KernelSpec):
         return Tiles(entry, 0, THREADS, 0)
 
     def make(self, config, tiles):
-        return make_combine_kernel(config.head_dim_v, config.fmt)
+        return make_combine_kernel(config.head_dim_v, config.fmt, config.programmatic)
+
+    def dependent(self, config):
+        return config.programmatic
 
     def signature(self, config):
         t = types.Array(formats.storage_type(config.fmt), 4, "A")

@@ -326,6 +326,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
         bars = cuda.shared.array(N_BARS, uint64)  # buffer b, box c: mbarrier b BOXES + c
         tid = cuda.threadIdx.x
+        # The combine may launch now (it waits for this grid before it reads the partials): its
+        # launch and its CTAs for the requests no part splits run under this grid's last CTAs.
+        sync.launch_dependents()
         wg = sync.warp_uniform(tid >> 7)  # a uniform branch for ptxas: no C7519
         lt = tid & (WARPGROUP - 1)
         warp = tid >> 5

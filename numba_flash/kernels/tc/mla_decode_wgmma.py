@@ -216,6 +216,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
         shfl_scratch = cuda.shared.array(SHFL_SCRATCH, float32)
         bars = cuda.shared.array(2, uint64)  # TMA: one mbarrier per cache buffer
         tid = cuda.threadIdx.x
+        # The combine may launch now (it waits for this grid before it reads the partials): its
+        # launch and its CTAs for the requests no part splits run under this grid's last CTAs.
+        sync.launch_dependents()
         wg = tid >> 7
         warp = tid >> 5
         lane = tid & 31

@@ -61,5 +61,6 @@ def test_compiles_to_asynchronous_wgmma_without_spills():
                for rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16"))]
     assert_compiles_clean("tc.mla_decode_seesaw", configs, ccs=((9, 0, "a"),),
                           must_contain=("wgmma.mma_async.sync.aligned", "bar.arrive",
-                                        "cp.async.bulk.tensor.4d"),
+                                        "cp.async.bulk.tensor.4d",
+                                        "griddepcontrol.launch_dependents"),
                           must_not_log=("C7509", "C7510", "C7514", "C7515", "C7517"))

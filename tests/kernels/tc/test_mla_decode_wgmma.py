@@ -84,7 +84,8 @@ def test_every_specialization_compiles_to_wgmma_without_spills():
         configs.append(((8, 48, 23, True, "bfloat16", True, tma), None))
         assert_compiles_clean("tc.mla_decode_wgmma", configs, ccs=((9, 0, "a"),),
                               must_contain=("wgmma.mma_async.sync.aligned", copy,
-                                            "fence.proxy.async"),
+                                            "fence.proxy.async",
+                                            "griddepcontrol.launch_dependents"),
                               must_not_log=("C7509",))
 
 
