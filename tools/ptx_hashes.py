@@ -91,6 +91,8 @@ def specializations():
 
     for fmt in ("float16", "bfloat16", "float32"):
         add(f"simt mla combine dv=512 {fmt}", (SM80, SM90), "simt.combine", [512, fmt])
+        add(f"simt mla combine dv=512 {fmt} programmatic", (SM90,), "simt.combine",
+            [512, fmt, True])
     add("simt mla metadata", (SM80, SM90), "simt.mla_metadata", [])
     for tma, copies in ((False, ""), (True, " tma")):  # cache tiles by cp.async or by TMA
         for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
