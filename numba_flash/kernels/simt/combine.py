@@ -20,7 +20,9 @@ Overlap with the decode (sm_90+, ``Config.programmatic``)
     its CTAs may start while the decode's last CTAs still run, read ``num_splits`` (written
     before the decode started), return at once for the requests the decode finished itself,
     and wait for the decode (``wait_prior_grid``) only before reading its partials. When no
-    request is split, the whole combine runs under the decode.
+    request is split, the combine runs under the decode. CTA (0, 0) always waits: a grid none of
+    whose CTAs waits could end before the decode, and the stream's later work, which waits for
+    the combine, must find the decode's outputs written.
 
 Grid / block mapping
     grid = (b, ceil(s_q * h_q / ROWS)); block = THREADS = 128 threads, one warp per query row
@@ -64,6 +66,8 @@ def make_combine_kernel(HEAD_DIM_V, FMT, PROGRAMMATIC):
 
     def mla_combine_simt(o_acc, lse_acc, num_splits, out, lse, status):
         req = cuda.blockIdx.x
+        if PROGRAMMATIC and req == 0 and cuda.blockIdx.y == 0:
+            sync.wait_prior_grid()  # this grid never ends before the decode (docstring)
         s_q = out.shape[1]
         h_q = out.shape[2]
         row = cuda.blockIdx.y * ROWS + (cuda.threadIdx.x >> 5)
