@@ -552,8 +552,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                    lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
     problem["status"] = _status_word(q)
     stream = arrays.stream_of(q, stream)
-    # On sm_90+ the combine overlaps the decode's last CTAs (kernels/simt/combine.py).
-    combine = simt_combine.SPEC.Config(dv, q.fmt, dev.cc >= (9, 0))
+    # Behind a decode that allows it (sm_90 kernels) the combine starts alongside the decode.
+    combine = simt_combine.SPEC.Config(dv, q.fmt, decode.allows_dependents)
     simt_combine.SPEC.prepare(combine, problem, dev)  # its grid fits before the decode writes
     decode.launch(config, problem, stream, dev)
     simt_combine.SPEC.launch(combine, problem, stream, dev)

@@ -294,6 +294,25 @@ def test_mla_decode_plans_itself_without_metadata(rng):
     np.testing.assert_array_equal(to_host(itself_lse), to_host(planned_lse))
 
 
+@pytest.mark.parametrize("backend, cc, dependent", [
+    ("tc", (9, 0), True),     # the lockstep wgmma decode allows its dependents
+    ("simt", (9, 0), False),  # the SIMT decode never signals: an ordinary launch
+    ("tc", (8, 0), False),    # mma.sync decode; sm_80 has no grid dependency control
+])
+def test_the_combine_starts_alongside_only_decodes_that_allow_it(monkeypatch, rng, backend,
+                                                                 cc, dependent):
+    from numba_flash.runtime import device, launcher
+
+    good = _mla_good(rng)
+    launches = []
+    monkeypatch.setattr(launcher, "launch", lambda *args, dependent=False:
+                        launches.append(dependent))
+    planned = device.Device(cc=cc, sms=8, shared_per_block=163 * 1024, shared_per_sm=None)
+    with device.plan_for(planned):
+        nf.flash_mla_with_kvcache(**good, backend=backend)
+    assert launches == [False, dependent]  # the decode, then the combine
+
+
 def test_hopper_runs_the_wgmma_forward_and_every_other_gpu_the_mma_one():
     from numba_flash import api
     from numba_flash.kernels.tc import forward_mma, forward_wgmma

@@ -169,6 +169,9 @@ class DecodeSpec(KernelSpec):
     BLOCK_M)). ``status`` is the device status word (common/status.py)."""
 
     Config = DecodeConfig
+    # Runs griddepcontrol.launch_dependents at its start (sm_90 kernels only), so the combine
+    # launched behind it may start alongside it (kernels/simt/combine.py).
+    allows_dependents = False
 
     def code_key(self, config, tiles):
         return config._replace(q_rows=0)  # the tiles hold what q_rows decides

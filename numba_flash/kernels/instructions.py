@@ -13,7 +13,8 @@ the same either way::
     wgmma       wgmma.mma_async (ss/rs), its fences, commit and wait, descriptors, swizzle
     memory      cp.async (16-byte, zfill), commit/wait groups, shared and global addresses,
                 16-byte global stores, SHARED_ALIGN
-    sync        shfl_xor, its scratch size, fence.proxy.async
+    sync        shfl_xor, its scratch size, fence.proxy.async, named barriers,
+                griddepcontrol (launch_dependents, wait)
     tma         TMA box copies (cp.async.bulk.tensor) and the mbarriers they complete
     convert     16-bit <-> float32, pack/unpack of f16x2/bf16x2, exp2_approx, div_u32
 """

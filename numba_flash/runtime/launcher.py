@@ -11,7 +11,9 @@ strides) from the adapted arrays (``arrays.Tensor``) and one ctypes call of libc
 A kernel launched with ``dependent=True`` goes through ``cuLaunchKernelEx`` with the
 programmatic stream serialization attribute (sm_90+): it may start before the kernel ahead of it
 on the stream has finished, and waits for it with ``sync.wait_prior_grid`` where it reads what
-that kernel wrote (``kernels/ptx/sync.py``).
+that kernel wrote (``kernels/ptx/sync.py``). Under a driver older than CUDA 12.3, which cannot
+capture such launches in a graph, it is launched the ordinary way: the wait then returns at
+once, and only the overlap is lost.
 """
 
 import ctypes
@@ -162,15 +164,17 @@ def _launch_values(kernel, function, grid, threads, stream_handle, shared_bytes,
         for slot, ptr in pointers:
             values[slot] = ptr
         block.format.pack_into(block.buffer, 0, *values)
-        if dependent:
+        if dependent and _programmatic_launches():
             config = LaunchConfig(gx, gy, gz, threads, 1, 1, shared_bytes, stream_handle,
                                   ctypes.addressof(_PROGRAMMATIC), 1)
+            call = "cuLaunchKernelEx"
             result = _cu_launch_kernel_ex()(ctypes.byref(config), function, block.address, None)
         else:
+            call = "cuLaunchKernel"
             result = _cu_launch_kernel()(function, gx, gy, gz, threads, 1, 1, shared_bytes,
                                          stream_handle, block.address, None)
     if result:
-        raise CudaAPIError(result, f"cuLaunchKernel of {kernel.library.name!r} failed "
+        raise CudaAPIError(result, f"{call} of {kernel.library.name!r} failed "
                                    f"(CUresult {result})")
 
 
@@ -205,7 +209,19 @@ class LaunchConfig(ctypes.Structure):
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _PROGRAMMATIC = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+PROGRAMMATIC_DRIVER = 12030  # CUDA 12.3: programmatic launches captured into graphs
 _launch_kernel_ex = []
+_driver_version = []
+
+
+def _programmatic_launches():
+    """Whether the driver takes programmatic dependent launches everywhere, stream capture
+    included (``cuDriverGetVersion`` once)."""
+    if not _driver_version:
+        version = ctypes.c_int(0)
+        libcuda().cuDriverGetVersion(ctypes.byref(version))
+        _driver_version.append(version.value)
+    return _driver_version[0] >= PROGRAMMATIC_DRIVER
 
 
 def _cu_launch_kernel_ex():

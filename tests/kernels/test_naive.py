@@ -66,7 +66,7 @@ def test_packed_qkv_views_and_scale(poisoned, rng):
 
 
 def test_bad_input_is_refused_before_launch(monkeypatch, rng):
-    def no_launch(*args):
+    def no_launch(*args, **kwargs):
         raise AssertionError("launched")
 
     monkeypatch.setattr(launcher, "launch", no_launch)

@@ -31,7 +31,7 @@ kernel before it has executed ``griddepcontrol.launch_dependents`` or exited. It
 run ``griddepcontrol.wait`` before they read anything that kernel wrote; the wait returns once
 that kernel has completed and its memory is visible. Work that does not depend on it (reading
 inputs written earlier still, deciding that there is nothing to do) runs before the wait, and
-the dependent's launch and first instructions hide under the other kernel's last CTAs. Both
+the dependent's launch and first instructions overlap the other kernel's run. Both
 instructions are no-ops for a kernel launched the ordinary way.
 
 API:

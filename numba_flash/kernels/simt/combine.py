@@ -15,14 +15,15 @@ What it computes
     ``out = 0``, ``lse = +inf``. Requests handled in one piece were written by the decode
     kernel: their CTAs return at once.
 
-Overlap with the decode (sm_90+, ``Config.programmatic``)
-    The kernel is launched as a programmatic dependent of the decode (``kernels/ptx/sync.py``):
-    its CTAs may start while the decode's last CTAs still run, read ``num_splits`` (written
-    before the decode started), return at once for the requests the decode finished itself,
-    and wait for the decode (``wait_prior_grid``) only before reading its partials. When no
-    request is split, the combine runs under the decode. CTA (0, 0) always waits: a grid none of
-    whose CTAs waits could end before the decode, and the stream's later work, which waits for
-    the combine, must find the decode's outputs written.
+Overlap with the decode (``Config.programmatic``: behind the sm_90 decodes)
+    The kernel is launched as a programmatic dependent of the decode (``kernels/ptx/sync.py``),
+    which allows it at its first instruction: once every decode CTA has started, the
+    combine's CTAs may run on the SMs the decode leaves free. They read ``num_splits``
+    (written before the decode started), return at once for the requests the decode finished
+    itself, and wait for the decode (``wait_prior_grid``) only before reading its partials.
+    When no request is split, the combine runs alongside the decode. CTA (0, 0) always waits:
+    a grid none of whose CTAs waits could end before the decode, and the stream's later work,
+    which waits for the combine, must find the decode's outputs written.
 
 Grid / block mapping
     grid = (b, ceil(s_q * h_q / ROWS)); block = THREADS = 128 threads, one warp per query row

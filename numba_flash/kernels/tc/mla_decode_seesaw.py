@@ -327,7 +327,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         bars = cuda.shared.array(N_BARS, uint64)  # buffer b, box c: mbarrier b BOXES + c
         tid = cuda.threadIdx.x
         # The combine may launch now (it waits for this grid before it reads the partials): its
-        # launch and its CTAs for the requests no part splits run under this grid's last CTAs.
+        # launch and its CTAs for the requests no part splits run alongside this grid.
         sync.launch_dependents()
         wg = sync.warp_uniform(tid >> 7)  # a uniform branch for ptxas: no C7519
         lt = tid & (WARPGROUP - 1)
@@ -594,6 +594,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
 
 class Spec(DecodeSpec):
     name = "mla_decode_seesaw"
+    allows_dependents = True
     unroll_loops = True
 
     def entry(self, config, device):

@@ -217,7 +217,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
         bars = cuda.shared.array(2, uint64)  # TMA: one mbarrier per cache buffer
         tid = cuda.threadIdx.x
         # The combine may launch now (it waits for this grid before it reads the partials): its
-        # launch and its CTAs for the requests no part splits run under this grid's last CTAs.
+        # launch and its CTAs for the requests no part splits run alongside this grid.
         sync.launch_dependents()
         wg = tid >> 7
         warp = tid >> 5
@@ -390,6 +390,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
 
 class Spec(DecodeSpec):
     name = "mla_decode_wgmma"
+    allows_dependents = True
     unroll_loops = True
 
     def entry(self, config, device):
