@@ -131,3 +131,15 @@ def test_dependent_launch_waits_for_the_kernel_before_it(rng):
     launcher.launch(first, (32,), 128, stream, 0, x, out, np.int32(200_000))
     launcher.launch(second, (32,), 128, stream, 0, out, y, dependent=True)
     np.testing.assert_array_equal(to_host(y.obj), host * 2 + 1)
+
+
+@pytest.mark.parametrize("version, takes", [(12020, False), (12030, True), (13000, True)])
+def test_programmatic_launches_need_a_driver_that_captures_them(monkeypatch, version, takes):
+    class FakeLibcuda:
+        def cuDriverGetVersion(self, out):
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_int)).contents.value = version
+            return 0
+
+    monkeypatch.setattr(launcher, "libcuda", FakeLibcuda)
+    monkeypatch.setattr(launcher, "_driver_version", [])
+    assert launcher._programmatic_launches() is takes
