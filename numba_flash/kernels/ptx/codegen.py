@@ -12,6 +12,7 @@ compiler the statement reads or writes memory, so loads and stores do not move a
 from llvmlite import ir
 from numba import types
 from numba.cuda import cgutils
+from numba.cuda.extending import intrinsic
 
 I16 = ir.IntType(16)
 I32 = ir.IntType(32)
@@ -80,3 +81,17 @@ def void_asm(builder, text):
     asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}",
                        side_effect=True)
     builder.call(asm, [])
+
+
+def statement(text, doc):
+    """An intrinsic without arguments that emits ``text`` (``void_asm``), documented by ``doc``."""
+    @intrinsic
+    def emit(typingctx):
+        def codegen(context, builder, sig, args):
+            void_asm(builder, text)
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    emit.__doc__ = doc
+    return emit

@@ -50,7 +50,7 @@ from llvmlite import ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from .codegen import I32, is_int, void_asm
+from .codegen import I32, is_int, statement
 
 
 def scratch_size(threads):
@@ -72,16 +72,8 @@ def warp_uniform(value):
     return cuda.shfl_sync(0xFFFFFFFF, value, 0)
 
 
-@intrinsic
-def proxy_fence(typingctx):
-    """Make this thread's shared-memory writes visible to wgmma reads
-    (``fence.proxy.async.shared::cta``)."""
-
-    def codegen(context, builder, sig, args):
-        void_asm(builder, "fence.proxy.async.shared::cta;")
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+proxy_fence = statement("fence.proxy.async.shared::cta;", """Make this thread's shared-memory
+writes visible to wgmma reads (``fence.proxy.async.shared::cta``).""")
 
 
 def _named_barrier(op):
@@ -108,22 +100,9 @@ multiple of 32, whole warps) have arrived on ``barrier`` (1..15). ``tid`` is the
 named_arrive = _named_barrier("bar.arrive")
 named_arrive.__doc__ = """``bar.arrive barrier, count``: arrive on ``barrier`` without waiting."""
 
-
-def _grid_dependency(instruction):
-    @intrinsic
-    def control(typingctx):
-        def codegen(context, builder, sig, args):
-            void_asm(builder, instruction)
-            return context.get_dummy_value()
-
-        return types.void(), codegen
-
-    return control
-
-
-launch_dependents = _grid_dependency("griddepcontrol.launch_dependents;")
-launch_dependents.__doc__ = """``griddepcontrol.launch_dependents``: this CTA no longer holds
-back the launch of a programmatic dependent (sm_90+)."""
-wait_prior_grid = _grid_dependency("griddepcontrol.wait;")
-wait_prior_grid.__doc__ = """``griddepcontrol.wait``: wait until the kernel this one depends on
-programmatically has completed and its writes are visible (sm_90+)."""
+launch_dependents = statement("griddepcontrol.launch_dependents;", """\
+``griddepcontrol.launch_dependents``: this CTA no longer holds back the launch of a
+programmatic dependent (sm_90+).""")
+wait_prior_grid = statement("griddepcontrol.wait;", """``griddepcontrol.wait``: wait until
+the kernel this one depends on programmatically has completed and its writes are visible
+(sm_90+).""")

@@ -80,7 +80,7 @@ from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
 from . import memory
-from .codegen import F32, I32, I64, void_asm
+from .codegen import F32, I32, I64, statement, void_asm
 from .layout import (BLOCK_COLS, SWIZZLE_BYTES, TILE_ALIGN, make_aligned_base,  # noqa: F401
                      make_descriptor, make_descriptor_low, HIGH_WORD, padded_cols,
                      tile_offset, SBO, MN_K_STEP, k_step, WARPGROUP)
@@ -234,22 +234,9 @@ def mma_rs(fmt, n, trans_b):
 
 # ---- fences and waits --------------------------------------------------------------------------
 
-def _statement(text, doc):
-    @intrinsic
-    def statement(typingctx):
-        def codegen(context, builder, sig, args):
-            void_asm(builder, text)
-            return context.get_dummy_value()
-
-        return types.void(), codegen
-
-    statement.__doc__ = doc
-    return statement
-
-
-fence = _statement("wgmma.fence.sync.aligned;",
+fence = statement("wgmma.fence.sync.aligned;",
                    "wgmma.fence: order earlier register accesses before the next wgmma.")
-commit = _statement("wgmma.commit_group.sync.aligned;",
+commit = statement("wgmma.commit_group.sync.aligned;",
                     "wgmma.commit_group: close the batch of wgmma issued since the last.")
 
 
