@@ -18,17 +18,23 @@ Staged 16-byte stores
     ``store_chunk`` is the per-chunk store of the other warps, which also serves ``out=`` views
     whose rows are not 16-byte aligned (eight 2-byte stores instead of one).
 
+    ``make_row_writer`` is that copy for the tiles of the wgmma kernels (the 128-byte swizzle of
+    ``wgmma.tile_offset``, each warp its own 16 rows): the wgmma forward's O and the wgmma
+    backward's dQ, dK and dV, each staged over a tile its products no longer read. Written
+    straight from the fragments, the backward's outputs took two 2-byte stores per thread,
+    column pair and row, each with its own bounds test and 64-bit index arithmetic.
+
 Fragment stores
-    The backward kernels write dQ, dK, dV once per CTA, after a whole loop of products, so they
-    store straight from the accumulator fragments (``make_fragment_store``): two adjacent 16-bit
-    elements per thread and 8-column tile, only where row and columns exist.
+    The mma.sync backward kernels write dQ, dK, dV once per CTA straight from the accumulator
+    fragments (``make_fragment_store``): two adjacent 16-bit elements per thread and 8-column
+    tile, only where row and columns exist.
 """
 
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
-from ..instructions import memory
+from ..instructions import memory, wgmma
 from . import formats
 from .constants import LN2, POS_INF
 
@@ -49,6 +55,37 @@ def store_chunk(dst, smem, src, aligned):
         memory.st_global_16(dst, smem, src)
     else:
         memory.st_global_16_unaligned(dst, smem, src)
+
+
+def make_row_writer(HEAD_DIM, ROWS):
+    """``write_rows(dst, b, row0, h, seqlen, smem, at, w_row, lane)``: one warp copies rows
+    ``w_row .. w_row + 15`` of the tile of ``ROWS`` rows staged at element ``at`` of ``smem``
+    (128-byte swizzle, ``wgmma.tile_offset``) to rows ``row0 ..`` of ``dst[b, :, h, :HEAD_DIM]``,
+    those below ``seqlen``, as whole 16-byte chunks. The caller stages the rows and passes a
+    barrier first."""
+    ROW_CHUNKS = HEAD_DIM // 8          # 16-byte chunks of a row
+    OUT_CHUNKS = 16 * ROW_CHUNKS        # ... of a warp's 16 rows
+    ALIGN_MASK = uint64(15)
+
+    @cuda.jit(device=True, inline="always")
+    def write_rows(dst, b, row0, h, seqlen, smem, at, w_row, lane):
+        out_w = memory.global_address(dst, (b, row0, h, 0))
+        row_bytes = uint64(dst.strides[1])
+        aligned = (out_w | row_bytes) & ALIGN_MASK == 0  # else a caller's view of odd alignment
+        full = aligned and row0 + 16 <= seqlen
+        for step in range((OUT_CHUNKS + 31) // 32):
+            i = lane + 32 * step  # chunk i of the warp's rows: row i // ROW_CHUNKS
+            if OUT_CHUNKS % 32 == 0 or i < OUT_CHUNKS:
+                r = i // ROW_CHUNKS
+                c = i - r * ROW_CHUNKS
+                to = out_w + uint64(r) * row_bytes + uint64(16 * c)
+                src = at + wgmma.tile_offset(w_row + r, 8 * c, ROWS)
+                if full:
+                    memory.st_global_16(to, smem, src)
+                elif row0 + r < seqlen:
+                    store_chunk(to, smem, src, aligned)
+
+    return write_rows
 
 
 def make_fragment_store(HEAD_DIM, DT_W, FMT):

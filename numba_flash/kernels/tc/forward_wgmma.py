@@ -54,7 +54,7 @@ from ..attention import ForwardSpec
 from ..common import constants
 from ..instructions import convert, memory, sync, wgmma
 from ..common.copies import make_swizzled_copy
-from ..common.epilogue import lse_of, store_chunk
+from ..common.epilogue import lse_of, make_row_writer
 from ..common.grid import folded_row
 from ..common.masks import make_kv_end
 from ..common.softmax import make_softmax_step
@@ -106,9 +106,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
     BUF_STEP = TILE * 2 // 16
 
-    ROW_CHUNKS = HEAD_DIM // 8                        # 16-byte chunks of an output row
-    OUT_CHUNKS = 16 * ROW_CHUNKS                      # ... of a warp's 16 output rows
-    ALIGN_MASK = uint64(15)
+    write_rows = make_row_writer(HEAD_DIM, BLOCK_M)
     copy_slot, load_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
 
     def flash_fwd_wgmma(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
@@ -219,23 +217,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 row = row_g + 8 * half
                 if row < seqlen_q:
                     lse[b, h, row] = lse_of(m_i[0, half] * scale_log2, l)
-        cuda.syncthreads()
-        w_row0 = m0 + 16 * warp  # global row of the warp's first output row
-        out_w = memory.global_address(out, (b, w_row0, h, 0))
-        row_bytes = uint64(out.strides[1])
-        aligned = (out_w | row_bytes) & ALIGN_MASK == 0  # else an out= view of odd alignment
-        full = aligned and w_row0 + 16 <= seqlen_q
-        for step in range((OUT_CHUNKS + 31) // 32):
-            i = lane + 32 * step  # chunk i of the warp's rows: row i // ROW_CHUNKS
-            if OUT_CHUNKS % 32 == 0 or i < OUT_CHUNKS:
-                r = i // ROW_CHUNKS
-                c = i - r * ROW_CHUNKS
-                dst = out_w + uint64(r) * row_bytes + uint64(16 * c)
-                src = base + Q_OFF + wgmma.tile_offset(16 * warp + r, 8 * c, BLOCK_M)
-                if full:
-                    memory.st_global_16(dst, smem, src)
-                elif w_row0 + r < seqlen_q:
-                    store_chunk(dst, smem, src, aligned)
+        cuda.syncthreads()  # a warp reads only its own rows; the simulator has no syncwarp
+        write_rows(out, b, m0 + 16 * warp, h, seqlen_q, smem, base + Q_OFF, 16 * warp, lane)
 
     return flash_fwd_wgmma
 
