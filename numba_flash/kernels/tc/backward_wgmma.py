@@ -40,7 +40,9 @@ Memory pipeline
     computed. dQ: Q_i, dO_i (and O_i, for D_i) once; K_j, V_j double buffered. The next tile's
     copies (and, in dK/dV, its lse_i and D_i, staged into the other words) are issued after the
     current tile's first products, so their issue and latency run under the tensor cores' work
-    instead of between the barrier and the first wgmma.
+    instead of between the barrier and the first wgmma. At the end dQ (or dK and dV) is staged,
+    rounded to 16 bits, over the Q (or K and V) tile and written as whole 16-byte chunks of rows
+    (``common/epilogue.make_row_writer``).
 
 Shared memory (16-bit elements, DPAD = HEAD_DIM rounded up to 64, + 1 KiB of alignment)
     dK/dV: K, V  BLOCK_N x DPAD each; Q, dO  2 x BLOCK_M x DPAD each; 4 BLOCK_M float32.
