@@ -19,12 +19,15 @@ Staged 16-byte stores
     whose rows are not 16-byte aligned (eight 2-byte stores instead of one).
 
     ``make_row_writer`` is that copy for the tiles of the wgmma kernels (the 128-byte swizzle of
-    ``wgmma.tile_offset``, each warp its own 16 rows).
+    ``wgmma.tile_offset``, each warp its own 16 rows): the wgmma forward's O and the wgmma
+    backward's dQ, dK and dV, each staged over a tile its products no longer read. Written
+    straight from the fragments, the backward's outputs took two 2-byte stores per thread,
+    column pair and row, each with its own bounds test and 64-bit index arithmetic.
 
 Fragment stores
-    The backward kernels write dQ, dK, dV once per CTA, after a whole loop of products, so they
-    store straight from the accumulator fragments (``make_fragment_store``): two adjacent 16-bit
-    elements per thread and 8-column tile, only where row and columns exist.
+    The mma.sync backward kernels write dQ, dK, dV once per CTA straight from the accumulator
+    fragments (``make_fragment_store``): two adjacent 16-bit elements per thread and 8-column
+    tile, only where row and columns exist.
 """
 
 import math

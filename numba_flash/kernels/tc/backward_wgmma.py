@@ -40,7 +40,9 @@ Memory pipeline
     computed. dQ: Q_i, dO_i (and O_i, for D_i) once; K_j, V_j double buffered. The next tile's
     copies (and, in dK/dV, its lse_i and D_i, staged into the other words) are issued after the
     current tile's first products, so their issue and latency run under the tensor cores' work
-    instead of between the barrier and the first wgmma.
+    instead of between the barrier and the first wgmma. At the end dQ (or dK and dV) is staged,
+    rounded to 16 bits, over the Q (or K and V) tile and written as whole 16-byte chunks of rows
+    (``common/epilogue.make_row_writer``).
 
 Shared memory (16-bit elements, DPAD = HEAD_DIM rounded up to 64, + 1 KiB of alignment)
     dK/dV: K, V  BLOCK_N x DPAD each; Q, dO  2 x BLOCK_M x DPAD each; 4 BLOCK_M float32.
@@ -64,7 +66,7 @@ from ...runtime.spec import Tiles
 from ..attention import DkdvSpec, DqDeltaSpec
 from ..common import backward
 from ..common.copies import make_swizzled_copy
-from ..common.epilogue import make_fragment_store
+from ..common.epilogue import make_row_writer
 from ..common.grid import folded_row
 from ..common.masks import make_kv_end, make_q_begin
 from ..instructions import convert, memory, sync, wgmma
@@ -117,11 +119,12 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     mma_g = wgmma.mma_rs(FMT, DPAD, 1)       # dV += P^T dO, dK += dS^T Q: dO, Q read MN-major
     pack_a = make_pack_a(FMT)
     copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
-    store_row = make_fragment_store(HEAD_DIM, DT, FMT)
+    pack = convert.pack(FMT)
+    write_rows = make_row_writer(HEAD_DIM, BLOCK_N)
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
     stage_rows = backward.make_dkdv_rows(BLOCK_M, THREADS)
     scores_to_ds = backward.make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL)
-    ZERO, ONE = float32(0.0), float32(1.0)
+    ZERO = float32(0.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     QT_LBO = BLOCK_M * wgmma.SWIZZLE_BYTES   # Q, dO as MN-major B: 64-column blocks apart
     BUF_STEP = TILE * 2 // 16                # one Q (dO) buffer in descriptor units
@@ -130,6 +133,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                              group, scale, scale_log2):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # the same bytes
+        words_u = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # ... again
         scratch = cuda.shared.array(SCRATCH, uint32)
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -234,10 +238,21 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             wgmma.fence_operands(dK, D_REGS)
             h, m0 = nh, nm
 
+        # Epilogue: dK_j scale and dV_j staged over K_j and V_j, which no product reads any
+        # more, then written as whole 16-byte chunks of rows (common/epilogue.py).
         memory.cp_async_wait(0)  # K, V (and nothing else) where no query tile waited
+        cuda.syncthreads()       # every warpgroup's products on K_j, V_j are done
         for half in range(2):
-            store_row(dk, b, key_g + 8 * half, hk, seqlen_k, dK, half, 0, t2, scale)
-            store_row(dv, b, key_g + 8 * half, hk, seqlen_k, dV, half, 0, t2, ONE)
+            row = 16 * warp + g + 8 * half
+            for dt in range(DT):
+                at = wgmma.tile_offset(row, 8 * dt + t2, BLOCK_N)
+                words_u[uint32(base + K_OFF + at) >> 1] = pack(dK[dt, 2 * half] * scale,
+                                                               dK[dt, 2 * half + 1] * scale)
+                words_u[uint32(base + V_OFF + at) >> 1] = pack(dV[dt, 2 * half],
+                                                               dV[dt, 2 * half + 1])
+        cuda.syncthreads()  # a warp reads only its own rows; the simulator has no syncwarp
+        write_rows(dk, b, n0 + 16 * warp, hk, seqlen_k, smem, base + K_OFF, 16 * warp, lane)
+        write_rows(dv, b, n0 + 16 * warp, hk, seqlen_k, smem, base + V_OFF, 16 * warp, lane)
 
     return flash_bwd_dkdv_wgmma
 
@@ -262,7 +277,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     mma_q = wgmma.mma_rs(FMT, DPAD, 1)       # dQ += dS K: K read MN-major
     pack_a = make_pack_a(FMT)
     copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
-    store_row = make_fragment_store(HEAD_DIM, DT, FMT)
+    pack = convert.pack(FMT)
+    write_rows = make_row_writer(HEAD_DIM, BLOCK_M)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     load_rows = backward.make_dq_rows(WITH_DELTA=False)
     tile_delta = backward.make_tile_delta(DPAD, BLOCK_M, FMT)
@@ -372,12 +388,20 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             wgmma.wait(0)
             wgmma.fence_operands(dQ, D_REGS)
 
-        memory.cp_async_wait(0)
+        # Epilogue: dQ_i scale staged over Q_i, which no product reads any more, then written
+        # as whole 16-byte chunks of rows (common/epilogue.py); D_i for dK/dV, 0 in a tile that
+        # sees no key (its lse is +inf: P = 0 anyway).
+        memory.cp_async_wait(0)  # Q, dO (and nothing else) where no key tile waited
+        cuda.syncthreads()       # every warpgroup's products on Q_i are done
         for half in range(2):
-            store_row(dq, b, row_g + 8 * half, h, seqlen_q, dQ, half, 0, t2, scale)
-            # D_i for dK/dV; 0 in a tile that sees no key (its lse is +inf: P = 0 anyway).
+            row = 16 * warp + g + 8 * half
+            for dt in range(DT):
+                words[uint32(base + Q_OFF + wgmma.tile_offset(row, 8 * dt + t2, BLOCK_M)) >> 1] = \
+                    pack(dQ[dt, 2 * half] * scale, dQ[dt, 2 * half + 1] * scale)
             if t2 == 0 and row_g + 8 * half < seqlen_q:
                 delta[b, h, row_g + 8 * half] = D_r[half]
+        cuda.syncthreads()  # a warp reads only its own rows; the simulator has no syncwarp
+        write_rows(dq, b, m0 + 16 * warp, h, seqlen_q, smem, base + Q_OFF, 16 * warp, lane)
 
     return flash_bwd_dq_wgmma
 

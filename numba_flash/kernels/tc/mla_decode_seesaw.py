@@ -24,7 +24,14 @@ What it computes
     ``named_sync``, 256 threads) order the four hand-offs: scale 0 ready, scale 1 ready, P_a
     stored, P_b stored; a fifth holds warpgroup 0's P_b V chain until warpgroup 1 has issued
     its P_a V chain, whose end frees the half of buffer 0 that tile a + 2 still needs. While
-    one warpgroup is in its softmax the other's chains run.
+    one warpgroup is in its softmax the other's chains run. Warpgroup 0 arrives on "scale 0
+    ready" before its own softmax: warpgroup 1 needs only the maxima and factors.
+
+    The shared maximum moves lazily, as in ``common/softmax.py``: only when a tile's row
+    maximum passes it by more than RESCALE_LOG2 (base 2), so P stays below 2^8 and after the
+    first tiles the factors are almost always 1; each of the three 128-multiply rescales of
+    O_i per pair is skipped by the threads whose two factors are both 1 (3-4% at every
+    point of the decode grid, docs/perf-notes.md).
 
 Grid / block mapping
     As ``mla_decode_wgmma.py``: grid (scheduler parts, h_kv, ceil(q_rows / 64)), 256 threads.
@@ -59,7 +66,7 @@ from ...runtime.spec import Tiles
 from ..attention import DecodeSpec
 from ..common import constants
 from ..common.paged_kv import make_paged_kv_walk, make_piece_out, make_row_keys
-from ..common.softmax import make_row_max
+from ..common.softmax import RESCALE_LOG2, make_row_max
 from ..common.status import BAD_TABLE_ENTRY, PAST_TABLE, report
 from ..instructions import convert, memory, sync, tma, wgmma
 from .mla_decode_wgmma import BLOCK_M, BLOCK_N, shared_bytes, tile_cols, value_cols
@@ -121,6 +128,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     assert BLOCK_M * 2 * VH * 4 <= 2 * P_OFF  # the staged float32 O_i fits below P_a
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
+    RESCALE = float32(RESCALE_LOG2)
     NO_PAGE = int32(-1)
     V_STEP, k_step, desc = wgmma.MN_K_STEP, wgmma.k_step, wgmma.descriptor_join
     operand_low = wgmma.operand_low
@@ -260,15 +268,32 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         return next_phase
 
     @cuda.jit(device=True, inline="always")
+    def rescale(O_i, l_i, scale):
+        """O_i and l_i times ``scale`` (per row), skipped where both factors are 1: the maxima
+        move lazily (``moved_max``), so after the first tiles they seldom do."""
+        if scale[0] != ONE or scale[1] != ONE:
+            for half in range(2):
+                sc = scale[half]
+                l_i[half] *= sc
+                for dt in range(DT):
+                    O_i[0, dt, 2 * half] *= sc
+                    O_i[0, dt, 2 * half + 1] *= sc
+
+    @cuda.jit(device=True, inline="always")
+    def moved_max(mo, mt, scale_log2):
+        """A row's shared maximum after a tile whose maximum is ``mt``: it moves only when the
+        tile's exceeds it by more than RESCALE_LOG2 (base 2), as in common/softmax.py, so P
+        stays below 2^8; returns (new maximum, factor O_i moves by)."""
+        if (mt - mo) * scale_log2 > RESCALE:  # false while both are -inf
+            return mt, exp2((mo - mt) * scale_log2)
+        return mo, ONE
+
+    @cuda.jit(device=True, inline="always")
     def softmax(S, m_new, l_i, O_i, scale, scale_log2):
         """Rows r_lo, r_lo + 8: O_i and l_i times ``scale``, S -> P = exp2((S - m_new)
         scale_log2), its row sums into l_i."""
+        rescale(O_i, l_i, scale)
         for half in range(2):
-            sc = scale[half]
-            l_i[half] *= sc
-            for dt in range(DT):
-                O_i[0, dt, 2 * half] *= sc
-                O_i[0, dt, 2 * half + 1] *= sc
             m = m_new[half]
             base = m * scale_log2 if m != NEG_INF else ZERO
             row_sum = ZERO
@@ -441,15 +466,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     row_max(S, m_tile, shfl_scratch, tid)
                     for half in range(2):
                         r = r_lo + 8 * half
-                        mo = m_sh[1, r]
-                        mn = max(mo, m_tile[0, half])
-                        scale[half] = exp2((mo - mn) * scale_log2) if mn != NEG_INF else ONE
+                        mn, scale[half] = moved_max(m_sh[1, r], m_tile[0, half], scale_log2)
                         m_new[half] = mn
                         if t2 == 0:
                             m_sh[0, r] = mn
                             scale_sh[0, r] = scale[half]
-                    softmax(S, m_new, l_i, O_i, scale, scale_log2)
                     named_arrive(SCALE0, THREADS, tid)
+                    softmax(S, m_new, l_i, O_i, scale, scale_log2)
                     # O_L += P_a V_a[:, L], P_a from registers.
                     pack_a(P16, S)
                     wgmma.fence()
@@ -470,11 +493,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                         scale[half] = scale_sh[1, r_lo + 8 * half]
                     store_p16(smem_words, base + P_OFF, P16, scale, r_lo, t2)
                     named_arrive(P_A, THREADS, tid)
-                    for half in range(2):
-                        l_i[half] *= scale[half]
-                        for dt in range(DT):
-                            O_i[0, dt, 2 * half] *= scale[half]
-                            O_i[0, dt, 2 * half + 1] *= scale[half]
+                    rescale(O_i, l_i, scale)
                     # O_L += P_b V_b[:, L], P_b from shared memory (without a tile b, P_b = 0
                     # times tile a's V: a branch around the chain would serialize it). Only
                     # once warpgroup 1 has issued its P_a V_a[:, R]: the tensor cores take that
@@ -515,9 +534,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     row_max(S, m_tile, shfl_scratch, tid)
                     for half in range(2):
                         r = r_lo + 8 * half
-                        mo = m_sh[0, r]
-                        mn = max(mo, m_tile[0, half])
-                        sc = exp2((mo - mn) * scale_log2) if mn != NEG_INF else ONE
+                        mn, sc = moved_max(m_sh[0, r], m_tile[0, half], scale_log2)
                         m_new[half] = mn
                         scale[half] = sc * scale_sh[0, r]   # O_R was at the older maximum
                         if t2 == 0:
