@@ -110,12 +110,13 @@ def _works(make_call):
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def providers_available(modes=("fwd",)):
+def providers_available(modes=("fwd",), names=None):
     """name -> (fwd, bwd) on torch tensors (B, N, H, D): ``fwd(q, k, v, causal) -> out``;
     ``bwd(q, k, v, dout, causal) -> run`` where ``run()`` computes only the backward and returns
     (dq, dk, dv); ``bwd`` is None for a provider without one. A provider whose forward probe
     fails is left out, one whose backward probe fails (when ``modes`` has "bwd") loses its
-    ``bwd``; the reasons go to stderr."""
+    ``bwd``; the reasons go to stderr. Only ``names`` are probed (default: every provider; an
+    unknown name is left out)."""
     from torch.nn.attention import SDPBackend
 
     makers = {"nf-simt": lambda: _numba_flash("simt"), "nf-tc": lambda: _numba_flash("tc"),
@@ -123,9 +124,11 @@ def providers_available(modes=("fwd",)):
               "sdpa-cudnn": lambda: _sdpa(SDPBackend.CUDNN_ATTENTION),
               "triton": _triton, "naive": _naive}
     prov = {}
-    for name, make in makers.items():
+    for name in names or makers:
+        if name not in makers:
+            continue
         try:
-            fwd, bwd = make()
+            fwd, bwd = makers[name]()
         except Exception as exc:
             sys.stderr.write(f"provider {name} left out: {type(exc).__name__}: {exc}\n")
             continue
@@ -205,14 +208,11 @@ def time_one(mode, fwd, bwd, q, k, v, dout, causal):
 def time_point(timers, repeats, progress=None):
     """Milliseconds per provider of one point: ``timers`` maps a provider to a function that
     times it once (``time_one``). With ``repeats`` > 1 the providers are timed in turn, round
-    after round, each round starting one provider further on, and each provider reports the
-    median of its rounds: a drift of the GPU's clock during the point then reaches every
-    provider alike instead of whichever happened to be timed last."""
+    after round (``common.rotated``), and each provider reports the median of its rounds."""
     names = list(timers)
     samples = {name: [] for name in names}
     for rnd in range(repeats):
-        shift = rnd % len(names) if names else 0
-        for name in names[shift:] + names[:shift]:
+        for name in common.rotated(names, rnd):
             if progress:
                 progress(name, rnd)
             samples[name].append(timers[name]())
@@ -291,7 +291,7 @@ def main(argv=None):
 
     import torch
 
-    available = providers_available(args.modes)
+    available = providers_available(args.modes, args.provider_list)
     names = args.provider_list or list(available)
     unknown = [n for n in names if n not in available]
     if unknown:

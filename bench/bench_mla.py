@@ -4,12 +4,18 @@
     python bench/bench_mla.py --quick      # s_q=1, h_q=128, seqlen {4k, 8k}
     python bench/bench_mla.py --providers nf-simt,triton --varlen
     FLASHMLA_DIR=.flashmla python bench/bench_mla.py --heads-q 1,16,32,64,128   # + FlashMLA
+    python bench/bench_mla.py --repeats 3  # each point on 3 fresh caches, medians and spread
 
 Grid (docs/design.md): b = 128 sequences, h_kv = 1, d = 576 (512 latent + 64 rope), dv = 512, pages
-of 64 rows, bfloat16, causal for s_q > 1. The block table is a random permutation of the pages.
-With --varlen the lengths are drawn uniformly from [seqlen/2, 3 seqlen/2] (the mean is what the
-formulas use). Every provider is first checked against numba_flash.reference.mla_decode_ref
-(float64) on a small problem with ragged lengths, then timed (CUDA events, median).
+of 64 rows, bfloat16, causal for s_q > 1. The block table is a random permutation of the pages,
+seeded by the round: round r of every run places the pages alike, so two trees timed in turn see
+the same layouts. With --varlen the lengths are drawn uniformly from [seqlen/2, 3 seqlen/2] (the
+mean is what the formulas use). Every provider is first checked against
+numba_flash.reference.mla_decode_ref (float64) on a small problem with ragged lengths, then
+timed (CUDA events, median). With --repeats R each point is timed in R rounds, each on a freshly
+allocated cache with its own permutation and the providers in turn (common.rotated): where the
+pages land and how the clock drifts show in ms_min and ms_max, and ms is the median of the
+rounds.
 
 Providers (a missing or failing one is left out, with a note):
     nf-simt, nf-tc   numba_flash.get_mla_metadata (once, untimed) + flash_mla_with_kvcache
@@ -23,7 +29,7 @@ Providers (a missing or failing one is left out, with a note):
     triton           bench/triton_kernels/mla_decode.py (split-KV + combine)
     torch            gather the pages (k_cache[block_table]), einsum, masked softmax, einsum
 
-Columns: TB/s = the fewest bytes a decode must move (q, the cache, out once each;
+Columns: ms (median over the rounds; ms_min, ms_max, rounds beside it), TB/s = the fewest bytes a decode must move (q, the cache, out once each;
 common.mla_decode_bytes) over the time; TFLOP/s (common.mla_decode_flops); vs_copy = TB/s over
 the device-to-device copy bandwidth measured in the same run (a large torch copy, bytes read +
 written); vs_flashmla = time of FlashMLA over the provider's at the same point (> 1: faster
@@ -32,6 +38,7 @@ than FlashMLA). Results: mla_decode.csv and mla_decode.png (TB/s against seqlen,
 """
 
 import argparse
+import statistics
 import sys
 
 import common
@@ -200,17 +207,20 @@ PROVIDERS = {"nf-simt": lambda: _numba_flash("simt"), "nf-tc": lambda: _numba_fl
              "torch": _torch}
 
 
-def providers_available():
+def providers_available(names=None):
     """name -> prepare(q, k_cache, block_table, cache_seqlens, dv, causal) -> run, where
-    ``run()`` returns (out, lse) and setup work (metadata, split counts) is done in prepare.
-    Providers whose import or tiny probe fails are left out, with the reason on stderr."""
+    ``run()`` returns (out, lse) and setup work (metadata, split counts) is done in prepare,
+    for ``names`` (default: every provider; an unknown name is left out). Providers whose
+    import or tiny probe fails are left out, with the reason on stderr."""
     import torch
 
     prov = {}
-    for name, make in PROVIDERS.items():
+    for name in names or PROVIDERS:
+        if name not in PROVIDERS:
+            continue
         try:
-            prepare = make()
-            q, k_cache, table, lens = make_inputs(2, 2, 16, 1, 576, 64, [100, 3], torch.bfloat16, 0)
+            prepare = PROVIDERS[name]()
+            q, k_cache, table, lens = make_inputs(2, 2, 16, 1, 576, 64, [100, 3], torch.bfloat16, seed=0)
             prepare(q, k_cache, table, lens, 512, True)()
             if DEVICE == "cuda":
                 torch.cuda.synchronize()
@@ -270,8 +280,13 @@ def parse_args(argv=None):
     p.add_argument("--providers", default=None, help="comma list; default: all available")
     p.add_argument("--quick", action="store_true", help="s_q=1, h_q=128, seqlen in {4k, 8k}")
     p.add_argument("--no-plot", action="store_true", help="write the CSV only")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds per point, each on a fresh cache and permutation, providers in "
+                        "turn; the median reported with min and max; default 1")
     p.add_argument("--out-dir", default=None)
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     if args.quick:
         args.s_q, args.heads_q, args.seqlens = "1", "128", "4096,8192"
     args.s_q_list = [int(x) for x in args.s_q.split(",")]
@@ -286,7 +301,7 @@ def main(argv=None):
 
     import torch
 
-    available = providers_available()
+    available = providers_available(args.provider_list)
     names = args.provider_list or list(available)
     unknown = [n for n in names if n not in available]
     if unknown:
@@ -297,21 +312,23 @@ def main(argv=None):
     print(f"device copy bandwidth: {copy_tbps:.2f} TB/s (read + written)")
     points = [(s_q, h_q, n) for s_q in args.s_q_list for h_q in args.heads_q_list
               for n in args.seqlen_list]
-    progress = common.Progress(len(points) * len(names))
+    progress = common.Progress(len(points) * len(names) * args.repeats)
     out = common.results_dir(args.out_dir)
     path = out / "mla_decode.csv"
     rows, checked = [], {}
     for s_q, h_q, n in points:
         lens = draw_seqlens(args.batch, n, args.varlen)
         mean = sum(lens) / len(lens)
-        inputs = make_inputs(args.batch, s_q, h_q, h_kv, d, page, lens, dtype)
         nbytes = common.mla_decode_bytes(args.batch, s_q, h_q, h_kv, d, dv, mean,
                                          elem=torch.finfo(dtype).bits // 8)
         flops = common.mla_decode_flops(args.batch, s_q, h_q, d, dv, mean)
+        label = f"s_q={s_q} h_q={h_q} seqlen={n}"
+        point_rows, samples = [], {}
         for name in names:
-            progress.step(f"s_q={s_q} h_q={h_q} seqlen={n} {name}")
             key = (name, s_q, h_q)
             if key not in checked:
+                progress.total += 1
+                progress.step(f"check s_q={s_q} h_q={h_q} {name}")
                 try:
                     checked[key] = reference_check(available[name], dtype, s_q, h_q, h_kv, d, dv,
                                                    page, causal) + ("",)
@@ -319,24 +336,40 @@ def main(argv=None):
                     checked[key] = (False, float("nan"), f"error: {type(exc).__name__}: "
                                                           f"{str(exc).splitlines()[0]}")
             passed, err, note = checked[key]
-            row = dict(dtype=args.dtype, batch=args.batch, s_q=s_q, heads_q=h_q, heads_kv=h_kv,
-                       seqlen=n, mean_seqlen=mean, causal=int(causal), provider=name,
-                       correct=int(passed), max_err=err, ms=float("nan"), tbps=float("nan"),
-                       tflops=float("nan"), vs_copy=float("nan"), copy_tbps=copy_tbps, note=note)
+            point_rows.append(dict(dtype=args.dtype, batch=args.batch, s_q=s_q, heads_q=h_q,
+                                   heads_kv=h_kv, seqlen=n, mean_seqlen=mean, causal=int(causal),
+                                   provider=name, correct=int(passed), max_err=err,
+                                   ms=float("nan"), ms_min=float("nan"), ms_max=float("nan"),
+                                   rounds=0, tbps=float("nan"), tflops=float("nan"),
+                                   vs_copy=float("nan"), copy_tbps=copy_tbps, note=note))
             if passed:
-                ms = common.time_ms(available[name](*inputs, dv, causal))
+                samples[name] = []
+            else:
+                progress.total -= args.repeats  # nothing to time: no steps to wait for
+        for rnd in range(args.repeats):
+            inputs = make_inputs(args.batch, s_q, h_q, h_kv, d, page, lens, dtype, seed=rnd)
+            for name in common.rotated(list(samples), rnd):
+                progress.step(f"{label} {name} ({rnd + 1})")
+                samples[name].append(common.time_ms(available[name](*inputs, dv, causal)))
+            del inputs
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+        for row in point_rows:
+            ms_all = samples.get(row["provider"])
+            if ms_all:
+                ms = statistics.median(ms_all)
                 tbps = nbytes / ms * 1e-9
-                row.update(ms=ms, tbps=tbps, tflops=flops / ms * 1e-9, vs_copy=tbps / copy_tbps)
-            rows.append(row)
-        anchor = [r["ms"] for r in rows[-len(names):] if r["provider"] == "flashmla"]
-        for r in rows[-len(names):]:
+                row.update(ms=ms, ms_min=min(ms_all), ms_max=max(ms_all), rounds=len(ms_all),
+                           tbps=tbps, tflops=flops / ms * 1e-9, vs_copy=tbps / copy_tbps)
+        rows += point_rows
+        anchor = [r["ms"] for r in point_rows if r["provider"] == "flashmla"]
+        for r in point_rows:
             r["vs_flashmla"] = anchor[0] / r["ms"] if anchor else float("nan")
-        del inputs
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
         common.write_csv(path, rows)  # after every point: a cut-short run keeps them
+    spread = ["ms_min", "ms_max"] if args.repeats > 1 else []
     print(common.format_table(rows, ["s_q", "heads_q", "seqlen", "provider", "correct", "ms",
-                                     "tbps", "tflops", "vs_copy", "vs_flashmla", "note"]))
+                                     *spread, "tbps", "tflops", "vs_copy", "vs_flashmla",
+                                     "note"]))
     print(f"wrote {path}")
     if not args.no_plot:
         png = common.plot_panels(out / "mla_decode.png", rows, "seqlen", "tbps", ["s_q", "heads_q"],

@@ -139,6 +139,14 @@ def _fmt(v):
     return str(v)
 
 
+def rotated(names, rnd):
+    """The providers in the order of round ``rnd`` of a point: every round starts one provider
+    further on, so a drift of the GPU's clock during the point reaches every provider alike
+    instead of whichever happens to be timed last."""
+    shift = rnd % len(names) if names else 0
+    return names[shift:] + names[:shift]
+
+
 class Progress:
     """A one-line progress bar on stderr (no dependency), e.g. ``[ 7/24] fwd fp16 D=64 N=4096``."""
 

@@ -26,6 +26,26 @@ def test_parse_args(bench_module):
         ba.parse_args(["--repeats", "0"])
 
 
+def test_only_the_named_providers_are_probed(bench_module, monkeypatch):
+    """A run that names its providers does not build or probe the others (the simulator or a
+    GPU compile of every kernel family would cost minutes)."""
+    pytest.importorskip("torch")
+    ba = bench_module("bench_attention")
+    made = []
+
+    def maker(name):
+        def make(*args):
+            made.append(name)
+            return (lambda q, k, v, causal: q), None
+        return make
+
+    for fn in ("_numba_flash", "_sdpa", "_triton", "_naive"):
+        monkeypatch.setattr(ba, fn, maker(fn))
+    monkeypatch.setattr(ba, "DEVICE", "cpu")
+    assert list(ba.providers_available(("fwd",), ["naive", "nope"])) == ["naive"]
+    assert made == ["_naive"]
+
+
 def test_rounds_rotate_the_providers_and_report_medians(bench_module):
     """Each round starts one provider further on, so none is always timed first or last; each
     provider's time is the median of its rounds."""

@@ -19,6 +19,26 @@ def test_parse_args(bench_module):
     q = bm.parse_args(["--quick", "--providers", "triton,torch"])
     assert q.s_q_list == [1] and q.heads_q_list == [128] and q.seqlen_list == [4096, 8192]
     assert q.provider_list == ["triton", "torch"]
+    assert a.repeats == 1 and bm.parse_args(["--repeats", "3"]).repeats == 3
+    with pytest.raises(SystemExit):
+        bm.parse_args(["--repeats", "0"])
+
+
+def test_only_the_named_providers_are_probed(bench_module, monkeypatch):
+    torch = pytest.importorskip("torch")
+    bm = bench_module("bench_mla")
+    monkeypatch.setattr(bm, "DEVICE", "cpu")
+    made = []
+
+    def maker(name):
+        def make():
+            made.append(name)
+            return lambda *inputs: (lambda: None)
+        return make
+
+    monkeypatch.setattr(bm, "PROVIDERS", {n: maker(n) for n in ("nf-simt", "nf-tc", "torch")})
+    assert list(bm.providers_available(["torch", "nope"])) == ["torch"] and made == ["torch"]
+    assert list(bm.providers_available()) == ["nf-simt", "nf-tc", "torch"]
 
 
 def test_draw_seqlens(bench_module):
@@ -75,3 +95,36 @@ def test_whole_script_on_cpu(bench_module, triton_kernels, tmp_path, monkeypatch
         assert float(r["vs_copy"]) == pytest.approx(float(r["tbps"]) / float(r["copy_tbps"]))
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "mla_decode.png").exists()
+
+
+def test_repeats_time_every_round_on_a_fresh_cache(bench_module, tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("the GPU run is the real benchmark")
+    bm = bench_module("bench_mla")
+    common = bench_module("common")
+    monkeypatch.setattr(bm, "DEVICE", "cpu")
+    monkeypatch.setattr(bm, "copy_bandwidth", lambda: 1.0)
+    times = iter([3.0, 1.0, 2.0, 5.0, 4.0, 6.0])  # ms of the timed calls, in call order
+    monkeypatch.setattr(common, "time_ms", lambda fn: (fn(), next(times))[1])
+    seeds = []
+    make_inputs = bm.make_inputs
+
+    def recorded(b, s_q, h_q, h_kv, d, page, seqlens, dtype, seed=None):
+        if seqlens in ([64] * 2, [100] * 2):  # the timed inputs, not the probe's or the check's
+            seeds.append((seqlens[0], seed))
+        return make_inputs(b, s_q, h_q, h_kv, d, page, seqlens, dtype, seed=seed)
+
+    monkeypatch.setattr(bm, "make_inputs", recorded)
+    argv = ["--batch", "2", "--s-q", "1", "--heads-q", "4", "--seqlens", "64,100", "--head-dim",
+            "48", "--head-dim-v", "32", "--page", "16", "--dtype", "float16", "--providers",
+            "torch", "--repeats", "3", "--no-plot", "--out-dir", str(tmp_path)]
+    assert bm.main(argv) == 0
+    # each point's rounds on caches and permutations of their own, seeded by the round
+    assert seeds == [(64, 0), (64, 1), (64, 2), (100, 0), (100, 1), (100, 2)]
+    rows = common.read_csv(tmp_path / "mla_decode.csv")
+    got = [(r["seqlen"], r["rounds"], float(r["ms"]), float(r["ms_min"]), float(r["ms_max"]))
+           for r in rows]
+    assert got == [("64", "3", 2.0, 1.0, 3.0), ("100", "3", 5.0, 4.0, 6.0)]
+    nbytes = common.mla_decode_bytes(2, 1, 4, 1, 48, 32, 100)
+    assert float(rows[1]["tbps"]) == pytest.approx(nbytes / 5.0 * 1e-9)

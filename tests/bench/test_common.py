@@ -24,6 +24,13 @@ def test_mla_decode_formulas(bench_module):
     assert by_hand < 1.07 * 128 * 4096 * 576 * 2
 
 
+def test_rotated_starts_each_round_one_provider_further(bench_module):
+    common = bench_module("common")
+    assert [common.rotated(list("abc"), r) for r in range(4)] == [
+        list("abc"), list("bca"), list("cab"), list("abc")]
+    assert common.rotated([], 3) == []
+
+
 def test_csv_round_trip_keeps_header_and_all_columns(bench_module, tmp_path, monkeypatch):
     common = bench_module("common")
     monkeypatch.setenv("NF_BENCH_COMMIT", "abc1234")
