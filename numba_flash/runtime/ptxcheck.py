@@ -15,6 +15,7 @@ kernels over one child per CPU core, each paying for Numba's import once).
 
     ptx, report = compile_report(kernel_py_func, signature, cc=(9, 0))
     ptx, report = compile_report_isolated("pkg.module:make_target", cc=(9, 0), args=(...))
+    cubin = link_cubin(ptx, cc=(9, 0))  # ELF bytes, for nvdisasm (tools/sass.py)
     [(ptx, report), ...] = compile_reports_isolated([(spec, cc, args), ...])
     report -> {"registers": 96, "spill_stores": 0, "spill_loads": 0, "stack": 0,
                "smem": 16384, "lmem": 0, "barriers": 1, "functions": {...}, "log": "..."}
@@ -58,10 +59,23 @@ def assemble_report(ptx, cc=(9, 0), max_registers=0):
     ``barriers`` of the linked kernel (when the linker reports them), ``functions``
     ({name: {registers, spill_stores, spill_loads, stack, barriers}}) and the raw ``log``.
     """
+    return parse_ptxas_log(_link(ptx, cc, max_registers, cubin=False))
+
+
+def link_cubin(ptx, cc=(9, 0), max_registers=0):
+    """The machine code (a cubin, ELF bytes) nvJitLink makes of PTX for ``sm_<cc>``: what
+    ``assemble_report`` reports on, for a disassembler (``tools/sass.py``)."""
+    return _link(ptx, cc, max_registers, cubin=True)
+
+
+def _link(ptx, cc, max_registers, cubin):
+    """nvJitLink on one PTX text: its info log, or with ``cubin`` the linked cubin."""
     from cuda.bindings import nvjitlink
 
     data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
-    flags = ["-arch=sm_" + "".join(map(str, cc)), "-verbose"]  # (9, 0, "a") -> sm_90a
+    flags = ["-arch=sm_" + "".join(map(str, cc))]  # (9, 0, "a") -> sm_90a
+    if not cubin:
+        flags.append("-verbose")
     if max_registers:
         flags.append(f"-maxrregcount={max_registers}")
     handle = nvjitlink.create(len(flags), flags)
@@ -71,10 +85,13 @@ def assemble_report(ptx, cc=(9, 0), max_registers=0):
             nvjitlink.complete(handle)
         except Exception as exc:
             raise RuntimeError("ptxas failed:\n" + _log(nvjitlink, handle, error=True)) from exc
-        log = _log(nvjitlink, handle, error=False)
+        if not cubin:
+            return _log(nvjitlink, handle, error=False)
+        out = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, out)
+        return bytes(out)
     finally:
         nvjitlink.destroy(handle)
-    return parse_ptxas_log(log)
 
 
 def _log(nvjitlink, handle, error):

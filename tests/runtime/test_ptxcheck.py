@@ -39,3 +39,14 @@ def test_one_front_end_gives_each_capability_its_own_ptx():
         assert unmangled(ptx) == unmangled(ptx_alone)
         assert report["registers"] == report_alone["registers"]
     assert shared[0][0] != shared[1][0]
+
+
+def test_link_cubin_gives_the_machine_code_of_the_reported_assembly():
+    """The cubin that tools/sass.py disassembles: an ELF image for the capability asked for,
+    assembled from the same PTX as the register report."""
+    target = str(pathlib.Path(__file__).parents[1] / "kernels" / "ptx" / "_ptx_kernels.py")
+    ptx, report = ptxcheck.compile_reports_isolated([(target + ":probe", (9, 0),
+                                                     ("fragment_mma", "float16"))])[0]
+    cubin = ptxcheck.link_cubin(ptx, cc=(9, 0))
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
+    assert report["registers"] > 0
