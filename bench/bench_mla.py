@@ -29,8 +29,9 @@ Providers (a missing or failing one is left out, with a note):
     triton           bench/triton_kernels/mla_decode.py (split-KV + combine)
     torch            gather the pages (k_cache[block_table]), einsum, masked softmax, einsum
 
-Columns: ms (median over the rounds; ms_min, ms_max, rounds beside it), TB/s = the fewest bytes a decode must move (q, the cache, out once each;
-common.mla_decode_bytes) over the time; TFLOP/s (common.mla_decode_flops); vs_copy = TB/s over
+Columns: ms (the median over the rounds; ms_min, ms_max and rounds beside it), TB/s = the
+fewest bytes a decode must move (q, the cache, out once each; common.mla_decode_bytes) over the
+time; TFLOP/s (common.mla_decode_flops); vs_copy = TB/s over
 the device-to-device copy bandwidth measured in the same run (a large torch copy, bytes read +
 written); vs_flashmla = time of FlashMLA over the provider's at the same point (> 1: faster
 than FlashMLA). Results: mla_decode.csv and mla_decode.png (TB/s against seqlen, one panel per

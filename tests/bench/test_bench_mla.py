@@ -68,14 +68,21 @@ def test_torch_baseline_and_inputs_match_reference(bench_module, torch_device, m
     assert np.abs(host(lse) - ref_lse).max() < 1e-3
 
 
-def test_whole_script_on_cpu(bench_module, triton_kernels, tmp_path, monkeypatch):
+@pytest.fixture
+def script_on_cpu(bench_module, monkeypatch):
+    """(bench_mla, common) with the script's inputs on the CPU (where torch has no GPU: the GPU
+    run is the real benchmark) and a small copy-bandwidth measurement."""
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("the GPU run is the real benchmark")
     bm = bench_module("bench_mla")
-    common = bench_module("common")
     monkeypatch.setattr(bm, "DEVICE", "cpu")
     monkeypatch.setattr(bm, "COPY_BYTES", 1 << 20)
+    return bm, bench_module("common")
+
+
+def test_whole_script_on_cpu(script_on_cpu, triton_kernels, tmp_path, monkeypatch):
+    bm, common = script_on_cpu
 
     def one_call_ms(fn):
         t = time.perf_counter()
@@ -97,14 +104,9 @@ def test_whole_script_on_cpu(bench_module, triton_kernels, tmp_path, monkeypatch
         assert (tmp_path / "mla_decode.png").exists()
 
 
-def test_repeats_time_every_round_on_a_fresh_cache(bench_module, tmp_path, monkeypatch):
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("the GPU run is the real benchmark")
-    bm = bench_module("bench_mla")
-    common = bench_module("common")
-    monkeypatch.setattr(bm, "DEVICE", "cpu")
-    monkeypatch.setattr(bm, "copy_bandwidth", lambda: 1.0)
+def test_repeats_time_every_round_on_a_fresh_cache(script_on_cpu, tmp_path, monkeypatch):
+    bm, common = script_on_cpu
+    monkeypatch.setattr(bm, "copy_bandwidth", lambda: 1.0)  # time_ms below counts the timed calls
     times = iter([3.0, 1.0, 2.0, 5.0, 4.0, 6.0])  # ms of the timed calls, in call order
     monkeypatch.setattr(common, "time_ms", lambda fn: (fn(), next(times))[1])
     seeds = []

@@ -25,7 +25,9 @@ What it computes
     stored, P_b stored; a fifth holds warpgroup 0's P_b V chain until warpgroup 1 has issued
     its P_a V chain, whose end frees the half of buffer 0 that tile a + 2 still needs. While
     one warpgroup is in its softmax the other's chains run. Warpgroup 0 arrives on "scale 0
-    ready" before its own softmax: warpgroup 1 needs only the maxima and factors.
+    ready" before its own softmax in the source (warpgroup 1 needs only the maxima and
+    factors), but ptxas schedules most of the softmax's exponentials ahead of the arrive: a
+    barrier arrive orders memory, not arithmetic (docs/perf-notes.md).
 
     The shared maximum moves lazily, as in ``common/softmax.py``: only when a tile's row
     maximum passes it by more than RESCALE_LOG2 (base 2), so P stays below 2^8 and after the
