@@ -67,13 +67,26 @@ DEEPSEEK_CASES = [
 ]
 
 
+def grow_keys(k_cache, table, seqlens, growth):
+    """Key j of every sequence times 1 + growth j: later tiles score ever higher, so the running
+    maximum moves again and again (a tile's maximum passes the last by more than the kernels'
+    lazy threshold), not only at the first tile as on random caches."""
+    page = k_cache.shape[1]
+    for i, n in enumerate(int(n) for n in seqlens):
+        for j in range(n):
+            k_cache[table[i, j // page], j % page] *= 1 + growth * j
+
+
 def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits=None,
-             unaligned=False, backend="auto"):
+             unaligned=False, backend="auto", growth=0.0):
     """One decode through the public API, checked against the reference; ``splits`` (if not
     None) asserts whether the plan cut some request into pieces, i.e. whether the combine ran;
-    ``unaligned`` passes the cache as a view that starts one element into wider rows."""
+    ``unaligned`` passes the cache as a view that starts one element into wider rows;
+    ``growth``: keys scaled by ``grow_keys``."""
     seqlens = np.asarray(seqlens, np.int32)
     k_cache, table = paged_cache(rng, seqlens, page, h_kv, d, fmt)
+    if growth:
+        grow_keys(k_cache, table, seqlens, growth)
     dk_cache = to_device(k_cache)
     if unaligned:
         wide = np.zeros(k_cache.shape[:3] + (d + 1,), k_cache.dtype)

@@ -1,14 +1,14 @@
-"""The simulator's ``sync``: the warp shuffle and the proxy fence (``kernels/ptx/sync.py`` has
-the instructions and the API), and ``warp_sync``, the barrier every emulated warp-collective
-instruction exchanges its operands behind.
+"""The simulator's ``sync``: the warp shuffle and vote, and the proxy fence
+(``kernels/ptx/sync.py`` has the instructions and the API), and ``warp_sync``, the barrier every
+emulated warp-collective instruction exchanges its operands behind.
 
 The simulator runs each CUDA thread as a Python thread and has no warp shuffles: ``shfl_xor``
 publishes each thread's value in a shared float32 ``scratch`` array between two ``warp_sync``
-and reads its partner's. Only the 32 threads of the caller's warp wait for each other, as on a
-GPU: every thread of a warp makes the call together (the instruction's ``.sync`` contract),
-while another warp may be elsewhere in the kernel, in a branch of its own or at a barrier.
-``tid ^ lane_mask`` stays in the warp for masks below 32. The simulator has one memory model,
-so the proxy fence has nothing to order.
+and reads its partner's (``warp_any``: those of its whole warp). Only the 32 threads of the
+caller's warp wait for each other, as on a GPU: every thread of a warp makes the call together
+(the instruction's ``.sync`` contract), while another warp may be elsewhere in the kernel, in a
+branch of its own or at a barrier. ``tid ^ lane_mask`` stays in the warp for masks below 32.
+The simulator has one memory model, so the proxy fence has nothing to order.
 
 Named barriers (``named_sync``, ``named_arrive``) are a ``threading.Condition`` per (block,
 barrier id) with an arrival count and a generation: the ``count``-th arrival starts the next
@@ -61,6 +61,20 @@ def shfl_xor(value, lane_mask, scratch, tid):
     warp_sync(tid)
     other = scratch[tid ^ lane_mask]
     return other
+
+
+@cuda.jit(device=True)
+def warp_any(pred, scratch, tid):
+    """Whether ``pred`` holds in any thread of the caller's warp: each publishes it in
+    ``scratch`` between two ``warp_sync``, as ``shfl_xor`` does, and reads its warp's."""
+    warp_sync(tid)
+    scratch[tid] = 1.0 if pred else 0.0
+    warp_sync(tid)
+    first = tid - tid % WARP
+    found = False
+    for i in range(first, min(first + WARP, scratch.shape[0])):
+        found = found or scratch[i] != 0.0
+    return found
 
 
 def warp_uniform(value):

@@ -40,6 +40,7 @@ API:
     scratch_size(threads)                       float32 elements of shfl_xor's scratch: 1 here
     proxy_fence()                               fence.proxy.async.shared::cta
     warp_uniform(value)                         lane 0's value, known to ptxas as warp-uniform
+    warp_any(pred, scratch, tid)                whether ``pred`` holds in any lane (warp-uniform)
     named_sync(barrier, count, tid)             bar.sync barrier, count (constant ids 1..15)
     named_arrive(barrier, count, tid)           bar.arrive barrier, count
     launch_dependents()                         griddepcontrol.launch_dependents (sm_90+)
@@ -47,7 +48,7 @@ API:
 """
 
 from llvmlite import ir
-from numba import cuda, types
+from numba import cuda, int32, types
 from numba.cuda.extending import intrinsic
 
 from .codegen import I32, is_int, statement
@@ -70,6 +71,15 @@ def warp_uniform(value):
     every lane of the warp holds it. A branch on a warpgroup's index computed this way is not
     divergent to ptxas, which otherwise serializes the wgmma inside it (C7519)."""
     return cuda.shfl_sync(0xFFFFFFFF, value, 0)
+
+
+@cuda.jit(device=True, inline="always")
+def warp_any(pred, scratch, tid):
+    """Whether ``pred`` holds in any lane of the warp (``vote.sync.any``), made ``warp_uniform``:
+    a branch on it may hold a warp-aligned instruction, such as a ``wgmma.wait_group`` that only
+    the warps with work for it execute. ``scratch`` (shfl_xor's) and ``tid`` are the
+    emulation's."""
+    return warp_uniform(int32(cuda.any_sync(0xFFFFFFFF, pred))) != 0
 
 
 proxy_fence = statement("fence.proxy.async.shared::cta;", """Make this thread's shared-memory

@@ -11,28 +11,32 @@ What it computes
     (a = 2p, b = 2p + 1): warpgroup 0 scores all 64 keys of tile a, warpgroup 1 those of tile
     b, and each keeps its half of O_i's columns (O_L, O_R) as before:
 
-        WG0: softmax(S_a) from WG1's last maximum -> O_L += P_a V_a[:, L] (P from registers)
-             then, with WG1's new maximum: P_a rescaled into shared memory for WG1,
-             O_L += P_b V_b[:, L] (P_b from shared memory), score tile a + 2 (its first half
-             issued right behind that product, so the tensor cores have work across the wait)
-        WG1: softmax(S_b) from WG0's new maximum -> P_b into shared memory for WG0,
-             O_R += P_b V_b[:, R] (registers), O_R += P_a V_a[:, R] (shared), score tile b + 2
+        WG0: softmax(S_a) from WG1's last maximum -> P_a into shared memory for WG1 as it is,
+             O_L += P_a V_a[:, L] (P from registers); then, with WG1's new maximum: O_L moved
+             to it, O_L += P_b V_b[:, L] (P_b from shared memory), score tile a + 2 (its
+             first half issued right behind that product, so the tensor cores have work
+             across the wait)
+        WG1: O_R moved to WG0's new maximum, O_R += P_a V_a[:, R] (shared) -> softmax(S_b)
+             from WG0's maximum -> P_b into shared memory for WG0, O_R += P_b V_b[:, R]
+             (shared), score tile b + 2
 
     The running maximum crosses through shared memory in one direction per pair (WG0 -> WG1 ->
-    WG0 at the next pair), with the rescale factors beside it, so O_L, O_R, both row sums and
-    both P tiles always share one maximum. Named barriers (``sync.named_arrive`` /
-    ``named_sync``, 256 threads) order the four hand-offs: scale 0 ready, scale 1 ready, P_a
-    stored, P_b stored; a fifth holds warpgroup 0's P_b V chain until warpgroup 1 has issued
-    its P_a V chain, whose end frees the half of buffer 0 that tile a + 2 still needs. While
-    one warpgroup is in its softmax the other's chains run. Warpgroup 0 arrives on "scale 0
-    ready" before its own softmax in the source (warpgroup 1 needs only the maxima and
+    WG0 at the next pair), with the rescale factors beside it. P_a stays at WG0's maximum: WG1
+    adds P_a V_a before it moves O_R on to its own, which it seldom does (below), so the rescale
+    between its two chains waits for the first only in the warps with a row that moved. The
+    tensor cores thus take the products in the order their buffer halves are needed again:
+    P_a V_a[:, L] and [:, R] (tile a + 2, which WG0 scores first), then P_b V_b. Named barriers
+    (``sync.named_arrive`` / ``named_sync``, 256 threads) order the four hand-offs: scale 0
+    ready, scale 1 ready, P_a stored, P_b stored; a fifth frees P_a's tile for the next pair.
+    While one warpgroup is in its softmax the other's chains run. Warpgroup 0 arrives on "scale
+    0 ready" before its own softmax in the source (warpgroup 1 needs only the maxima and
     factors), but ptxas schedules most of the softmax's exponentials ahead of the arrive: a
     barrier arrive orders memory, not arithmetic (docs/perf-notes.md).
 
     The shared maximum moves lazily, as in ``common/softmax.py``: only when a tile's row
     maximum passes it by more than RESCALE_LOG2 (base 2), so P stays below 2^8 and after the
-    first tiles the factors are almost always 1; each of the three 128-multiply rescales of
-    O_i per pair is skipped by the threads whose two factors are both 1 (3-4% at every
+    first tiles the factors are almost always 1; each 128-multiply rescale of O_i (two per
+    warpgroup and pair) is skipped by the threads whose two factors are both 1 (3-4% at every
     point of the decode grid, docs/perf-notes.md).
 
 Grid / block mapping
@@ -45,7 +49,7 @@ Memory pipeline
     TMA only (page sizes that are multiples of 64). A cache buffer is refilled in two halves:
     the V columns of O_L (boxes 0 .. VB - 1) and the rope block, which only S chains read, by
     warpgroup 0 as soon as its products on them are done, O_R's V columns by warpgroup 1 after
-    its last product on them. Each 64-column box has its own mbarrier, so an S chain waits box
+    its product on them. Each 64-column box has its own mbarrier, so an S chain waits box
     by box and starts on the first one to land. Buffer 0 holds the even tiles, buffer 1 the odd
     ones. Rows past the piece end are zeroed in the V columns by the scoring warpgroup before its
     barrier hands the tile on.
@@ -78,10 +82,10 @@ WARPGROUP = wgmma.WARPGROUP
 THREADS = 2 * WARPGROUP
 TPR = THREADS // BLOCK_N
 # Named barriers (0 is syncthreads'): the four hand-offs between the warpgroups, one that
-# orders their chains (PA_ISSUED), and one per warpgroup (OWN + wg) before a buffer half its
-# products read is refilled (a warp's wgmma.wait covers its own part of the product only) and
-# after it zeroed rows.
-SCALE0, SCALE1, P_A, P_B, PA_ISSUED, OWN = 1, 2, 3, 4, 5, 6
+# frees P_a's tile for the next pair (PA_FREE), and one per warpgroup (OWN + wg) before a buffer
+# half its products read is refilled (a warp's wgmma.wait covers its own part of the product
+# only) and after it zeroed rows.
+SCALE0, SCALE1, P_A, P_B, PA_FREE, OWN = 1, 2, 3, 4, 5, 6
 
 
 def supports(head_dim, head_dim_v):
@@ -118,7 +122,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     mma_s_rope = wgmma.mma_rs(FMT, BLOCK_N, 0)  # ... and the rope block from registers
     mma_o = wgmma.mma_ss(FMT, VH, 1)            # O += P V, P from shared memory
     mma_o_regs = wgmma.mma_rs(FMT, VH, 1)       # O += P V, P from registers
-    pack, unpack = convert.pack(FMT), convert.unpack(FMT)
+    pack = convert.pack(FMT)
     exp2 = convert.exp2_approx
     copy16 = memory.cp_async_16_zfill
     shfl_xor = sync.shfl_xor
@@ -291,10 +295,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         return mo, ONE
 
     @cuda.jit(device=True, inline="always")
-    def softmax(S, m_new, l_i, O_i, scale, scale_log2):
-        """Rows r_lo, r_lo + 8: O_i and l_i times ``scale``, S -> P = exp2((S - m_new)
-        scale_log2), its row sums into l_i."""
-        rescale(O_i, l_i, scale)
+    def exponentiate(S, m_new, l_i, scale_log2):
+        """Rows r_lo, r_lo + 8: S -> P = exp2((S - m_new) scale_log2), its row sums into l_i."""
         for half in range(2):
             m = m_new[half]
             base = m * scale_log2 if m != NEG_INF else ZERO
@@ -316,17 +318,13 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         sync.proxy_fence()
 
     @cuda.jit(device=True, inline="always")
-    def store_p16(smem_words, at, A, scale, r_lo, t2):
-        """P from its rs A registers, times each row's ``scale`` and rounded again, into the
-        P tile at ``at``: the float32 P is not kept that long (its 32 registers beside O_i's
-        128 made ptxas spill)."""
+    def store_a(smem_words, at, A, r_lo, t2):
+        """P from its rs A registers (already 16-bit pairs) into the P tile at ``at``."""
         for kk in range(KK):
             for i in range(4):
-                half = i & 1
-                lo, hi = unpack(A[kk, i])
-                word = uint32(at + wgmma.tile_offset(r_lo + 8 * half, 16 * kk + 8 * (i >> 1) + t2,
-                                                     BLOCK_M)) >> 1
-                smem_words[word] = pack(lo * scale[half], hi * scale[half])
+                smem_words[uint32(at + wgmma.tile_offset(r_lo + 8 * (i & 1),
+                                                         16 * kk + 8 * (i >> 1) + t2,
+                                                         BLOCK_M)) >> 1] = A[kk, i]
         sync.proxy_fence()
 
     @cuda.jit(device=True, inline="always")
@@ -381,6 +379,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
 
         m_new = cuda.local.array(2, float32)
         scale = cuda.local.array(2, float32)
+        carry = cuda.local.array(2, float32)
         l_i = cuda.local.array(2, float32)
         limit = cuda.local.array(2, int32)
         m_tile = cuda.local.array((1, 2), float32)
@@ -444,7 +443,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 phase = score_own_tile(S, rope, bars, wg, phase, wg, n_lo, n_hi, smem, smem_words,
                                        base, scratch, lt, tid)
 
-            for p in range((n_tiles + 1) // 2):
+            n_pairs = (n_tiles + 1) // 2
+            for p in range(n_pairs):
                 a = 2 * p
                 has_b = a + 1 < n_tiles
                 next_a = a + 2 < n_tiles
@@ -474,9 +474,17 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                             m_sh[0, r] = mn
                             scale_sh[0, r] = scale[half]
                     named_arrive(SCALE0, THREADS, tid)
-                    softmax(S, m_new, l_i, O_i, scale, scale_log2)
-                    # O_L += P_a V_a[:, L], P_a from registers.
+                    rescale(O_i, l_i, scale)
+                    exponentiate(S, m_new, l_i, scale_log2)
                     pack_a(P16, S)
+                    # P_a for warpgroup 1 as it is, at this warpgroup's maximum (warpgroup 1
+                    # adds P_a V_a before it moves O_R on to its own), once its last P_a V_a is
+                    # done: the tensor cores then take warpgroup 1's P_a V_a[:, R] right after
+                    # this warpgroup's O_L += P_a V_a[:, L], P_a from registers.
+                    if p > 0:
+                        named_sync(PA_FREE, THREADS, tid)
+                    store_a(smem_words, base + P_OFF, P16, r_lo, t2)
+                    named_arrive(P_A, THREADS, tid)
                     wgmma.fence()
                     for kk in range(KK):
                         mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
@@ -489,20 +497,14 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                         load_half(smem, base, 0, tmap, k_cache, bars, block_table, entry_a,
                                   num_pages, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
                                   status, 0)
-                    # Warpgroup 1's maximum: P_a and O_L move to it; P_a for warpgroup 1.
+                    # O_L moves to warpgroup 1's maximum, that of P_b.
                     named_sync(SCALE1, THREADS, tid)
                     for half in range(2):
                         scale[half] = scale_sh[1, r_lo + 8 * half]
-                    store_p16(smem_words, base + P_OFF, P16, scale, r_lo, t2)
-                    named_arrive(P_A, THREADS, tid)
                     rescale(O_i, l_i, scale)
                     # O_L += P_b V_b[:, L], P_b from shared memory (without a tile b, P_b = 0
-                    # times tile a's V: a branch around the chain would serialize it). Only
-                    # once warpgroup 1 has issued its P_a V_a[:, R]: the tensor cores take that
-                    # chain first, and its end frees buffer 0's half 1 for tile a + 2, which
-                    # this warpgroup scores next.
+                    # times tile a's V: a branch around the chain would serialize it).
                     named_sync(P_B, THREADS, tid)
-                    named_sync(PA_ISSUED, THREADS, tid)
                     wgmma.fence()
                     for kk in range(KK):
                         mma_o(O_i, 0, p_operand(smem, ROPE, kk), v_operand(smem, v_b, kk), 1,
@@ -536,43 +538,55 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                     row_max(S, m_tile, shfl_scratch, tid)
                     for half in range(2):
                         r = r_lo + 8 * half
-                        mn, sc = moved_max(m_sh[0, r], m_tile[0, half], scale_log2)
+                        mn, scale[half] = moved_max(m_sh[0, r], m_tile[0, half], scale_log2)
                         m_new[half] = mn
-                        scale[half] = sc * scale_sh[0, r]   # O_R was at the older maximum
+                        carry[half] = scale_sh[0, r]  # O_R was at this warpgroup's last maximum
                         if t2 == 0:
                             m_sh[1, r] = mn
-                            scale_sh[1, r] = sc             # warpgroup 0 moves by this
+                            scale_sh[1, r] = scale[half]  # warpgroup 0 moves by this
                     named_arrive(SCALE1, THREADS, tid)
-                    softmax(S, m_new, l_i, O_i, scale, scale_log2)
-                    store_p(smem_words, base + ROPE, S, r_lo, t2)
-                    named_arrive(P_B, THREADS, tid)
-                    pack_a(P16, S)
-                    wgmma.fence()
-                    for kk in range(KK):  # O_R += P_b V_b[:, R], P_b from registers
-                        mma_o_regs(O_i, 0, (P16[kk, 0], P16[kk, 1], P16[kk, 2], P16[kk, 3]),
-                                   v_operand(smem, V_COLS_STEP + v_b, kk), 1, smem, scratch, tid)
-                    wgmma.commit()
-                    # O_R += P_a V_a[:, R], P_a from shared memory.
+                    # O_R += P_a V_a[:, R] at warpgroup 0's maximum, P_a from shared memory,
+                    # first: its end frees buffer 0's half 1, which tile a + 2 needs next.
+                    rescale(O_i, l_i, carry)
                     named_sync(P_A, THREADS, tid)
+                    wgmma.fence()
                     for kk in range(KK):
                         mma_o(O_i, 0, p_operand(smem, P_OFF, kk), v_operand(smem, V_COLS_STEP, kk),
                               1, smem, scratch, tid)
                     wgmma.commit()
-                    named_arrive(PA_ISSUED, THREADS, tid)
-                    # Half 1 of buffer 1 (V_b[:, R]) as soon as the first product is done,
-                    # half 1 of buffer 0 after the second.
-                    wgmma.wait(1)
+                    # O_R and l_i on to this warpgroup's maximum: where a row's moved (seldom
+                    # after the first tiles), its warp waits for the chain first.
+                    if sync.warp_any(scale[0] != ONE or scale[1] != ONE, shfl_scratch, tid):
+                        wgmma.wait(0)
+                        wgmma.fence_operands(O_i, O_REGS)
+                        rescale(O_i, l_i, scale)
+                    exponentiate(S, m_new, l_i, scale_log2)
+                    store_p(smem_words, base + ROPE, S, r_lo, t2)
+                    named_arrive(P_B, THREADS, tid)
+                    # O_R += P_b V_b[:, R], P_b from shared memory too: from registers, they
+                    # would stay pinned under the chain through the refill below (ptxas spilled).
                     named_sync(OWN + 1, WARPGROUP, tid)
-                    if lt == 0 and next_b:
-                        load_half(smem, base, 1, tmap, k_cache, bars, block_table, entry_b,
-                                  num_pages, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
-                                  status, 1)
-                    wgmma.wait(0)
-                    wgmma.fence_operands(O_i, O_REGS)
+                    wgmma.fence()
+                    for kk in range(KK):
+                        mma_o(O_i, 0, p_operand(smem, ROPE, kk),
+                              v_operand(smem, V_COLS_STEP + v_b, kk), 1, smem, scratch, tid)
+                    wgmma.commit()
+                    # Half 1 of buffer 0 (V_a[:, R]) and P_a's tile as soon as the first
+                    # product is done, half 1 of buffer 1 after the second.
+                    wgmma.wait(1)
                     named_sync(OWN + 1, WARPGROUP, tid)
                     if lt == 0 and next_a:
                         load_half(smem, base, 0, tmap, k_cache, bars, block_table, entry_a,
                                   num_pages, int32(n_lo + (a + 2) * BLOCK_N), hk, page_size,
+                                  status, 1)
+                    if p + 1 < n_pairs:
+                        named_arrive(PA_FREE, THREADS, tid)
+                    wgmma.wait(0)
+                    wgmma.fence_operands(O_i, O_REGS)
+                    named_sync(OWN + 1, WARPGROUP, tid)
+                    if lt == 0 and next_b:
+                        load_half(smem, base, 1, tmap, k_cache, bars, block_table, entry_b,
+                                  num_pages, int32(n_lo + (a + 3) * BLOCK_N), hk, page_size,
                                   status, 1)
                     # Tile b + 2 (in buffer 1).
                     if next_b:

@@ -37,6 +37,17 @@ def test_decode_matches_reference(case, rng):
     run_case(rng, *case, backend="tc")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_maximum_that_keeps_moving_matches_reference(causal, rng):
+    """Keys that grow along the sequence: both warpgroups move the shared maximum at tile after
+    tile, so warpgroup 1 rescales O_R between its two chains (waiting for the first) and
+    warpgroup 0 moves O_L on to warpgroup 1's maximum, on every pair."""
+    d, dv = (192, 64) if SIMULATOR else (576, 512)
+    seqlens = [330, 129] if SIMULATOR else [4000, 1500, 129]
+    run_case(rng, seqlens, 2 if causal else 1, 4, 1, d, dv, 64, causal, "bfloat16", 2,
+             backend="tc", growth=1 / 16)
+
+
 def test_bad_table_entries_and_lengths_are_bounded_and_reported(rng):
     """The seesaw's own walk (it reads the entries of tiles a + 2, a + 3 at the top of each pair
     and checks them where it issues their boxes) with bad entries before and inside the tile
