@@ -1,7 +1,8 @@
 """The warp shuffle of kernels/ptx/sync.py (and its emulation's warp barrier): lanes swap values
 with ``lane ^ mask``, and a warp's exchange waits for its own 32 threads only, so warps may run
 different code between the block's barriers, as on a GPU; and the named barriers, with which
-two groups of warps hand data to each other while a third never waits. Simulator or GPU."""
+two groups of warps hand data to each other while a third never waits; and the warp vote.
+Simulator or GPU."""
 
 import functools
 
@@ -121,3 +122,24 @@ def test_named_barriers_hand_data_between_warps(repeat):
     np.testing.assert_array_equal(out[:, 32:64], 100 * r + lane)
     np.testing.assert_array_equal(out[:, :32], -(100 * r + lane))
     np.testing.assert_array_equal(out[:, 64:], np.broadcast_to(r, (ROUNDS, 32)))
+
+
+@functools.lru_cache(maxsize=None)
+def _vote_kernel():
+    warp_any = sync.warp_any
+
+    @cuda.jit
+    def vote(lanes, out):
+        """Thread ``tid`` votes true when it is ``lanes[warp]`` of its warp (-1: none)."""
+        scratch = cuda.shared.array(SCRATCH, float32)
+        tid = cuda.threadIdx.x
+        out[tid] = 1 if warp_any(tid & 31 == lanes[tid >> 5], scratch, tid) else 0
+
+    return vote
+
+
+def test_warp_any_is_true_in_every_lane_of_a_warp_with_one_true_lane():
+    lanes = np.array([-1, 31, 0], np.int32)  # warp 0: no lane; warp 1: its last; warp 2: its first
+    out = cuda.to_device(np.full(THREADS, -1, np.int32))
+    _vote_kernel()[1, THREADS](cuda.to_device(lanes), out)
+    np.testing.assert_array_equal(out.copy_to_host(), np.repeat([0, 1, 1], 32))
