@@ -491,7 +491,7 @@ def _plan_on_device(seqlens, q_rows, h_kv, num_sms, dev):
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                            tile_scheduler_metadata=None, num_splits=None, softmax_scale=None,
                            causal=False, is_fp8_kvcache=False, indices=None, backend="auto",
-                           out=None, stream=None):
+                           out=None, stream=None, attn_sink=None):
     """Paged MLA decode (FlashMLA's ``flash_mla_with_kvcache``). Returns ``(out, lse)``.
 
     q: (b, s_q, h_q, d), d a multiple of 8 up to 576; k_cache: (num_blocks, page_block_size,
@@ -502,9 +502,11 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     (for s_q > 1): query token i sees the keys before ``seqlen - (s_q - 1 - i)``. Block-table
     entries at or past ``ceil(seqlen / page)`` and cache slots at or past ``seqlen`` are never
     read. ``backend``: ``"tc"`` (tensor cores, ``_decode_spec``), ``"simt"`` or ``"auto"``.
+    FlashMLA's ``is_fp8_kvcache=True``, ``indices`` (sparse attention) and ``attn_sink`` raise
+    ``NotImplementedError``.
     """
     dev = device.current()
-    _not_implemented(is_fp8_kvcache=is_fp8_kvcache, indices=indices)
+    _not_implemented(is_fp8_kvcache=is_fp8_kvcache, indices=indices, attn_sink=attn_sink)
     q, k_cache = _tensor(q, "q", 4), _tensor(k_cache, "k_cache", 4)
     _same_format(q, k_cache)
     b, s_q, h_q, d = q.shape

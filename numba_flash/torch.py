@@ -138,8 +138,11 @@ def _(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadat
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                            tile_scheduler_metadata=None, num_splits=None, softmax_scale=None,
-                           causal=False, is_fp8_kvcache=False, indices=None, backend="auto"):
-    """``numba_flash.flash_mla_with_kvcache`` as a torch operation: ``(out, lse)``."""
+                           causal=False, is_fp8_kvcache=False, indices=None, backend="auto",
+                           attn_sink=None):
+    """``numba_flash.flash_mla_with_kvcache`` as a torch operation: ``(out, lse)``
+    (``attn_sink``, which the kernels do not implement, is refused before the operation)."""
+    api._not_implemented(attn_sink=attn_sink)
     return _flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                                    tile_scheduler_metadata, num_splits, softmax_scale, causal,
                                    is_fp8_kvcache, indices, backend)

@@ -234,6 +234,8 @@ BAD_MLA = {
                                      "^backend: .*multiples of 16"),
     "fp8 cache": (lambda rng: dict(is_fp8_kvcache=True), NotImplementedError, "^is_fp8_kvcache"),
     "indices": (lambda rng: dict(indices=_int32([[0]])), NotImplementedError, "^indices"),
+    "attention sink": (lambda rng: dict(attn_sink=_rand(rng, (2,), "float32")),
+                       NotImplementedError, "^attn_sink"),
     "metadata without num_splits": (lambda rng: dict(num_splits=None), ValueError,
                                     "^tile_scheduler_metadata, num_splits"),
 }

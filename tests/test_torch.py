@@ -124,6 +124,9 @@ def test_mla_operations_match_the_reference(rng):
     assert out.shape == (1, 2, 2, 8) and out.dtype == torch.float32
     assert_close_rule(to_host(out), want_out, None, "float32")
     assert_lse(lse, want_lse)
+    with pytest.raises(NotImplementedError, match="^attn_sink"):
+        nft.flash_mla_with_kvcache(t["q"], t["k_cache"], t["block_table"], t["cache_seqlens"], 8,
+                                   metadata, num_splits, attn_sink=torch.zeros(2))
 
 
 # ----------------------------------------------------------------------------- a compiled model
