@@ -5,6 +5,15 @@ names are resolved lazily, so importing the package does not import Numba: ``pyt
 numba_flash`` and the test suite can still choose Numba's CUDA simulator when there is no GPU.
 """
 
+# NumPy 2.5 removed ``np.row_stack`` (an alias of ``np.vstack``), and numba-cuda 0.30, its last
+# release, still registers an overload of it when its CUDA target first loads, so every kernel
+# compile would fail with AttributeError. Put the alias back before that happens, only where it
+# is missing (NumPy < 2.5 keeps its own); Numba itself is still not imported here.
+import numpy as _np
+
+if not hasattr(_np, "row_stack"):
+    _np.row_stack = _np.vstack
+
 __version__ = "0.1.0"
 __all__ = ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_func", "get_mla_metadata",
            "flash_mla_with_kvcache", "check_errors", "warmup"]
