@@ -8,6 +8,23 @@ import time
 from .runtime.env import use_simulator_without_gpu
 
 
+def kernel_line(backend, dtype):
+    """Which backend and forward kernel ``backend`` picks on this device; for tc under the
+    simulator, also which device the simulator plays, since that decides the tc family."""
+    from numba_flash import api
+    from numba_flash.runtime import device
+
+    dev = device.current()
+    chosen = api.resolve_backend(backend, dtype, dev)
+    line = f"backend {backend} -> {chosen} (kernel {api._forward_spec(chosen, dev).name})"
+    if device.SIMULATOR and chosen == "tc":
+        family = api.tc_family(dev.cc)
+        kind = "Hopper wgmma" if family == "wgmma" else "mma.sync"
+        line += (f"\n(Numba's CUDA simulator stands in for an sm_{dev.cc[0]}{dev.cc[1]} device, "
+                 f"so the tc family is the {kind} one, its instructions emulated)")
+    return line
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m numba_flash", description=__doc__)
     p.add_argument("--backend", default="auto", choices=["auto", "simt", "tc"])
@@ -19,8 +36,8 @@ def main(argv=None):
     import numpy as np
 
     import numba_flash as nf
-    from numba_flash import api, reference
-    from numba_flash.runtime import arrays, device
+    from numba_flash import reference
+    from numba_flash.runtime import arrays
 
     B, S, H, D = (1, 24, 2, 32) if simulator else (1, 2048, 16, 64)
     where = "Numba CUDA simulator (no GPU found)" if simulator else "GPU"
@@ -40,9 +57,7 @@ def main(argv=None):
             cuda.synchronize()
         return out, lse
 
-    chosen = api.resolve_backend(args.backend, args.dtype)
-    kernel = api._forward_spec(chosen, device.current()).name
-    print(f"backend {args.backend} -> {chosen} (kernel {kernel})")
+    print(kernel_line(args.backend, args.dtype))
     run()  # compile
     t0 = time.perf_counter()
     out, lse = run()
