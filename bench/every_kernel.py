@@ -13,13 +13,17 @@ only the tc calls, planned for an sm_80 part, so a Hopper runs the mma.sync kern
 backwards, the MLA planner on the device, both MLA decodes with split pieces and the combine
 (both ways of copying the cache on a Hopper, and there the seesaw kernel too). Shapes are off
 every tile multiple: Sq 37, Sk 53, GQA 4:2, head dim 40, paged caches of 5- and 64-row pages.
-Under the simulator (no GPU) the same calls run on emulated instructions, on smaller shapes; the
-tests run it there.
+Without a GPU it turns Numba's CUDA simulator on (as ``python -m numba_flash`` does) and the same
+calls run on emulated instructions, on smaller shapes; the tests run it there. On a GPU it needs
+CuPy (the ``cupy12`` / ``cupy13`` extra).
 """
 
+import argparse
 import sys
 
 import numpy as np
+
+from numba_flash.runtime.env import use_simulator_without_gpu
 
 
 def _device(x):
@@ -44,11 +48,29 @@ def _error(got, want):
     return float(np.max(np.abs(_host(got).astype(np.float64) - want)))
 
 
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python bench/every_kernel.py",
+                                description=__doc__.split("\n\n")[0],
+                                epilog="Exit status 0 when every result agrees with the reference.")
+    p.add_argument("--quick", action="store_true",
+                   help="float16, causal and the s_q = 2 decode only")
+    p.add_argument("--family", choices=("default", "mma"), default="default",
+                   help="mma: only the tc calls, planned as for an A100 (sm_80)")
+    p.add_argument("--no-seesaw", dest="seesaw", action="store_false",
+                   help="leave out the seesaw decode, which racecheck misreads "
+                        "(tools/racecheck_arrive.py)")
+    return p.parse_args(argv)
+
+
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    quick = "--quick" in argv
-    mma = "--family" in argv and argv[argv.index("--family") + 1] == "mma"
-    seesaw = "--no-seesaw" not in argv  # racecheck misreads it: tools/racecheck_arrive.py
+    args = parse(argv)
+    quick, mma, seesaw = args.quick, args.family == "mma", args.seesaw
+    if not use_simulator_without_gpu():  # decided before Numba loads, which reads it once
+        try:
+            import cupy  # noqa: F401
+        except ImportError:
+            sys.exit("every_kernel.py: a GPU is present but CuPy is not installed; install the "
+                     "cupy12 or cupy13 extra (python -m pip install \".[cu13,cupy13]\")")
     from contextlib import nullcontext
 
     import ml_dtypes

@@ -1,6 +1,8 @@
 """bench/every_kernel.py (the sanitizer stage's workload): every kernel runs and agrees with the
-reference, here in its quick form (under the simulator when there is no GPU)."""
+reference, here in its quick form (under the simulator when there is no GPU); ``--help`` prints
+help instead, and a GPU without CuPy is refused with a message."""
 
+import sys
 
 import pytest
 
@@ -17,3 +19,22 @@ def test_every_kernel_runs_and_agrees(bench_module, capsys, family):
         assert kernel in printed, kernel
     if family:  # the simt calls do not depend on the family: the default run covers them
         assert not any(kernel in printed for kernel in SIMT), printed
+
+
+def test_help_prints_the_flags_and_runs_nothing(bench_module, capsys):
+    every = bench_module("every_kernel")
+    with pytest.raises(SystemExit) as exc:
+        every.main(["--help"])
+    assert exc.value.code == 0
+    printed = capsys.readouterr().out
+    for flag in ("--quick", "--family {default,mma}", "--no-seesaw"):
+        assert flag in printed, flag
+    assert "max error" not in printed
+
+
+def test_gpu_without_cupy_says_what_to_install(bench_module, monkeypatch):
+    every = bench_module("every_kernel")
+    monkeypatch.setattr(every, "use_simulator_without_gpu", lambda: False)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    with pytest.raises(SystemExit, match="CuPy is not installed.*cupy13"):
+        every.main(["--quick"])
