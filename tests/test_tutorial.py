@@ -1,9 +1,11 @@
 """Every chapter script of docs/tutorial runs (tiny shapes under the simulator, real ones on a
-GPU), writes its figures, and computes what its page says: kernels against the float64
-reference by the tolerance rule of docs/design.md, and each chapter's own claim."""
+GPU), writes its figures where ``--out`` says (by default to a new temporary folder, never over
+the committed figures), and computes what its page says: kernels against the float64 reference
+by the tolerance rule of docs/design.md, and each chapter's own claim."""
 
 import pathlib
 import runpy
+import tempfile
 
 import numpy as np
 
@@ -27,9 +29,13 @@ def run_chapter(name, out, monkeypatch):
     """``main(["--out", out])`` of docs/tutorial/<name>.py; its figures must be there after."""
     monkeypatch.syspath_prepend(str(TUTORIAL))
     result = runpy.run_path(str(TUTORIAL / f"{name}.py"))["main"](["--out", str(out)])
+    check_figures(name, out)
+    return result
+
+
+def check_figures(name, out):
     for figure in FIGURES[name]:
         assert (out / figure).stat().st_size > 10_000, f"{figure}: missing or empty"
-    return result
 
 
 def test_every_script_and_figure_is_listed():
@@ -63,10 +69,18 @@ def test_02_online_softmax(tmp_path, monkeypatch):
     assert r["kernel_err"] < 1e-6 and r["lse_err"] < 1e-5
 
 
-def test_03_minimal_flash(tmp_path, monkeypatch):
+def test_03_minimal_flash_by_default_leaves_the_committed_figures(tmp_path, monkeypatch):
+    """The page's "Run it" line, without ``--out``: the figures go to a new folder under the
+    temporary directory (here tmp_path), and the committed ones stay as they were."""
     from numba_flash.kernels.simt import forward_rowwise as rw
 
-    r = run_chapter("03_minimal_flash", tmp_path, monkeypatch)
+    committed = {p.name: p.read_bytes() for p in (TUTORIAL / "figures").glob("*.png")}
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.syspath_prepend(str(TUTORIAL))
+    r = runpy.run_path(str(TUTORIAL / "03_minimal_flash.py"))["main"]([])
+    (out,) = tmp_path.glob("numba_flash_tutorial_*")
+    check_figures("03_minimal_flash", out)
+    assert {p.name: p.read_bytes() for p in (TUTORIAL / "figures").glob("*.png")} == committed
     check_forward(r, True)
     for d, parts in r["budget"].items():
         assert sum(parts) == rw.SPEC.choose(rw.SPEC.Config(d, False, "float16"), None).shared_bytes

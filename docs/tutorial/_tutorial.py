@@ -1,7 +1,9 @@
 """What the chapter scripts share: the simulator switch, ``--out``, sizes by where they run, the
 committed benchmark CSVs and figures.
 
-Every script is ``python docs/tutorial/NN_name.py [--out DIR]``. Without a GPU it turns Numba's
+Every script is ``python docs/tutorial/NN_name.py [--out DIR]``: its figures go to a new
+temporary folder unless ``--out`` names one, so a reader's run leaves the committed figures alone
+(``--out docs/tutorial/figures`` regenerates those). Without a GPU it turns Numba's
 CUDA simulator on before Numba loads (as ``python -m numba_flash`` does) and runs tiny shapes; on
 a GPU it runs real ones. Its ``main(argv)`` prints what the chapter's page shows and returns the
 same numbers as a dict, which ``tests/test_tutorial.py`` checks.
@@ -10,6 +12,7 @@ same numbers as a dict, which ``tests/test_tutorial.py`` checks.
 import argparse
 import csv
 import pathlib
+import tempfile
 
 from numba_flash.runtime.env import use_simulator_without_gpu
 
@@ -19,15 +22,19 @@ RESULTS = ROOT / "bench" / "results" / "NVIDIA-H200"
 
 
 def start(description, argv=None):
-    """Parse ``--out`` (default: the committed figures) and choose GPU or simulator. Returns the
+    """Parse ``--out`` (default: a new temporary folder) and choose GPU or simulator. Returns the
     arguments, with ``simulator`` set."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--out", type=pathlib.Path, default=HERE / "figures",
-                   help="folder the figures are written to")
+    p.add_argument("--out", type=pathlib.Path,
+                   help="folder the figures are written to (default: a new temporary folder; "
+                        "docs/tutorial/figures holds the committed ones)")
     args = p.parse_args(argv)
     args.simulator = use_simulator_without_gpu()
+    if args.out is None:
+        args.out = pathlib.Path(tempfile.mkdtemp(prefix="numba_flash_tutorial_"))
     args.out.mkdir(parents=True, exist_ok=True)
     print("running on", "Numba's CUDA simulator (tiny shapes)" if args.simulator else "the GPU")
+    print("figures go to", args.out)
     return args
 
 
