@@ -11,7 +11,14 @@ import math
 import threading
 
 import numpy as np
-from numba import cuda
+from cuda.pathfinder import DynamicLibNotFoundError
+
+from .runtime.env import setup_error
+
+try:
+    from numba import cuda
+except DynamicLibNotFoundError as e:  # numba-cuda loads the CUDA runtime library on import
+    raise setup_error(e) from None
 
 from . import scheduler
 from .kernels import naive
@@ -590,6 +597,8 @@ def check_errors():
     (metadata, block-table entries, lengths, split counts) since the last call, and clear it.
     The kernels bound every access such a value makes and skip the work it makes invalid; this
     call is how the caller learns of it. It synchronizes each device that ran a decode."""
+    if not SIMULATOR:
+        device.context()  # without a driver: CudaSetupError, not "nothing found"
     found = 0
     for ordinal, (word, _) in list(_status_words.items()):
         if SIMULATOR:
@@ -628,6 +637,7 @@ def warmup(configs):
     the kernels a real call picks get compiled. Bad configurations raise what the call raises
     (``ValueError`` / ``TypeError`` naming the argument), or ``ValueError`` naming the key.
     """
+    device.current()  # before the inputs are made: without a driver, CudaSetupError
     for i, config in enumerate(configs):
         where = f"configs[{i}]"
         if not isinstance(config, dict):

@@ -2,6 +2,8 @@
 docs/design.md."""
 
 import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -128,3 +130,43 @@ def assert_compiles_clean(module, configs, must_contain=(), ccs=CCS, must_not_lo
             assert instruction in ptx, f"{where}: no {instruction}"
         for message in must_not_log + (SERIALIZED,):
             assert message not in report["log"], f"{where}: {message} in\n{report['log']}"
+
+
+# Prepended to a child's code by ``run_without``: cuda-pathfinder, through which numba-cuda and
+# the CUDA bindings load every CUDA library, searches as always but sees none of the libraries
+# named in HIDDEN, on disk or loaded, and raises its own error for them.
+_HIDE = """
+import cuda.pathfinder._dynamic_libs.load_nvidia_dynamic_lib as _finder
+
+class _Blind:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):
+        method = getattr(self.loader, name)
+        return lambda desc, *a, **k: None if desc.name in HIDDEN else method(desc, *a, **k)
+
+_finder.LOADER = _Blind(_finder.LOADER)
+_steps, _canary = _finder.run_find_steps, _finder._try_ctk_root_canary
+_finder.run_find_steps = lambda ctx, steps: None if ctx.desc.name in HIDDEN else _steps(ctx, steps)
+_finder._try_ctk_root_canary = lambda ctx: None if ctx.desc.name in HIDDEN else _canary(ctx)
+"""
+
+
+def run_without(libraries, code, env=None, timeout=300):
+    """Run ``code`` in a fresh Python, without Numba's simulator, to which the CUDA
+    ``libraries`` (cuda-pathfinder's names: "cuda" is the driver; "cudart", "nvrtc", "nvvm",
+    "nvJitLink" the toolkit's) cannot be found: what a machine without them sees, whether this
+    one has them (a GPU) or not. Returns the ``subprocess.CompletedProcess``."""
+    child_env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    child_env.update(env or {})
+    code = f"HIDDEN = {set(libraries)!r}\n{_HIDE}\n{code}"
+    return subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def user_traceback(stderr):
+    """The frames (``File ...`` lines) of the traceback in ``stderr``, which must be one error
+    with no chained cause or context (what the user reads)."""
+    assert "During handling" not in stderr and "direct cause" not in stderr, stderr
+    return [line for line in stderr.splitlines() if line.lstrip().startswith('File "')]

@@ -5,7 +5,7 @@ import pytest
 
 import numba_flash as nf
 from numba_flash import scheduler
-from helpers import SIMULATOR, nan_like, randn, to_device, to_host
+from helpers import SIMULATOR, nan_like, randn, run_without, to_device, to_host, user_traceback
 
 
 def _qkv(rng, B=1, Sq=5, Sk=6, Hq=2, Hk=1, D=16, fmt="float16"):
@@ -436,3 +436,63 @@ def test_warmup_compiles_the_kernels_a_call_picks():
 def test_warmup_refuses_bad_configurations_by_name(config, exc, words):
     with pytest.raises(exc, match=words):
         nf.warmup([config])
+
+
+# ----------------------------------------------------------------------------- CUDA libraries
+
+EVERY_CALL = """
+import numpy as np
+import numba_flash as nf
+from numba_flash.runtime.env import CudaSetupError
+
+q = np.ones((1, 8, 1, 16), np.float16)
+lse = np.zeros((1, 1, 8), np.float32)
+lengths, table = np.ones(1, np.int32), np.zeros((1, 1), np.int32)
+out, dq, dk, dv, mla_out = (np.full(s, 7, np.float16) for s in [q.shape] * 4 + [(1, 8, 1, 8)])
+calls = {
+    "flash_attn_fwd": lambda: nf.flash_attn_fwd(q, q, q, out=out),
+    "flash_attn_bwd": lambda: nf.flash_attn_bwd(q, q, q, q, q, lse, dq=dq, dk=dk, dv=dv),
+    "get_mla_metadata": lambda: nf.get_mla_metadata(lengths, 1, 1),
+    "flash_mla_with_kvcache": lambda: nf.flash_mla_with_kvcache(q, q, table, lengths, 8,
+                                                                out=mla_out),
+    "warmup": lambda: nf.warmup([dict(call="flash_attn_fwd", head_dim=16, dtype="float16")]),
+    "check_errors": nf.check_errors,
+}
+for name, call in calls.items():
+    try:
+        call()
+        print(name, "returned")
+    except CudaSetupError as e:
+        print(name, str(e).split(" (")[0])
+print("untouched", all((b == 7).all() for b in (out, dq, dk, dv, mla_out)))
+nf.flash_attn_func(q, q, q)
+"""
+
+
+def test_without_a_driver_every_call_says_how_to_use_the_simulator_and_writes_nothing():
+    """A script run without NUMBA_ENABLE_CUDASIM where no driver loads (hidden on a GPU): each
+    public call raises one short CudaSetupError, and no out= buffer is written."""
+    run = run_without(["cuda"], EVERY_CALL, timeout=120)
+    assert run.stdout.splitlines() == [
+        f"{name} no CUDA driver found" for name in ("flash_attn_fwd", "flash_attn_bwd",
+                                                    "get_mla_metadata", "flash_mla_with_kvcache",
+                                                    "warmup", "check_errors")
+    ] + ["untouched True"], run.stdout + run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("numba_flash.runtime.env.CudaSetupError: no CUDA driver found")
+    assert "NUMBA_ENABLE_CUDASIM=1" in last and "NumPy arrays" in last
+    assert "DynamicLibNotFoundError" not in run.stderr
+    # the script's line, flash_attn_func, flash_attn_fwd, device.current, device.context
+    assert len(user_traceback(run.stderr)) <= 5, run.stderr
+
+
+def test_without_the_cuda_runtime_library_the_first_call_names_the_extras():
+    """numba-cuda loads the CUDA runtime as it is imported (simulator or not): the first call,
+    which imports it, says which toolkit library is missing and which extra brings it."""
+    run = run_without(["cudart"], "import numba_flash as nf\nnf.flash_attn_func", timeout=120)
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("numba_flash.runtime.env.CudaSetupError: the CUDA toolkit library "
+                           "'libcudart"), run.stderr
+    assert 'pip install "numba_flash[cu13]"' in last and '"numba_flash[cu12]"' in last
+    assert "DynamicLibNotFoundError" not in run.stderr
+    assert len(user_traceback(run.stderr)) <= 3, run.stderr

@@ -14,7 +14,8 @@ import pytest
 
 from numba_flash import reference as ref
 from numba_flash import scheduler
-from helpers import SIMULATOR, assert_close_rule, assert_lse, randn, to_host
+from helpers import (SIMULATOR, assert_close_rule, assert_lse, randn, run_without, to_host,
+                     user_traceback)
 
 torch = pytest.importorskip("torch")
 import numba_flash.torch as nft  # noqa: E402  (needs torch)
@@ -219,3 +220,33 @@ def test_compiled_forward_is_captured_in_a_cuda_graph(rng):
     torch.cuda.synchronize()
     want = ref.attention_fwd_ref(*host, True)[0]
     assert_close_rule(to_host(out), want, ref.attention_lowp(*host, True), "float16")
+
+
+# ----------------------------------------------------------------------------- CPU tensors
+
+CPU_TENSORS = """
+import torch
+import numba_flash.torch as nft
+
+q = torch.ones(1, 8, 1, 16, dtype=torch.float16, requires_grad=True)
+nft.flash_attn_func(q, q, q)
+"""
+
+
+def test_cpu_tensors_without_a_driver_say_how_to_use_the_simulator():
+    """A script on CPU tensors without NUMBA_ENABLE_CUDASIM where no driver loads (hidden on a
+    GPU): one error, through torch's dispatcher, that says how to run on the simulator."""
+    run = run_without(["cuda"], CPU_TENSORS, timeout=120)
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("numba_flash.runtime.env.CudaSetupError: no CUDA driver found"), \
+        run.stderr
+    assert "NUMBA_ENABLE_CUDASIM=1" in last and "CPU torch tensors" in last
+    assert "DynamicLibNotFoundError" not in run.stderr
+    user_traceback(run.stderr)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the simulator takes CPU tensors")
+def test_cpu_tensors_on_a_gpu_are_a_type_error_that_says_to_move_them():
+    q = torch.ones(1, 8, 1, 16, dtype=torch.float16)
+    with pytest.raises(TypeError, match=r"^q: got a torch tensor on cpu; move it to the GPU"):
+        flash_attn_func(q, q, q)

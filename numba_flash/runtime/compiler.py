@@ -14,10 +14,12 @@ import logging
 import re
 import time
 
+from cuda.pathfinder import DynamicLibNotFoundError
 from numba import cuda, types
 
 from . import cache
 from .device import SIMULATOR
+from .env import setup_error
 from .launcher import Kernel
 
 log = logging.getLogger("numba_flash")
@@ -95,17 +97,23 @@ def kernel_library(pyfunc, signature, cc, options=COMPILE_OPTIONS):
 def compile_kernel(pyfunc, signature, shared_bytes, cc, options=COMPILE_OPTIONS, key=None):
     """``pyfunc`` compiled for ``signature`` on compute capability ``cc`` with ``options``,
     allowed ``shared_bytes`` of dynamic shared memory. Under the simulator: a simulated kernel.
-    With ``key`` = (spec name, code key, tiles) and the cache on, through the disk cache."""
+    With ``key`` = (spec name, code key, tiles) and the cache on, through the disk cache.
+    ``CudaSetupError`` names the extra to install where a toolkit library is missing (NVVM loads
+    in the front end and the cache key, NVRTC and nvJitLink where the cache links)."""
     if SIMULATOR:
         return cuda.jit(pyfunc)
     types_ = argument_types(signature)
-    entry = cache.key(*key, types_, options, cc) if key is not None and cache.enabled() else None
-    library = cache.load(entry) if entry is not None else None
-    if library is None:
-        start = time.perf_counter()
-        library = kernel_library(pyfunc, signature, cc, options)
-        if entry is not None:
-            cache.store(entry, library, cc)
-        log.info("numba_flash: compiled %s for sm_%d%d in %.2f s", key[0] if key else
-                 pyfunc.__name__, cc[0], cc[1], time.perf_counter() - start)
+    try:
+        entry = (cache.key(*key, types_, options, cc) if key is not None and cache.enabled()
+                 else None)
+        library = cache.load(entry) if entry is not None else None
+        if library is None:
+            start = time.perf_counter()
+            library = kernel_library(pyfunc, signature, cc, options)
+            if entry is not None:
+                cache.store(entry, library, cc)
+            log.info("numba_flash: compiled %s for sm_%d%d in %.2f s", key[0] if key else
+                     pyfunc.__name__, cc[0], cc[1], time.perf_counter() - start)
+    except DynamicLibNotFoundError as e:
+        raise setup_error(e) from None
     return Kernel(library, types_, shared_bytes)

@@ -10,7 +10,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
+from cuda.pathfinder import DynamicLibNotFoundError
 from numba import config
+
+from .env import setup_error
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)  # Numba chose the simulator when numba.cuda loaded
 if SIMULATOR:
@@ -53,22 +56,31 @@ def current():
     context has been seen: Numba's ``get_current_device`` takes a lock and makes several
     driver calls whenever the context was made current by another library (torch, CuPy), ~10 us
     of a tiny forward's host time. The first sight of a context goes through Numba, which makes
-    it ready for its use (or creates the primary context when none is current)."""
+    it ready for its use (or creates the primary context when none is current). Without a
+    driver, every public call stops here with ``CudaSetupError`` before anything is written."""
     if _planned:
         return _planned[-1]
     if SIMULATOR:
         return SIMULATED
-    from numba.cuda.cudadrv.driver import binding
-
-    _, ctx = binding.cuCtxGetCurrent()  # (ctx None before anything initialised the driver)
+    ctx = context()
     dev = None if ctx is None else _by_context.get(int(ctx))
     if dev is None:
         from numba import cuda
 
         ordinal = cuda.get_current_device().id
-        _, ctx = binding.cuCtxGetCurrent()
-        dev = _by_context[int(ctx)] = _facts(ordinal)
+        dev = _by_context[int(context())] = _facts(ordinal)
     return dev
+
+
+def context():
+    """The current CUDA context handle, None before anything initialised the driver (no context
+    is created). The first call loads the driver: ``CudaSetupError`` where there is none."""
+    from numba.cuda.cudadrv.driver import binding
+
+    try:
+        return binding.cuCtxGetCurrent()[1]
+    except DynamicLibNotFoundError as e:
+        raise setup_error(e) from None
 
 
 @lru_cache(maxsize=None)

@@ -21,12 +21,13 @@ import math
 import struct
 import threading
 
+from cuda.pathfinder import DynamicLibNotFoundError
 from numba import types
 from numba.cuda.cudadrv.driver import CudaAPIError, driver
 
 from .arrays import Tensor
 from .device import DEFAULT_SHARED_LIMIT, SIMULATOR
-from .env import libcuda
+from .env import libcuda, setup_error
 
 _SIMULATED_LAUNCH = threading.Lock()
 MAX_GRID = (2**31 - 1, 65535, 65535)  # CTAs per grid dimension, every compute capability
@@ -105,10 +106,13 @@ class Kernel:
         the current context on first use; the shared-memory opt-in is per loaded function."""
         handle = self.functions.get(device)
         if handle is None:
-            from numba.cuda.cudadrv.driver import binding
-
-            cufunc = self.library.get_cufunc()
+            try:
+                cufunc = self.library.get_cufunc()
+            except DynamicLibNotFoundError as e:  # NVRTC, nvJitLink: a link the cache did not do
+                raise setup_error(e) from None
             if self.shared_bytes > DEFAULT_SHARED_LIMIT:
+                from numba.cuda.cudadrv.driver import binding
+
                 attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
                 driver.cuKernelSetAttribute(attr, self.shared_bytes, cufunc.handle,
                                             cufunc.device.id)

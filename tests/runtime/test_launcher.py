@@ -61,6 +61,23 @@ def test_parameter_block_refuses_what_the_signature_does_not_take(case):
         block.values(args)
 
 
+class _Unlinkable:
+    """A code library whose link needs a toolkit library that is not there (the cache off)."""
+
+    def get_cufunc(self):
+        from cuda.pathfinder import DynamicLibNotFoundError
+
+        raise DynamicLibNotFoundError('Failure finding "libnvJitLink.so.13 or libnvJitLink.so.12"')
+
+
+def test_a_link_at_the_first_launch_without_a_toolkit_library_names_the_extras():
+    from numba_flash.runtime.env import CudaSetupError
+
+    with pytest.raises(CudaSetupError, match=r"'libnvJitLink.*numba_flash\[cu13\]") as raised:
+        launcher.Kernel(_Unlinkable(), (), 0).function(0)
+    assert raised.value.__suppress_context__
+
+
 def test_parameter_block_refuses_unknown_argument_types():
     with pytest.raises(TypeError, match="no parameter packing"):
         launcher.ParameterBlock((types.complex64,))
