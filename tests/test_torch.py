@@ -8,6 +8,8 @@ machine would have to compile for the CPU. Graph breaks are counted by ``torch._
 """
 
 import copy
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -64,6 +66,34 @@ def test_sum_loss_has_zero_stride_gradient(rng):
     want = ref.attention_bwd_ref(np.ones_like(host[0]), *host)
     for name, t, w in zip(("dq", "dk", "dv"), (q, k, v), want):
         assert_close_rule(to_host(t.grad), w, None, "float32", what=name)
+
+
+def test_return_lse_matches_reference_and_out_keeps_its_gradient(rng):
+    """``return_lse=True``: ``(out, lse)`` as ``numba_flash.flash_attn_func`` returns them; lse is
+    not differentiable, and the gradients through ``out`` still match the reference (float32,
+    causal GQA: the backward runs the CUDA-core kernels, quick on the simulator)."""
+    B, Sq, Sk, Hq, Hk, D = 1, 5, 7, 2, 1, 8
+    host = [randn(rng, s, "float32") for s in ((B, Sq, Hq, D), (B, Sk, Hk, D), (B, Sk, Hk, D))]
+    dout = randn(rng, (B, Sq, Hq, D), "float32")
+    q, k, v = (_leaf(x) for x in host)
+    out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True, backend="simt")
+    assert out.requires_grad and not lse.requires_grad and lse.shape == (B, Hq, Sq)
+    want_out, want_lse = ref.attention_fwd_ref(*host, True)
+    assert_close_rule(to_host(out), want_out, None, "float32")
+    assert_lse(lse, want_lse)
+    (out * _tensor(dout)).sum().backward()
+    want = ref.attention_bwd_ref(dout, *host, True)
+    for name, t, w in zip(("dq", "dk", "dv"), (q, k, v), want):
+        assert_close_rule(to_host(t.grad), w, None, "float32", what=name)
+
+
+def test_public_names_are_the_documented_ones():
+    """``__all__`` is docs/api.md's ``numba_flash.torch`` names, each a function."""
+    table = (pathlib.Path(__file__).parents[1] / "docs" / "api.md").read_text()
+    documented = set(re.findall(r"`numba_flash\.torch\.(\w+)`", table.split("\n## ")[1]))
+    assert set(nft.__all__) == documented == {"flash_attn_func", "get_mla_metadata",
+                                              "flash_mla_with_kvcache"}
+    assert all(callable(getattr(nft, name)) for name in nft.__all__)
 
 
 def _tensor(x):
