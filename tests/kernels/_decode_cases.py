@@ -178,6 +178,37 @@ def check_bad_table_walk(rng, backend, page, d, dv):
                       "bfloat16")
 
 
+def check_negative_length(rng, backend, page=16, d=32, dv=32, h_q=2):
+    """A negative length among valid ones (causal, s_q = 2) is read as 0 and reported, with
+    metadata from ``get_mla_metadata`` (two parts, the request ends the first) and with the
+    decode planning itself: that request's rows come out as a length-0 request's (``out = 0``,
+    ``lse = +inf``), the others as the reference's (bit for bit the same in both plans, neither
+    of which cuts a request), and ``nf.check_errors`` names ``cache_seqlens``, once."""
+    seqlens = np.array([40, -7, 9], np.int32)
+    zeroed = np.maximum(seqlens, 0)
+    k_cache, table = paged_cache(rng, zeroed, page, 1, d, "bfloat16")
+    q = randn(rng, (3, 2, h_q, d), "bfloat16")
+    lens = to_device(seqlens)
+    plans = (nf.get_mla_metadata(lens, 2 * h_q, 1, num_sms=2), ())
+    got = []
+    for meta in plans:
+        out = nan_like(np.zeros((3, 2, h_q, dv), DTYPES["bfloat16"]))
+        _, lse = nf.flash_mla_with_kvcache(to_device(q), to_device(k_cache), to_device(table),
+                                           lens, dv, *meta, causal=True, backend=backend,
+                                           out=out)
+        got.append((to_host(out).astype(np.float32), to_host(lse)))
+        with pytest.raises(RuntimeError, match=r"^cache_seqlens: a length is negative \("):
+            nf.check_errors()
+        nf.check_errors()  # cleared
+    (out, lse), (out_itself, lse_itself) = got
+    assert (out[1] == 0).all() and np.isposinf(lse[1]).all()
+    ro, rl = ref.mla_decode_ref(q, k_cache, table, zeroed, dv, causal=True)
+    assert_close_rule(out, ro, mla_lowp(q, k_cache, table, zeroed, dv, True), "bfloat16")
+    assert_lse(lse, rl)
+    np.testing.assert_array_equal(out_itself, out)
+    np.testing.assert_array_equal(lse_itself, lse)
+
+
 def check_nan_query_row(rng, backend):
     """A NaN in one query row gives that row a NaN lse (and out); the other rows stay finite."""
     seqlens = np.array([100, 7], np.int32)

@@ -14,7 +14,7 @@ which the combine kernel merges.
 ``make_paged_kv_walk`` returns the device functions, specialised for one decode configuration:
 
     cta_work(metadata, batch, status)        -> part, kv head, first packed row, first/last req
-    piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req)
+    piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req, status)
                                              -> n_lo, n_hi, seqlen, split, slot
     row_source(block_table, num_pages, req, pos, n_end, page_size, status)
                                              -> page, slot, valid
@@ -42,7 +42,9 @@ fetch (Nsight Compute):
 
 Values only the device sees are bounded here, so no metadata, length or table entry can move an
 access outside its array: a part whose first request is not in the batch is idle and its last
-request is clamped to the batch; a piece never starts before key 0; a cache row whose block lies
+request is clamped to the batch; a piece never starts before key 0; every decode reads the
+lengths in ``piece_of``, where a negative one leaves the piece empty, as length 0 does (the
+planner, ``simt/mla_metadata.py``, reads it as 0 too); a cache row whose block lies
 past the table's width, or whose page number is not a page of the cache, reads nothing and is
 zero-filled (as rows past the piece end are); a partial result whose slot is not a row of the
 accumulators is not written. Each of these sets its bit of the status word (``status.py``).
@@ -56,7 +58,8 @@ from numba import cuda, float32, int32, uint64
 from ... import scheduler
 from ..instructions import convert, memory
 from . import constants, formats
-from .status import BAD_METADATA, BAD_SPLITS, BAD_TABLE_ENTRY, PAST_TABLE, report
+from .status import (BAD_METADATA, BAD_SPLITS, BAD_TABLE_ENTRY, NEGATIVE_LENGTH, PAST_TABLE,
+                     report)
 
 SCHED_BLOCK = scheduler.BLOCK_N  # keys per scheduling block (64)
 
@@ -96,12 +99,15 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
                 min(end_req, batch - 1))
 
     @cuda.jit(device=True, inline="always")
-    def piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req):
+    def piece_of(metadata, cache_seqlens, num_splits, part, req, begin_req, end_req, status):
         """The piece of ``req`` this part handles (scheduler.part_pieces, on the device):
-        keys [n_lo, n_hi), the request's length, whether it is split and its slot."""
+        keys [n_lo, n_hi), the request's length, whether it is split and its slot. A negative
+        length gives n_hi < 0: no key, as for length 0."""
         first = req == begin_req
         last = req == end_req
         seqlen = cache_seqlens[req]
+        if seqlen < 0:
+            report(status, NEGATIVE_LENGTH)
         blk_lo = metadata[part, BEGIN_BLOCK] if first else 0
         blk_hi = metadata[part, END_BLOCK] if last else (max(seqlen - 1, 0) // SCHED_BLOCK + 1)
         piece = metadata[part, BEGIN_SPLIT] if first else 0

@@ -13,6 +13,7 @@ BAD_METADATA = 1 << 0       # a metadata row names requests outside the batch
 BAD_TABLE_ENTRY = 1 << 1    # a block-table entry inside a sequence is not a page of the cache
 PAST_TABLE = 1 << 2         # a length reaches past the block table's columns
 BAD_SPLITS = 1 << 3         # num_splits names accumulator slots that do not exist
+NEGATIVE_LENGTH = 1 << 4    # a length is negative
 
 MESSAGES = {
     BAD_METADATA: "tile_scheduler_metadata: a row names requests outside the batch "
@@ -23,6 +24,7 @@ MESSAGES = {
                 "(the rows past it were read as zeros)",
     BAD_SPLITS: "num_splits: split counts name accumulator slots that do not exist "
                 "(those partial results were dropped)",
+    NEGATIVE_LENGTH: "cache_seqlens: a length is negative (read as 0)",
 }
 
 

@@ -289,7 +289,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
             for req in range(begin_req, end_req + 1):
                 n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits,
-                                                           part, req, begin_req, end_req)
+                                                           part, req, begin_req, end_req, status)
                 cuda.syncthreads()  # the previous piece's partial results are read
                 for st in range(NSTAGES - 1):
                     n0 = n_lo + st * BLOCK_N
@@ -492,7 +492,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
         for req in range(begin_req, end_req + 1):
             n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
-                                                       req, begin_req, end_req)
+                                                       req, begin_req, end_req, status)
             cuda.syncthreads()  # the previous piece's Q tile and row statistics are read
             for st in range(NSTAGES - 1):
                 n0 = n_lo + st * BLOCK_N

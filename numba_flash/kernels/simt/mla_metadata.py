@@ -19,8 +19,9 @@ Shared memory (static)
     CHUNK int32 lengths (8 KiB) + THREADS int64 partial sums.
 
 Limits
-    Any batch size (the window slides); lengths are read as ``max(seqlen, 0)``; ``parts`` >= 1
-    rows of metadata (the host computes ``scheduler.num_sm_parts``, which needs no length).
+    Any batch size (the window slides); lengths are read as ``max(seqlen, 0)`` (the decode,
+    which reads every length again, reports a negative one: ``common/paged_kv.py``); ``parts``
+    >= 1 rows of metadata (the host computes ``scheduler.num_sm_parts``, which needs no length).
 """
 
 from typing import NamedTuple

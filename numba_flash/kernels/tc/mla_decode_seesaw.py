@@ -392,7 +392,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
 
         for req in range(begin_req, end_req + 1):
             n_lo, n_hi, seqlen, _, _ = piece_of(metadata, cache_seqlens, num_splits, part, req,
-                                                begin_req, end_req)
+                                                begin_req, end_req, status)
             # Warp-uniform for ptxas, like wg: the wgmma under branches on it stay asynchronous.
             n_tiles = sync.warp_uniform(
                 int32((n_hi - n_lo + BLOCK_N - 1) // BLOCK_N if n_hi > n_lo else 0))
@@ -595,7 +595,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
 
             # (read again here: kept from the start, the two were live through every tile)
             _, _, _, split, slot = piece_of(metadata, cache_seqlens, num_splits, part, req,
-                                            begin_req, end_req)
+                                            begin_req, end_req, status)
             # Epilogue: the row sums of both warpgroups (one maximum: warpgroup 1's last), then
             # O_i / l_i staged over Q and the tiles (nothing is in flight there now) and copied
             # out by rows; the lse straight from the fragments.

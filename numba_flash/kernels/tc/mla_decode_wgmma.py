@@ -266,7 +266,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
 
         for req in range(begin_req, end_req + 1):
             n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
-                                                       req, begin_req, end_req)
+                                                       req, begin_req, end_req, status)
             n_tiles = (n_hi - n_lo + BLOCK_N - 1) // BLOCK_N if n_hi > n_lo else 0
             cuda.syncthreads()  # the previous piece is done with Q, P and the exchange
 

@@ -1,14 +1,16 @@
 """kernels/common/paged_kv.py: the row key windows (``make_row_keys``) against the decode's rules
 written out in NumPy (packed query row r is token r // group of s_q, it sees the piece's keys
-below n_hi and, causal, those below seqlen - (s_q - 1 - token)); the staged output of a piece
+below n_hi and, causal, those below seqlen - (s_q - 1 - token)); the pieces of a plan
+(``piece_of``) against ``scheduler.part_pieces``; the staged output of a piece
 (``make_piece_out``) against the rows its fragments hold."""
 
 import numpy as np
 import pytest
 from numba import cuda, float32, int32, uint16, uint32
 
-from numba_flash.kernels.common.paged_kv import make_piece_out, make_row_keys
-from numba_flash.kernels.common.status import BAD_SPLITS
+from numba_flash import scheduler
+from numba_flash.kernels.common.paged_kv import make_paged_kv_walk, make_piece_out, make_row_keys
+from numba_flash.kernels.common.status import BAD_SPLITS, NEGATIVE_LENGTH
 
 NT, DT = 3, 2  # 24 keys per tile, 16 O columns
 
@@ -71,6 +73,62 @@ def test_rows_see_the_piece_and_their_diagonal(causal, n_hi, seqlen, key0, rng):
                     key = key0 + 8 * nt + (e & 1)
                     assert got[r, nt, e] == (-np.inf if key >= want else S[r, nt, e])
     assert (state[:, 2:4] == -np.inf).all() and (state[:, 4:] == 0).all()
+
+
+# ----------------------------------------------------------------------------- piece_of
+
+@pytest.fixture(scope="module")
+def pieces_probe():
+    cta_work, piece_of, *_ = make_paged_kv_walk(32, 1, 1, "float16", False)
+
+    @cuda.jit
+    def probe(metadata, cache_seqlens, num_splits, pieces, status):
+        """One thread per part: pieces[part, k] = (req, n_lo, n_hi, seqlen, split, slot) of
+        its k-th piece."""
+        part, _, _, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0], status)
+        for req in range(begin_req, end_req + 1):
+            n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
+                                                       req, begin_req, end_req, status)
+            k = req - begin_req
+            pieces[part, k, 0] = req
+            pieces[part, k, 1] = n_lo
+            pieces[part, k, 2] = n_hi
+            pieces[part, k, 3] = seqlen
+            pieces[part, k, 4] = split
+            pieces[part, k, 5] = slot
+
+    return probe
+
+
+@pytest.mark.parametrize("seqlens", [[700, 0, 70, 1], [700, -7, 70, 1], [-1, -200, 70, -64]],
+                         ids=["valid", "one-negative", "negatives"])
+def test_pieces_are_the_plans_and_a_negative_length_is_reported(pieces_probe, seqlens):
+    """Every decode reads the lengths in piece_of: the pieces are scheduler.part_pieces' for the
+    lengths read as 0 (the planner's reading; a request cut over parts included), a negative
+    length's piece holds no key, and it sets NEGATIVE_LENGTH; valid lengths set nothing."""
+    seqlens = np.array(seqlens, np.int32)
+    zeroed = np.maximum(seqlens, 0)
+    metadata, num_splits = scheduler.plan_mla(zeroed, 1, 1, 4)
+    assert (np.diff(num_splits) > 1).any() == (zeroed[0] > 0)
+    parts, b = metadata.shape[0], len(seqlens)
+    d_pieces = cuda.to_device(np.full((parts, b, 6), -99, np.int64))
+    d_status = cuda.to_device(np.zeros(1, np.int32))
+    pieces_probe[parts, 1](cuda.to_device(metadata), cuda.to_device(seqlens),
+                           cuda.to_device(num_splits), d_pieces, d_status)
+    got = d_pieces.copy_to_host()
+    for part in range(parts):
+        want = scheduler.part_pieces(metadata[part], zeroed, num_splits)
+        assert (got[part, len(want):] == -99).all()
+        for k, (req, blk_lo, blk_hi, slot, split) in enumerate(want):
+            req_, n_lo, n_hi, seqlen, split_, slot_ = got[part, k]
+            assert (req_, n_lo, seqlen, split_) == (req, 64 * blk_lo, seqlens[req], split)
+            if split:
+                assert slot_ == slot
+            if seqlens[req] < 0:
+                assert n_hi <= n_lo == 0
+            else:
+                assert n_hi == min(64 * blk_hi, seqlens[req])
+    assert d_status.copy_to_host()[0] == (NEGATIVE_LENGTH if (seqlens < 0).any() else 0)
 
 
 # ----------------------------------------------------------------------------- make_piece_out

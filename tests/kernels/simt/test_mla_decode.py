@@ -11,7 +11,8 @@ from numba_flash import scheduler
 from numba_flash.kernels.simt import mla_decode
 from numba_flash.runtime import device, ptxcheck
 from helpers import SIMULATOR, to_device, to_host
-from kernels._decode_cases import check_bad_device_values, check_nan_query_row, run_case
+from kernels._decode_cases import (check_bad_device_values, check_nan_query_row,
+                                   check_negative_length, run_case)
 
 # (seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits): page sizes 1 / 16 / 64,
 # lengths 0 and off the page and tile grid, s_q 1 and 2, causal, h_kv = 2, odd head_dim_v, both
@@ -68,6 +69,14 @@ def test_unaligned_cache_copies_elements(case, rng):
 
 def test_bad_device_values_are_bounded_and_reported(rng):
     check_bad_device_values(rng, "simt")
+
+
+@pytest.mark.parametrize("h_q", [2] if SIMULATOR else [1, 2],
+                         ids=lambda h_q: "narrow" if h_q == 1 else "wide")
+def test_a_negative_length_is_read_as_zero_and_reported(rng, h_q):
+    """Both variants on a GPU; under the simulator, where the narrow one is slow, the wide one
+    (both read the lengths through the walk they share)."""
+    check_negative_length(rng, "simt", h_q=h_q)
 
 
 def test_a_nan_query_row_gives_a_nan_lse(rng):

@@ -1,7 +1,8 @@
 """The seesaw decode (kernels/tc/mla_decode_seesaw.py) against the float64 reference on the
 adversarial caches of kernels/_decode_cases.py. Simulator: emulated wgmma, named barriers and TMA,
 head dims with a rope block past the V columns (192 / 64); GPU: DeepSeek's sizes at page sizes
-that take TMA. Both: bad block-table entries and lengths in the seesaw's own table walk."""
+that take TMA. Both: bad block-table entries and lengths in the seesaw's own table walk, and a
+negative length."""
 
 import pytest
 from numba import cuda
@@ -10,7 +11,8 @@ from numba_flash import api
 from numba_flash.kernels.tc import mla_decode_seesaw
 from numba_flash.runtime import arrays, device
 from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
-from kernels._decode_cases import DEEPSEEK_CASES, check_bad_table_walk, run_case
+from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_table_walk, check_negative_length,
+                                   run_case)
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -57,6 +59,14 @@ def test_bad_table_entries_and_lengths_are_bounded_and_reported(rng):
     spec, _ = api._decode_spec("tc", (4, 192, 64, False, "bfloat16"), q, k, device.current())
     assert spec is mla_decode_seesaw.SPEC  # the shapes check_bad_table_walk decodes
     check_bad_table_walk(rng, "tc", page=64, d=192, dv=64)
+
+
+def test_a_negative_length_is_read_as_zero_and_reported(rng):
+    q = arrays.adapt(to_device(randn(rng, (3, 2, 2, 192), "bfloat16")), "q")
+    k = arrays.adapt(to_device(randn(rng, (2, 64, 1, 192), "bfloat16")), "k_cache")
+    spec, _ = api._decode_spec("tc", (4, 192, 64, True, "bfloat16"), q, k, device.current())
+    assert spec is mla_decode_seesaw.SPEC  # the shapes check_negative_length decodes
+    check_negative_length(rng, "tc", page=64, d=192, dv=64)
 
 
 def test_tma_decodes_with_a_rope_block_take_the_seesaw(rng):

@@ -9,7 +9,7 @@ import numba_flash as nf
 from numba_flash.kernels.tc import mla_decode_wgmma
 from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
 from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
-                                   run_case)
+                                   check_negative_length, run_case)
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -40,6 +40,11 @@ def test_decode_matches_reference(case, rng):
 @pytest.mark.parametrize("page", [16, 64], ids=["cp.async", "tma"])
 def test_bad_device_values_are_bounded_and_reported(rng, page):
     check_bad_device_values(rng, "tc", page)
+
+
+@pytest.mark.parametrize("page", [16, 64], ids=["cp.async", "tma"])
+def test_a_negative_length_is_read_as_zero_and_reported(rng, page):
+    check_negative_length(rng, "tc", page)
 
 
 def test_a_nan_query_row_gives_a_nan_lse(rng):
