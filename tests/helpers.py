@@ -133,8 +133,12 @@ def assert_compiles_clean(module, configs, must_contain=(), ccs=CCS, must_not_lo
 
 
 # Prepended to a child's code by ``run_without``: cuda-pathfinder, through which numba-cuda and
-# the CUDA bindings load every CUDA library, searches as always but sees none of the libraries
-# named in HIDDEN, on disk or loaded, and raises its own error for them.
+# the CUDA bindings load the toolkit's libraries, searches as always but sees none of the
+# libraries named in HIDDEN, on disk or loaded, and raises its own error for them. The driver is
+# a system library that some versions of the bindings open without cuda-pathfinder (the H200
+# image's 13.3): where it loads, the child's driver bindings (numba-cuda's ``binding``, which
+# every driver call of numba-cuda and numba_flash goes through) raise at their first call the
+# error the bindings raise on a machine without a driver.
 _HIDE = """
 import cuda.pathfinder._dynamic_libs.load_nvidia_dynamic_lib as _finder
 
@@ -150,6 +154,23 @@ _finder.LOADER = _Blind(_finder.LOADER)
 _steps, _canary = _finder.run_find_steps, _finder._try_ctk_root_canary
 _finder.run_find_steps = lambda ctx, steps: None if ctx.desc.name in HIDDEN else _steps(ctx, steps)
 _finder._try_ctk_root_canary = lambda ctx: None if ctx.desc.name in HIDDEN else _canary(ctx)
+
+if "cuda" in HIDDEN:
+    import types as _types
+    from cuda.pathfinder import DynamicLibNotFoundError as _NotFound
+    from numba.cuda.cudadrv import driver as _driver
+
+    def _no_driver(*args, **kwargs):
+        raise _NotFound('"cuda" is an NVIDIA driver library and can only be found via system '
+                        'search. Ensure the NVIDIA display driver is installed.')
+
+    class _NoDriver(_types.ModuleType):
+        def __getattr__(self, name):
+            real = getattr(_BINDING, name)
+            return _no_driver if name.startswith("cu") and callable(real) else real
+
+    _BINDING = _driver.binding
+    _driver.binding = _NoDriver(_BINDING.__name__)
 """
 
 

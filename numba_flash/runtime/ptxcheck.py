@@ -103,29 +103,44 @@ def _log(nvjitlink, handle, error):
 
 
 def parse_ptxas_log(log):
-    """The numbers of a ``ptxas -verbose`` / nvJitLink info log (see ``assemble_report``)."""
-    functions = {}
+    """The numbers of a ``ptxas -verbose`` / nvJitLink info log (see ``assemble_report``).
+
+    nvJitLink's log holds up to two accounts of each function. ptxas' own lines ("ptxas info :
+    Function properties for X", then its stack frame and spill bytes and "Used N registers")
+    come first when nvJitLink passes them on; the linker's summary ("info : Function properties
+    for 'X':", then one "used N registers, used N barriers, N stack, N bytes smem, ..., N bytes
+    lmem" line) comes last. Some logs hold the summary alone (the CUDA 13.0 nvJitLink of the
+    H200 image writes it so for some links): then the registers, barriers and stack are the
+    summary's, and the spill bytes are its local memory, an upper bound that is 0 exactly when
+    nothing spilled (the kernels keep no other local arrays; a register array indexed at run
+    time lands there too, which the checks want to see as well)."""
+    ptxas, summary = {}, {}
     current = None
     report = {"smem": None, "lmem": None}
     for line in log.splitlines():
         m = _PROPERTIES.search(line)
-        if m and line.startswith("ptxas"):
-            current = functions.setdefault(m.group(1), {
+        if m:
+            table = ptxas if line.startswith("ptxas") else summary
+            current = table.setdefault(m.group(1), {
                 "registers": 0, "spill_stores": 0, "spill_loads": 0, "stack": 0, "barriers": 0})
             continue
+        if current is None:
+            continue
         m = _FRAME.search(line)
-        if m and current is not None:
+        if m:
             current["stack"], current["spill_stores"], current["spill_loads"] = map(
                 int, m.groups())
             continue
         m = _USED.search(line)
-        if m and line.startswith("ptxas") and current is not None:
+        if m:
             current["registers"] = int(m.group(1))
             current["barriers"] = int(m.group(2) or 0)
-            continue
         m = _FINAL.search(line)
         if m and not line.startswith("ptxas"):
-            report["smem"], report["lmem"] = int(m.group(2)), int(m.group(3))
+            stack, report["smem"], report["lmem"] = map(int, m.groups())
+            current["stack"] = stack
+            current["spill_stores"] = current["spill_loads"] = report["lmem"]
+    functions = ptxas or summary
     if not functions:
         raise ValueError("no function properties in the ptxas log:\n" + log)
     report.update(

@@ -4,6 +4,8 @@ every kernel's PTX test), and the sharing of one front-end pass between capabili
 import pathlib
 import re
 
+import pytest
+
 from numba_flash.runtime import ptxcheck
 
 
@@ -20,6 +22,29 @@ def test_parse_ptxas_log():
     assert (r["registers"], r["spill_stores"], r["spill_loads"], r["stack"]) == (255, 16, 8, 24)
     assert (r["barriers"], r["smem"], r["lmem"]) == (1, 3072, 24)
     assert list(r["functions"]) == ["_Z1kPf"]
+
+
+def test_parse_a_log_that_holds_only_the_linker_summary():
+    """The CUDA 13.0 nvJitLink of the H200 image wrote this for the probe kernel (sm_80, one
+    of its links): no ptxas lines, the linker's summary alone. Its local memory stands for the
+    spills, so a kernel that spills still fails the spill checks."""
+    name = "_ZN22_ptxcheck__ptx_kernels12fragment_mma12_3clocals_3e6kernelB2v1E"
+    log = ("info    : 8 bytes gmem\n"
+           f"info    : Function properties for '{name}':\n"
+           "info    : used 22 registers, used 0 barriers, 0 stack, 0 bytes smem, "
+           "640 bytes cmem[0], 0 bytes lmem\n")
+    r = ptxcheck.parse_ptxas_log(log)
+    assert (r["registers"], r["spill_stores"], r["spill_loads"], r["stack"]) == (22, 0, 0, 0)
+    assert (r["barriers"], r["smem"], r["lmem"]) == (0, 0, 0)
+    assert list(r["functions"]) == [name]
+    spilled = ptxcheck.parse_ptxas_log(log.replace("0 stack", "48 stack")
+                                       .replace("0 bytes lmem", "48 bytes lmem"))
+    assert (spilled["spill_stores"], spilled["spill_loads"], spilled["stack"]) == (48, 48, 48)
+
+
+def test_parse_rejects_a_log_without_functions():
+    with pytest.raises(ValueError, match="no function properties"):
+        ptxcheck.parse_ptxas_log("info    : 8 bytes gmem\n")
 
 
 def unmangled(ptx):
