@@ -8,7 +8,9 @@
 #   bench/gpu_run.sh tests fwd bwd mla io            # stages, in the order given
 #   LIMIT_BWD=300 bench/gpu_run.sh bwd               # a longer limit for one stage
 #
-# Stages: tests (GPU test suite, PTX checks excluded: they need no GPU; TESTS=paths narrows it),
+# Stages: tests (the quick selection, -m "not slow": every test function once; TESTS=paths
+# narrows it), tests-rest (the other cases, -m slow: with tests, the whole suite, which does not
+# fit one 10-minute command on an H200),
 # fwd / bwd (the attention grid of docs/design.md; FWD_ARGS adds bench_attention.py flags to fwd),
 # mla (decode grid; FLASHMLA_DIR adds FlashMLA, MLA_ARGS adds bench_mla.py flags), host (a decode call's host vs GPU time), io (HBM bytes under ncu),
 # sweep (tc tiles), sanitize (bench/every_kernel.py under compute-sanitizer's four tools, both tc
@@ -32,7 +34,9 @@ run() {  # run STAGE LIMIT_SECONDS COMMAND...
 for stage in "$@"; do
   case $stage in
     tests) run tests "${LIMIT_TESTS:-300}" python3 -m pytest -q -p no:cacheprovider -rfE \
-             -k "not compiles" ${TESTS:-tests} ;;
+             -n "${WORKERS:-16}" -m "not slow" --durations=30 ${TESTS:-tests} ;;
+    tests-rest) run tests-rest "${LIMIT_TESTS_REST:-570}" python3 -m pytest -q \
+             -p no:cacheprovider -rfE -n "${WORKERS:-16}" -m slow --durations=30 ${TESTS:-tests} ;;
     fwd) run fwd "${LIMIT_FWD:-240}" python3 bench/bench_attention.py --mode fwd \
            --out-dir "$OUT/fwd" ${FWD_ARGS:-} ;;
     bwd) run bwd "${LIMIT_BWD:-300}" python3 bench/bench_attention.py --mode bwd \
@@ -57,17 +61,17 @@ for stage in "$@"; do
       done ;;
     sanitize)  # every kernel under each compute-sanitizer tool, the four tools side by side,
       # for the device's own tc family and for mma.sync (planned as for an A100; each process
-      # compiles every kernel: CPU-bound); a tool's errors fail its line. Racecheck runs without
-      # the seesaw decode, whose named-barrier hand-offs it misreads: the last line shows whether
-      # it still misreads tools/racecheck_arrive.py (a correct kernel it reported as racy)
+      # compiles every kernel: CPU-bound); a tool's errors fail its line. Racecheck's reports
+      # on the seesaw decode pair accesses that a barrier orders (docs/design.md, "The seesaw
+      # under racecheck"); the last lines show whether it still misreads
+      # tools/racecheck_arrive.py, a correct kernel with the same hand-off
       SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
       echo "=== sanitize (limit ${LIMIT_SANITIZE:-420}s, $(date +%T))" | tee -a "$L"
       for family in default mma; do
         for tool in memcheck racecheck synccheck initcheck; do
-          skip=$([ "$tool" = racecheck ] && echo --no-seesaw)
           timeout "${LIMIT_SANITIZE:-420}" "$SAN" --tool "$tool" --report-api-errors no \
-            --error-exitcode 1 python3 bench/every_kernel.py --family "$family" $skip \
-            > "$OUT/sanitize-$tool-$family.txt" 2>&1 &
+            --print-limit 1000 --error-exitcode 1 python3 bench/every_kernel.py \
+            --family "$family" > "$OUT/sanitize-$tool-$family.txt" 2>&1 &
           pids[$tool-$family]=$!
         done
       done
@@ -78,11 +82,13 @@ for stage in "$@"; do
             | tee -a "$L"
         done
       done
-      "$SAN" --tool racecheck python3 tools/racecheck_arrive.py both \
-        > "$OUT/racecheck-arrive.txt" 2>&1
-      echo "=== racecheck on tools/racecheck_arrive.py both (correct; 0 hazards once racecheck" \
-        "reads named barriers right): $(grep -h 'both:' "$OUT/racecheck-arrive.txt")," \
-        "$(tail -1 "$OUT/racecheck-arrive.txt")" | tee -a "$L" ;;
+      for part in both both-named; do
+        "$SAN" --tool racecheck python3 tools/racecheck_arrive.py $part \
+          > "$OUT/racecheck-arrive-$part.txt" 2>&1
+        echo "=== racecheck on tools/racecheck_arrive.py $part (correct; 0 hazards once" \
+          "racecheck reads the hand-off right): $(grep -h "$part:" "$OUT/racecheck-arrive-$part.txt")," \
+          "$(tail -1 "$OUT/racecheck-arrive-$part.txt")" | tee -a "$L"
+      done ;;
     profile-mla)  # MLA_PROVIDER (nf-simt, nf-tc) at h_q = MLA_HEADS; launches 7+ are timed ones
       run "profile decode" "${LIMIT_PROFILE:-90}" "$NCU" --clock-control none \
         -k regex:mla_decode --launch-skip 6 --launch-count 1 --section SpeedOfLight \

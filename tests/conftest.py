@@ -10,6 +10,13 @@ its own reproducible stream. A failing test prints its seed in an "rng seed" sec
 report, as the command that reruns it with that seed::
 
     NUMBA_FLASH_TEST_SEED=<seed> python -m pytest 'tests/test_api.py::test_name[param]'
+
+The quick selection, ``python -m pytest -m "not slow"``, runs every test function once: each
+unparametrized test and the first case of each parametrized one. The other cases carry the
+``slow`` marker. On a GPU most of the suite's time is compiling one kernel specialization per
+case (each worker of a fresh machine compiles its own), so that selection is the one for a GPU
+check after a change; the whole suite, plain ``python -m pytest``, is what CI runs on the
+simulator and what a GPU run before a release runs.
 """
 
 import os
@@ -40,6 +47,19 @@ def seed_of(nodeid):
     if os.environ.get(SEED_ENV, "").strip():
         return int(os.environ[SEED_ENV], 0)
     return (BASE_SEED * 2**32 + zlib.crc32(nodeid.encode())) % 2**63
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every case of a parametrized test but its first ``slow`` (the quick selection)."""
+    seen = set()
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        function = (item.path, item.cls, item.originalname)
+        if function in seen:
+            item.add_marker(pytest.mark.slow)
+        seen.add(function)
 
 
 @pytest.fixture
