@@ -61,11 +61,13 @@ for stage in "$@"; do
       done ;;
     sanitize)  # every kernel under each compute-sanitizer tool, the four tools side by side,
       # for the device's own tc family and for mma.sync (planned as for an A100; each process
-      # compiles every kernel: CPU-bound); a tool's errors fail its line. Racecheck's reports
-      # on the seesaw decode pair accesses that a barrier orders (docs/design.md, "The seesaw
-      # under racecheck"); the last lines show whether it still misreads
-      # tools/racecheck_arrive.py, a correct kernel with the same hand-off
+      # compiles every kernel: CPU-bound); a tool's errors fail its line (racecheck's on the
+      # seesaw decode too: docs/design.md, "The seesaw under racecheck", reads them as accesses
+      # a barrier orders; tools/racecheck_pairs.py places each pair in the SASS); the last lines
+      # show whether it still misreads tools/racecheck_arrive.py, a correct kernel with the
+      # same hand-off
       SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+      export NUMBA_FLASH_CACHE_DIR=$OUT/sanitize-cache  # the cubins racecheck_pairs.py reads
       echo "=== sanitize (limit ${LIMIT_SANITIZE:-420}s, $(date +%T))" | tee -a "$L"
       for family in default mma; do
         for tool in memcheck racecheck synccheck initcheck; do
@@ -81,6 +83,12 @@ for stage in "$@"; do
           echo "=== sanitize $tool ($family): exit $? ($(tail -1 "$OUT/sanitize-$tool-$family.txt"))" \
             | tee -a "$L"
         done
+      done
+      for family in default mma; do  # each reported pair placed among the kernel's barriers
+        python3 tools/racecheck_pairs.py "$OUT/sanitize-racecheck-$family.txt" \
+          > "$OUT/racecheck-pairs-$family.txt" 2>&1
+        echo "=== racecheck pairs ($family): $(head -1 "$OUT/racecheck-pairs-$family.txt")" \
+          | tee -a "$L"
       done
       for part in both both-named; do
         "$SAN" --tool racecheck python3 tools/racecheck_arrive.py $part \

@@ -40,8 +40,9 @@ LANDMARKS = ("BAR", "SYNCS", "UTMALDG", "WARPGROUP", "BRA.DIV")
 
 def parse(sass):
     """``(instructions, labels)`` of ``nvdisasm -c`` output: each instruction a dict with its
-    ``text``, ``op`` (the opcode with its modifiers, the predicate dropped) and ``family``
-    (the opcode alone); ``labels`` maps a label to the index of the instruction it marks."""
+    ``text``, ``op`` (the opcode with its modifiers, the predicate dropped), ``family`` (the
+    opcode alone) and ``offset`` (bytes from the function's start, what compute-sanitizer
+    prints after ``+0x``); ``labels`` maps a label to the index of the instruction it marks."""
     instructions, labels = [], {}
     for line in sass.splitlines():
         m = _LABEL.match(line)
@@ -52,7 +53,8 @@ def parse(sass):
         if m:
             words = m.group(2).split()
             op = words[1] if words[0].startswith("@") else words[0]
-            instructions.append({"text": m.group(2), "op": op, "family": op.split(".")[0]})
+            instructions.append({"text": m.group(2), "op": op, "family": op.split(".")[0],
+                                 "offset": int(m.group(1), 16)})
     return instructions, labels
 
 

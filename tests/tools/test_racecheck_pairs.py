@@ -1,0 +1,84 @@
+"""tools/racecheck_pairs.py: reading racecheck's report (the pairs, their kernel's hash token,
+offsets and counts), finding the kernel's cubin in the compile cache and placing a pair among
+the barriers of a listing. The disassembly itself needs nvdisasm, which CI does not have."""
+
+import hashlib
+import importlib.util
+import pathlib
+import pickle
+
+import pytest
+
+TOOLS = pathlib.Path(__file__).resolve().parents[2] / "tools"
+
+KERNEL = ("numba_flash::kernels::tc::mla_decode_seesaw::make_mla_decode_kernel::_3clocals_3e::"
+          "mla_decode_seesaw[abi:v265,cw51cXTLSUwv1sDUaKthqaNg_3d_3d](Array<unsigned short, "
+          "(int)4, A, mutable, aligned>, int, float)")
+REPORT = f"""\
+decode simt d=192 page=64 s_q=2 h_q=8 max error 1.95e-03
+========= Error: Race reported between Read access at {KERNEL}+0x6c20
+=========     and Write access at {KERNEL}+0xb2d0 [128 hazards]
+========= 
+========= Error: Race reported between Write access at {KERNEL}+0x70f0
+=========     and Read access at {KERNEL}+0x15110 [16 hazards]
+=========     and Read access at {KERNEL}+0x109c0 [16 hazards]
+========= 
+========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)
+"""
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name + "_tool", TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def pairs_tool():
+    return load("racecheck_pairs")
+
+
+def test_hazard_pairs_reads_every_pair_with_its_kernel_offsets_and_count(pairs_tool):
+    token = "cw51cXTLSUwv1sDUaKthqaNg_3d_3d"
+    assert pairs_tool.hazard_pairs(REPORT) == [
+        (token, ("Read", 0x6c20), ("Write", 0xb2d0), 128),
+        (token, ("Write", 0x70f0), ("Read", 0x15110), 16),
+        (token, ("Write", 0x70f0), ("Read", 0x109c0), 16),
+    ]
+
+
+def test_cached_cubins_finds_the_kernel_by_its_token(pairs_tool, tmp_path, monkeypatch):
+    from numba_flash.runtime import cache
+
+    monkeypatch.setenv(cache.DIR_ENV, str(tmp_path))
+    for name, code in (("a", b"\x7fELF..._ZN..B2v1B30cw51cXTLSUwv1sDUaKthqaNg_3d_3dE..."),
+                       ("b", b"\x7fELF..._ZN..another_kernel...")):
+        payload = pickle.dumps({"name": name, "cubin_cache": {(9, 0, "a"): code}})
+        cache.write_atomically(cache.path_of(name),
+                               cache.MAGIC + hashlib.sha256(payload).digest() + payload)
+    found = pairs_tool.cached_cubins("cw51cXTLSUwv1sDUaKthqaNg_3d_3d")
+    assert len(found) == 1 and b"B2v1B30cw51c" in found[0]
+    assert pairs_tool.cached_cubins("not_there") == []
+
+
+LISTING = """\
+        /*0000*/                   STS [R2], R4 ;
+        /*0010*/                   BAR.ARV 0x1, 0x100 ;
+        /*0020*/                   BAR.SYNC.DEFER_BLOCKING 0x1, 0x100 ;
+        /*0030*/                   LDS R5, [R2] ;
+        /*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0050*/                   STS [R2], R6 ;
+"""
+
+
+def test_describe_places_a_pair_among_the_barriers(pairs_tool):
+    instructions = load("sass").parse(LISTING)[0]
+    lines = pairs_tool.describe(instructions, ("t", ("Write", 0x0), ("Read", 0x30), 4))
+    assert lines[0] == "Write +0x0: STS [R2], R4"
+    assert lines[1] == "Read +0x30: LDS R5, [R2]   [4 hazards]"
+    assert lines[2] == ("  barriers between: +0x10 BAR.ARV 0x1, 0x100; "
+                        "+0x20 BAR.SYNC.DEFER_BLOCKING 0x1, 0x100")
+    assert lines[3] == "  last barrier before +0x30: +0x20 BAR.SYNC.DEFER_BLOCKING 0x1, 0x100"
+    later = pairs_tool.describe(instructions, ("t", ("Read", 0x30), ("Write", 0x50), 1))
+    assert later[2] == "  barriers between: +0x40 BAR.SYNC.DEFER_BLOCKING 0x0"
