@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from . import api, scheduler
+from . import api, scheduler, validate
 
 __all__ = ["flash_attn_func", "get_mla_metadata", "flash_mla_with_kvcache"]
 
@@ -146,7 +146,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                            attn_sink=None):
     """``numba_flash.flash_mla_with_kvcache`` as a torch operation: ``(out, lse)``
     (``attn_sink``, which the kernels do not implement, is refused before the operation)."""
-    api._not_implemented(attn_sink=attn_sink)
+    validate.not_implemented(attn_sink=attn_sink)
     return _flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                                    tile_scheduler_metadata, num_splits, softmax_scale, causal,
                                    is_fp8_kvcache, indices, backend)

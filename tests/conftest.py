@@ -26,6 +26,7 @@ import zlib
 import numpy as np
 import pytest
 
+import numba_flash as nf
 from numba_flash.runtime.env import use_simulator_without_gpu
 
 SIMULATOR = use_simulator_without_gpu()
@@ -76,9 +77,9 @@ def device_status_is_clean():
     """After every test: no kernel reported a bad device-side value (docs/api.md, "Errors") that
     the test did not itself read with ``nf.check_errors()``."""
     yield
-    api = sys.modules.get("numba_flash.api")
-    if api is not None and api._status_words:
-        api.check_errors()
+    status = sys.modules.get("numba_flash.runtime.status")
+    if status is not None and status._words:
+        nf.check_errors()
 
 
 @pytest.hookimpl(hookwrapper=True)

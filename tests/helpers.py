@@ -1,5 +1,5 @@
-"""Test helpers shared by the suite: device arrays, poisoning, and the tolerance rules in
-docs/design.md."""
+"""Test helpers shared by the suite: device arrays, small inputs of the public calls, poisoning,
+and the tolerance rules in docs/design.md."""
 
 import os
 import subprocess
@@ -46,6 +46,30 @@ def to_host(x):
 def nan_like(x):
     """A device array shaped like the host array ``x`` and filled with NaN (poisoned output)."""
     return to_device(np.full(x.shape, np.nan, dtype=np.float32).astype(x.dtype))
+
+
+def qkv(rng, B=1, Sq=5, Sk=6, Hq=2, Hk=1, D=16, fmt="float16"):
+    """Random device q (B, Sq, Hq, D) and k, v (B, Sk, Hk, D): small attention inputs."""
+    return (to_device(randn(rng, (B, Sq, Hq, D), fmt)), to_device(randn(rng, (B, Sk, Hk, D), fmt)),
+            to_device(randn(rng, (B, Sk, Hk, D), fmt)))
+
+
+def int32_array(x, dtype=np.int32):
+    """``x`` as a device array of ``dtype`` (int32 unless a test wants it wrong)."""
+    return to_device(np.asarray(x, dtype))
+
+
+def mla_arguments(rng):
+    """Good arguments of a small decode, planned: b 2, s_q 1, h_q 2, h_kv 1, d 16, head_dim_v 8,
+    pages of 4 rows."""
+    import numba_flash as nf
+
+    seqlens = int32_array([5, 3])
+    metadata, num_splits = nf.get_mla_metadata(seqlens, 2, 1, num_sms=2)
+    return dict(q=to_device(randn(rng, (2, 1, 2, 16), "float16")),
+                k_cache=to_device(randn(rng, (4, 4, 1, 16), "float16")),
+                block_table=int32_array([[0, 1], [2, 3]]), cache_seqlens=seqlens, head_dim_v=8,
+                tile_scheduler_metadata=metadata, num_splits=num_splits)
 
 
 def f64(x):

@@ -1,0 +1,218 @@
+"""The argument checks of the public calls: each adapts the caller's arrays (runtime/arrays.py)
+and checks them, raising ``ValueError`` / ``TypeError`` naming the argument before anything is
+allocated or launched. What the calls accept is ``docs/api.md``."""
+
+import math
+
+import numpy as np
+
+from . import scheduler
+from .kernels.simt import mla_decode as simt_mla_decode
+from .runtime import arrays
+from .runtime.arrays import FLOAT_FORMATS
+
+MAX_HEAD_DIM = 256
+MAX_MLA_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
+
+# The largest softmax scale: the kernels multiply raw float32 scores by scale * log2(e), and a
+# score times a scale past this overflows float32 for scores of a few hundred thousand.
+MAX_SOFTMAX_SCALE = 2.0 ** 16
+
+
+def _tensor(x, name, ndim):
+    t = arrays.adapt(x, name)
+    if t.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {t.shape}")
+    if t.fmt not in FLOAT_FORMATS:
+        raise TypeError(f"{name}: expected float16, bfloat16 or float32, got {t.fmt}")
+    if any(s == 0 for s in t.shape):
+        raise ValueError(f"{name}: empty array of shape {t.shape}")
+    if t.shape[-1] > 1 and t.strides[-1] != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), "
+                         f"got strides {t.strides}")
+    return t
+
+
+def index_array(x, name, shape):
+    """An int32 array argument of ``shape`` (``None``: any non-zero length there)."""
+    t = arrays.adapt(x, name)
+    if t.fmt != "int32":
+        raise TypeError(f"{name}: expected int32, got {t.fmt}")
+    if t.ndim != len(shape) or any(n == 0 or s not in (None, n) for s, n in zip(shape, t.shape)):
+        want = str(tuple("n" if s is None else s for s in shape)).replace("'", "")
+        raise ValueError(f"{name}: expected shape {want}, got {t.shape}")
+    return t
+
+
+def _same_format(ref, *others):
+    for t in others:
+        if t.fmt != ref.fmt:
+            raise TypeError(f"{t.name}: dtype {t.fmt} differs from {ref.name}'s {ref.fmt}")
+
+
+def _scale(softmax_scale, head_dim):
+    """The softmax scale: ``head_dim ** -0.5`` by default, else a positive float up to
+    MAX_SOFTMAX_SCALE (the kernels take row maxima of raw scores, which commute only with a
+    positive scale)."""
+    if softmax_scale is None:
+        return head_dim ** -0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating)) \
+            or not math.isfinite(softmax_scale) or not 0 < softmax_scale <= MAX_SOFTMAX_SCALE:
+        raise ValueError(f"softmax_scale: expected a positive float up to {MAX_SOFTMAX_SCALE:g} "
+                         f"or None, got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
+def _check_causal(causal):
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+
+
+def positive_int(value, name):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def not_implemented(**options):
+    """``NotImplementedError`` naming the first option that asks for what no kernel does."""
+    for name, value in options.items():
+        if value is not None and value is not False:
+            raise NotImplementedError(f"{name}: not implemented (got {value!r}); numba_flash "
+                                      f"decodes dense 16- and 32-bit caches")
+
+
+# ----------------------------------------------------------------------------- outputs
+
+def _extent(t):
+    """[first, last) byte addresses an array's elements occupy."""
+    lo = hi = t.ptr
+    for n, stride in zip(t.shape, t.strides):
+        if stride > 0:
+            hi += (n - 1) * stride * t.itemsize
+        else:
+            lo += (n - 1) * stride * t.itemsize
+    return lo, hi + t.itemsize
+
+
+def refuse_overlap(outputs, inputs):
+    """``ValueError`` when one of the caller's output buffers shares memory with an input or
+    another output (the kernels read inputs while they write outputs), or repeats elements (a
+    zero stride). ``outputs`` are the buffers the caller passed: fresh ones overlap nothing, so
+    a call without ``out=`` buffers pays for no check."""
+    if not outputs:
+        return
+    spans = [(t, *_extent(t)) for t in inputs]
+    for o in outputs:
+        if 0 in o.strides and any(n > 1 and s == 0 for n, s in zip(o.shape, o.strides)):
+            raise ValueError(f"{o.name}: a zero stride repeats elements (strides {o.strides})")
+        lo, hi = _extent(o)
+        for other, other_lo, other_hi in spans:
+            if lo < other_hi and other_lo < hi:
+                raise ValueError(f"{o.name}: overlaps {other.name} (an output may not share "
+                                 f"memory with an input or another output)")
+        spans.append((o, lo, hi))
+
+
+def out_buffer(out, like, shape, fmt, name="out"):
+    """The caller's ``out=`` buffer, checked, or a new array in ``like``'s library."""
+    if out is None:
+        return arrays.empty(like, shape, fmt, name)
+    t = arrays.adapt(out, name)
+    if t.shape != tuple(shape) or t.fmt != fmt:
+        raise ValueError(f"{name}: expected shape {tuple(shape)} of {fmt}, got {t.shape} of {t.fmt}")
+    if t.strides[-1] != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous, got strides {t.strides}")
+    return t
+
+
+# ----------------------------------------------------------------------------- attention
+
+def attention(q, k, v, causal, softmax_scale):
+    """The checks the attention calls share; returns adapted q, k, v and the scale."""
+    q, k, v = _tensor(q, "q", 4), _tensor(k, "k", 4), _tensor(v, "v", 4)
+    _same_format(q, k, v)
+    b, sq, hq, d = q.shape
+    if k.shape[0] != b or v.shape[0] != b:
+        raise ValueError(f"k, v: batch {k.shape[0]}, {v.shape[0]} differs from q's {b}")
+    if k.shape != v.shape:
+        raise ValueError(f"v: shape {v.shape} differs from k's {k.shape}")
+    if k.shape[3] != d:
+        raise ValueError(f"k: head dim {k.shape[3]} differs from q's {d}")
+    if hq % k.shape[2] != 0:
+        raise ValueError(f"k: query heads ({hq}) must be a multiple of kv heads ({k.shape[2]})")
+    if d % 8 != 0 or d > MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
+    _check_causal(causal)
+    return q, k, v, _scale(softmax_scale, d)
+
+
+def backward(q, dout, out, lse):
+    """The backward's own inputs, against the checked ``q``; returns adapted dout, out, lse."""
+    dout, out = _tensor(dout, "dout", 4), _tensor(out, "out", 4)
+    for t in (dout, out):
+        if t.shape != q.shape:
+            raise ValueError(f"{t.name}: shape {t.shape} differs from q's {q.shape}")
+    _same_format(q, dout, out)
+    b, sq, hq, d = q.shape
+    lse = arrays.adapt(lse, "lse")
+    if lse.shape != (b, hq, sq) or lse.fmt != "float32":
+        raise ValueError(f"lse: expected shape {(b, hq, sq)} of float32, "
+                         f"got {lse.shape} of {lse.fmt}")
+    return dout, out, lse
+
+
+# ----------------------------------------------------------------------------- paged MLA decode
+
+def mla_metadata(num_q_tokens_per_head_k, num_heads_k, num_heads_q):
+    """``get_mla_metadata``'s counts; returns the query rows per kv head and the kv heads."""
+    q_rows = positive_int(num_q_tokens_per_head_k, "num_q_tokens_per_head_k")
+    h_kv = positive_int(num_heads_k, "num_heads_k")
+    if num_heads_q is not None and positive_int(num_heads_q, "num_heads_q") % h_kv:
+        raise ValueError(f"num_heads_q: expected a multiple of num_heads_k ({h_kv}), "
+                         f"got {num_heads_q}")
+    return q_rows, h_kv
+
+
+def host_lengths(cache_seqlens):
+    """A NumPy ``cache_seqlens`` that the host plans from: int32 of shape (n,)."""
+    host = np.asarray(cache_seqlens)
+    if host.dtype != np.int32:
+        raise TypeError(f"cache_seqlens: expected int32, got {host.dtype}")
+    if host.ndim != 1 or host.size == 0:
+        raise ValueError(f"cache_seqlens: expected shape (n,), got {host.shape}")
+    return host
+
+
+def mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+               num_splits, causal, softmax_scale):
+    """The decode's arguments; returns adapted q, k_cache, block_table, cache_seqlens,
+    tile_scheduler_metadata and num_splits (both None when the call plans itself) and the
+    scale."""
+    q, k_cache = _tensor(q, "q", 4), _tensor(k_cache, "k_cache", 4)
+    _same_format(q, k_cache)
+    b, s_q, h_q, d = q.shape
+    h_kv = k_cache.shape[2]
+    if k_cache.shape[3] != d:
+        raise ValueError(f"k_cache: head dim {k_cache.shape[3]} differs from q's {d}")
+    if d % 8 != 0 or d > MAX_MLA_HEAD_DIM:
+        raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_MLA_HEAD_DIM}, got {d}")
+    if h_q % h_kv != 0:
+        raise ValueError(f"k_cache: query heads ({h_q}) must be a multiple of kv heads ({h_kv})")
+    if isinstance(head_dim_v, (bool, np.bool_)) or not isinstance(head_dim_v, (int, np.integer)) \
+            or not 1 <= head_dim_v <= d:
+        raise ValueError(f"head_dim_v: expected an integer from 1 to the head dim {d}, "
+                         f"got {head_dim_v!r}")
+    block_table = index_array(block_table, "block_table", (b, None))
+    cache_seqlens = index_array(cache_seqlens, "cache_seqlens", (b,))
+    if (tile_scheduler_metadata is None) != (num_splits is None):
+        raise ValueError("tile_scheduler_metadata, num_splits: pass both (a plan of "
+                         "get_mla_metadata) or neither (the call plans itself)")
+    if tile_scheduler_metadata is not None:
+        tile_scheduler_metadata = index_array(tile_scheduler_metadata, "tile_scheduler_metadata",
+                                              (None, scheduler.METADATA_SIZE))
+        num_splits = index_array(num_splits, "num_splits", (b + 1,))
+    _check_causal(causal)
+    return (q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
+            _scale(softmax_scale, d))

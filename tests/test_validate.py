@@ -1,0 +1,230 @@
+"""validate.py, through the public calls that run its checks: bad input is refused before any
+launch, with an error naming the argument, and nothing is written."""
+
+import numpy as np
+import pytest
+
+import numba_flash as nf
+from helpers import (SIMULATOR, int32_array, mla_arguments, nan_like, qkv, randn, to_device,
+                     to_host)
+
+
+# ----------------------------------------------------------------------------- flash_attn_fwd
+
+def _bad_forward_inputs(rng):
+    q, k, v = qkv(rng)
+    good = dict(q=q, k=k, v=v)
+    cases = {
+        "rank": (dict(good, q=q[0]), ValueError, "q"),
+        "batch": (dict(good, k=qkv(rng, B=2)[1], v=qkv(rng, B=2)[2]), ValueError, "batch"),
+        "kv shapes differ": (dict(good, v=qkv(rng, Sk=7)[2]), ValueError, "v"),
+        "head dim differs": (dict(good, k=qkv(rng, D=24)[1], v=qkv(rng, D=24)[2]), ValueError, "head dim"),
+        "heads not a multiple": (dict(good, q=qkv(rng, Hq=3, Hk=2)[0], k=qkv(rng, Hk=2)[1],
+                                      v=qkv(rng, Hk=2)[2]), ValueError, "multiple"),
+        "head dim not /8": tuple([dict(zip("qkv", qkv(rng, D=12))), ValueError, "multiple of 8"]),
+        "head dim > 256": tuple([dict(zip("qkv", qkv(rng, D=264))), ValueError, "256"]),
+        "dtype mismatch": (dict(good, k=qkv(rng, fmt="float32")[1]), TypeError, "k"),
+        "integer dtype": (dict(good, q=to_device(np.ones((1, 5, 2, 16), np.int32))), TypeError, "q"),
+        "strided last dim": (dict(good, q=to_device(randn(rng, (1, 5, 2, 32), "float16"))[..., ::2]),
+                             ValueError, "contiguous"),
+        "not an array": (dict(good, q=[[1.0]]), TypeError, "q"),
+        "no queries": (dict(good, q=to_device(randn(rng, (1, 0, 2, 16), "float16"))), ValueError,
+                       "^q: empty"),
+    }
+    return good, cases
+
+
+@pytest.mark.parametrize("case", ["rank", "batch", "kv shapes differ", "head dim differs",
+                                  "heads not a multiple", "head dim not /8", "head dim > 256",
+                                  "dtype mismatch", "integer dtype", "strided last dim", "not an array",
+                                  "no queries"])
+def test_forward_refuses_bad_input_before_launch(case, rng):
+    good, cases = _bad_forward_inputs(rng)
+    kwargs, exc, words = cases[case]
+    out = nan_like(randn(rng, (1, 5, 2, 16), "float16"))
+    with pytest.raises(exc, match=words):
+        nf.flash_attn_fwd(kwargs["q"], kwargs["k"], kwargs["v"], out=out)
+    assert np.isnan(to_host(out).astype(np.float32)).all(), "a refused call wrote to out"
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(backend="cuda"), ValueError, "backend"),
+    (dict(softmax_scale=float("nan")), ValueError, "softmax_scale"),
+    (dict(softmax_scale=-0.5), ValueError, "softmax_scale"),
+    (dict(softmax_scale="0.1"), ValueError, "softmax_scale"),
+    (dict(softmax_scale=1e38), ValueError, "softmax_scale: .*up to"),
+    (dict(causal="yes"), TypeError, "causal"),
+])
+def test_forward_refuses_bad_options(kwargs, exc, words, rng):
+    q, k, v = qkv(rng)
+    with pytest.raises(exc, match=words):
+        nf.flash_attn_fwd(q, k, v, **kwargs)
+
+
+def test_forward_refuses_wrong_out_buffer(rng):
+    q, k, v = qkv(rng)
+    with pytest.raises(ValueError, match="out"):
+        nf.flash_attn_fwd(q, k, v, out=nan_like(randn(rng, (1, 5, 2, 8), "float16")))
+    with pytest.raises(ValueError, match="out"):
+        nf.flash_attn_fwd(q, k, v, out=nan_like(randn(rng, (1, 5, 2, 16), "float32")))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="host arrays are the accepted input under the simulator")
+def test_host_array_on_a_gpu_is_a_type_error(rng):
+    q, k, v = qkv(rng)
+    with pytest.raises(TypeError, match="q: got a host NumPy array"):
+        nf.flash_attn_fwd(randn(rng, (1, 5, 2, 16), "float16"), k, v)
+
+
+# ----------------------------------------------------------------------------- flash_attn_bwd
+
+def _rand(rng, shape, fmt="float16"):
+    return to_device(randn(rng, shape, fmt))
+
+
+def test_outputs_that_overlap_inputs_or_repeat_elements_are_refused(rng):
+    """An output may share no memory with an input or another output (the kernels read the
+    inputs while they write), and may not repeat elements through a zero stride."""
+    q, k, v = qkv(rng)
+    with pytest.raises(ValueError, match="^out: overlaps q"):
+        nf.flash_attn_fwd(q, k, v, out=q)
+    xp = np if SIMULATOR else __import__("cupy")
+    repeated = xp.broadcast_to(to_device(randn(rng, (1, 1, 2, 16), "float16")), (1, 5, 2, 16))
+    with pytest.raises(ValueError, match="^out: a zero stride"):
+        nf.flash_attn_fwd(q, k, v, out=repeated)
+    dout, out = _rand(rng, (1, 5, 2, 16)), _rand(rng, (1, 5, 2, 16))
+    lse = _rand(rng, (1, 2, 5), "float32")
+    with pytest.raises(ValueError, match="^dk: overlaps k"):
+        nf.flash_attn_bwd(dout, q, k, v, out, lse, dk=k)
+    dk = nan_like(randn(rng, (1, 6, 1, 16), "float16"))
+    with pytest.raises(ValueError, match="^dv: overlaps dk"):
+        nf.flash_attn_bwd(dout, q, k, v, out, lse, dk=dk, dv=dk)
+    assert np.isnan(to_host(dk).astype(np.float32)).all(), "a refused call wrote to dk"
+
+
+# name -> (arguments replacing good ones, exception, message pattern). Good arguments: q, dout,
+# out (1, 5, 2, 16) float16, k, v (1, 6, 1, 16), lse (1, 2, 5) float32.
+BAD_BACKWARD = {
+    "dout shape": (lambda rng: dict(dout=_rand(rng, (1, 4, 2, 16))), ValueError, "^dout: shape"),
+    "out shape": (lambda rng: dict(out=_rand(rng, (1, 5, 1, 16))), ValueError, "^out: shape"),
+    "dout dtype": (lambda rng: dict(dout=_rand(rng, (1, 5, 2, 16), "float32")), TypeError, "^dout"),
+    "out dtype": (lambda rng: dict(out=_rand(rng, (1, 5, 2, 16), "bfloat16")), TypeError, "^out"),
+    "dout rank": (lambda rng: dict(dout=_rand(rng, (5, 2, 16))), ValueError, "^dout"),
+    "lse shape": (lambda rng: dict(lse=_rand(rng, (1, 5, 2), "float32")), ValueError, "^lse"),
+    "lse dtype": (lambda rng: dict(lse=_rand(rng, (1, 2, 5))), ValueError, "^lse.*float32"),
+    "lse not an array": (lambda rng: dict(lse=1.0), TypeError, "^lse"),
+    "dq buffer shape": (lambda rng: dict(dq=_rand(rng, (1, 5, 2, 8))), ValueError, "^dq"),
+    "dk buffer dtype": (lambda rng: dict(dk=_rand(rng, (1, 6, 1, 16), "float32")), ValueError,
+                        "^dk"),
+    "dv buffer shape": (lambda rng: dict(dv=_rand(rng, (1, 6, 2, 16))), ValueError, "^dv"),
+    "q rank": (lambda rng: dict(q=_rand(rng, (5, 2, 16))), ValueError, "^q"),
+    "k, v shapes differ": (lambda rng: dict(k=_rand(rng, (1, 6, 2, 16))), ValueError, "^v: shape"),
+    "causal": (lambda rng: dict(causal=1), TypeError, "^causal"),
+    "softmax_scale": (lambda rng: dict(softmax_scale=float("inf")), ValueError, "^softmax_scale"),
+    "backend unknown": (lambda rng: dict(backend="cuda"), ValueError, "^backend"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BACKWARD))
+def test_backward_refuses_bad_input_before_launch(case, rng):
+    q, k, v = qkv(rng)
+    good = dict(dout=_rand(rng, (1, 5, 2, 16)), q=q, k=k, v=v, out=_rand(rng, (1, 5, 2, 16)),
+                lse=_rand(rng, (1, 2, 5), "float32"))
+    buffers = dict(dq=nan_like(randn(rng, (1, 5, 2, 16), "float16")),
+                   dk=nan_like(randn(rng, (1, 6, 1, 16), "float16")),
+                   dv=nan_like(randn(rng, (1, 6, 1, 16), "float16")))
+    make, exc, words = BAD_BACKWARD[case]
+    bad = make(rng)
+    with pytest.raises(exc, match=words):
+        nf.flash_attn_bwd(**{**good, **buffers, **bad})
+    for name, buf in buffers.items():
+        if name not in bad:
+            assert np.isnan(to_host(buf).astype(np.float32)).all(), f"a refused call wrote {name}"
+
+
+# ----------------------------------------------------------------------------- paged MLA decode
+
+# name -> (arguments replacing good ones, exception, message pattern)
+BAD_MLA = {
+    "q rank": (lambda rng: dict(q=_rand(rng, (2, 2, 16))), ValueError, "^q"),
+    "q integer": (lambda rng: dict(q=int32_array(np.ones((2, 1, 2, 16)))), TypeError, "^q"),
+    "k_cache dtype": (lambda rng: dict(k_cache=_rand(rng, (4, 4, 1, 16), "float32")), TypeError,
+                      "^k_cache"),
+    "k_cache not an array": (lambda rng: dict(k_cache=[[1.0]]), TypeError, "^k_cache"),
+    "k_cache head dim": (lambda rng: dict(k_cache=_rand(rng, (4, 4, 1, 24))), ValueError,
+                         "^k_cache: head dim"),
+    "head dim not /8": (lambda rng: dict(q=_rand(rng, (2, 1, 2, 12)),
+                                         k_cache=_rand(rng, (4, 4, 1, 12))), ValueError,
+                        "^q: head dim.*multiple of 8"),
+    "head dim > 576": (lambda rng: dict(q=_rand(rng, (2, 1, 2, 584)),
+                                        k_cache=_rand(rng, (4, 4, 1, 584))), ValueError, "576"),
+    "heads not a multiple": (lambda rng: dict(q=_rand(rng, (2, 1, 3, 16)),
+                                              k_cache=_rand(rng, (4, 4, 2, 16))), ValueError,
+                             "^k_cache: query heads"),
+    "head_dim_v > d": (lambda rng: dict(head_dim_v=24), ValueError, "^head_dim_v"),
+    "head_dim_v 0": (lambda rng: dict(head_dim_v=0), ValueError, "^head_dim_v"),
+    "head_dim_v float": (lambda rng: dict(head_dim_v=8.0), ValueError, "^head_dim_v"),
+    "block_table dtype": (lambda rng: dict(block_table=int32_array([[0, 1], [2, 3]], np.int64)),
+                          TypeError, "^block_table: expected int32"),
+    "block_table batch": (lambda rng: dict(block_table=int32_array([[0, 1], [2, 3], [0, 0]])),
+                          ValueError, r"^block_table: expected shape \(2, n\)"),
+    "block_table rank": (lambda rng: dict(block_table=int32_array([0, 1])), ValueError, "^block_table"),
+    "cache_seqlens dtype": (lambda rng: dict(cache_seqlens=_rand(rng, (2,), "float32")),
+                            TypeError, "^cache_seqlens"),
+    "cache_seqlens batch": (lambda rng: dict(cache_seqlens=int32_array([5, 3, 1])), ValueError,
+                            r"^cache_seqlens: expected shape \(2,\)"),
+    "metadata columns": (lambda rng: dict(tile_scheduler_metadata=int32_array(np.zeros((2, 7)))),
+                         ValueError, r"^tile_scheduler_metadata: expected shape \(n, 8\)"),
+    "metadata dtype": (lambda rng: dict(tile_scheduler_metadata=int32_array(np.zeros((2, 8)), np.int64)),
+                       TypeError, "^tile_scheduler_metadata"),
+    "metadata empty": (lambda rng: dict(tile_scheduler_metadata=int32_array(np.zeros((0, 8)))),
+                       ValueError, "^tile_scheduler_metadata"),
+    "num_splits of another batch": (lambda rng: dict(num_splits=int32_array([0, 1])), ValueError,
+                                    r"^num_splits: expected shape \(3,\)"),
+    "causal": (lambda rng: dict(causal=1), TypeError, "^causal"),
+    "softmax_scale": (lambda rng: dict(softmax_scale=float("nan")), ValueError, "^softmax_scale"),
+    "backend unknown": (lambda rng: dict(backend="cuda"), ValueError, "^backend"),
+    "backend tc on float32": (lambda rng: dict(q=_rand(rng, (2, 1, 2, 16), "float32"),
+                                               k_cache=_rand(rng, (4, 4, 1, 16), "float32"),
+                                               backend="tc"), ValueError, "^backend"),
+    "backend tc, head dim not /16": (lambda rng: dict(q=_rand(rng, (2, 1, 2, 24)),
+                                                      k_cache=_rand(rng, (4, 4, 1, 24)),
+                                                      backend="tc"), ValueError,
+                                     "^backend: .*multiples of 16"),
+    "fp8 cache": (lambda rng: dict(is_fp8_kvcache=True), NotImplementedError, "^is_fp8_kvcache"),
+    "indices": (lambda rng: dict(indices=int32_array([[0]])), NotImplementedError, "^indices"),
+    "attention sink": (lambda rng: dict(attn_sink=_rand(rng, (2,), "float32")),
+                       NotImplementedError, "^attn_sink"),
+    "metadata without num_splits": (lambda rng: dict(num_splits=None), ValueError,
+                                    "^tile_scheduler_metadata, num_splits"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MLA))
+def test_mla_decode_refuses_bad_input_before_launch(case, rng):
+    good = mla_arguments(rng)
+    out = nan_like(randn(rng, (2, 1, 2, 8), "float16"))
+    make, exc, words = BAD_MLA[case]
+    with pytest.raises(exc, match=words):
+        nf.flash_mla_with_kvcache(**{**good, **make(rng)}, out=out)
+    assert np.isnan(to_host(out).astype(np.float32)).all(), "a refused call wrote to out"
+
+
+def test_mla_decode_refuses_wrong_out_buffer(rng):
+    with pytest.raises(ValueError, match="^out"):
+        nf.flash_mla_with_kvcache(**mla_arguments(rng), out=nan_like(randn(rng, (2, 1, 2, 16),
+                                                                       "float16")))
+
+
+@pytest.mark.parametrize("args, exc, words", [
+    ((int32_array([5, 3], np.int64), 2, 1), TypeError, "^cache_seqlens: expected int32"),
+    ((int32_array([[5, 3]]), 2, 1), ValueError, "^cache_seqlens"),
+    ((int32_array([5, 3]), 0, 1), ValueError, "^num_q_tokens_per_head_k"),
+    ((int32_array([5, 3]), 2, 0), ValueError, "^num_heads_k"),
+    ((int32_array([5, 3]), 2, 2, 3), ValueError, "^num_heads_q"),
+    ((int32_array([5, 3]), 2, 2, None, True), NotImplementedError, "^is_fp8_kvcache"),
+    ((int32_array([5, 3]), 2, 2, None, False, 64), NotImplementedError, "^topk"),
+])
+def test_mla_metadata_refuses_bad_input(args, exc, words):
+    with pytest.raises(exc, match=words):
+        nf.get_mla_metadata(*args)
