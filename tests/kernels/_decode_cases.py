@@ -13,7 +13,8 @@ import pytest
 import numba_flash as nf
 from numba_flash import reference as ref
 from numba_flash.runtime import arrays
-from helpers import DTYPES, assert_close_rule, assert_lse, nan_like, randn, to_device, to_host
+from helpers import (SIMULATOR, DTYPES, assert_close_rule, assert_lse, nan_like, randn, to_device,
+                     to_host)
 
 SENTINEL = 1 << 30  # block-table entries no sequence uses: far outside any cache
 
@@ -176,6 +177,13 @@ def check_bad_table_walk(rng, backend, page, d, dv):
     want = ref.mla_decode_ref(q[1:], k_cache, table[1:], seqlens[1:], dv)[0]
     assert_close_rule(got[1:], want, mla_lowp(q[1:], k_cache, table[1:], seqlens[1:], dv, False),
                       "bfloat16")
+
+
+# The tc decodes' negative-length tests run on a GPU only: the check is ``piece_of``'s, tested
+# alone (tests/kernels/common/test_paged_kv.py) and through the simt decode under the simulator,
+# and under the simulator each tc decode would add a minute of emulated tensor-core work.
+TC_NEGATIVE_LENGTH_ON_A_GPU = pytest.mark.skipif(
+    SIMULATOR, reason="piece_of's check: simt decode and test_paged_kv under the simulator")
 
 
 def check_negative_length(rng, backend, page=16, d=32, dv=32, h_q=2):

@@ -14,7 +14,8 @@ from numba_flash.runtime import device
 from numba_flash.runtime.device import Device
 from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
 from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
-                                   check_negative_length, run_case)
+                                   TC_NEGATIVE_LENGTH_ON_A_GPU, check_negative_length,
+                                   run_case)
 
 A100 = Device(cc=(8, 0), sms=8, shared_per_block=166912)
 SM86 = Device(cc=(8, 6), sms=8, shared_per_block=101376)
@@ -78,6 +79,7 @@ def test_bad_device_values_are_bounded_and_reported(rng):
         check_bad_device_values(rng, "tc")
 
 
+@TC_NEGATIVE_LENGTH_ON_A_GPU
 def test_a_negative_length_is_read_as_zero_and_reported(rng):
     with planned(A100):
         check_negative_length(rng, "tc")

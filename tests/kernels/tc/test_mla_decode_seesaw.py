@@ -11,8 +11,8 @@ from numba_flash import api
 from numba_flash.kernels.tc import mla_decode_seesaw
 from numba_flash.runtime import arrays, device
 from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
-from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_table_walk, check_negative_length,
-                                   run_case)
+from kernels._decode_cases import (DEEPSEEK_CASES, TC_NEGATIVE_LENGTH_ON_A_GPU,
+                                   check_bad_table_walk, check_negative_length, run_case)
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -61,6 +61,7 @@ def test_bad_table_entries_and_lengths_are_bounded_and_reported(rng):
     check_bad_table_walk(rng, "tc", page=64, d=192, dv=64)
 
 
+@TC_NEGATIVE_LENGTH_ON_A_GPU
 def test_a_negative_length_is_read_as_zero_and_reported(rng):
     q = arrays.adapt(to_device(randn(rng, (3, 2, 2, 192), "bfloat16")), "q")
     k = arrays.adapt(to_device(randn(rng, (2, 64, 1, 192), "bfloat16")), "k_cache")

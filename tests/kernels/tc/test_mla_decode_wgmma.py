@@ -9,7 +9,8 @@ import numba_flash as nf
 from numba_flash.kernels.tc import mla_decode_wgmma
 from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
 from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
-                                   check_negative_length, run_case)
+                                   TC_NEGATIVE_LENGTH_ON_A_GPU, check_negative_length,
+                                   run_case)
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -42,6 +43,7 @@ def test_bad_device_values_are_bounded_and_reported(rng, page):
     check_bad_device_values(rng, "tc", page)
 
 
+@TC_NEGATIVE_LENGTH_ON_A_GPU
 @pytest.mark.parametrize("page", [16, 64], ids=["cp.async", "tma"])
 def test_a_negative_length_is_read_as_zero_and_reported(rng, page):
     check_negative_length(rng, "tc", page)
