@@ -84,11 +84,14 @@ torch.library.register_autograd("numba_flash::flash_attn_fwd", _attention_backwa
                                 setup_context=_save_for_backward)
 
 
-def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False, backend="auto"):
+def flash_attn_func(q, k, v, causal=False, softmax_scale=None, backend="auto", *,
+                    return_lse=False):
     """Differentiable exact attention on torch tensors: ``out``, or ``(out, lse)`` with
-    ``return_lse=True`` (``numba_flash.flash_attn_func``'s arguments and results; ``lse`` is not
-    differentiable). ``backend`` picks the forward's kernels (see ``numba_flash.flash_attn_fwd``);
-    the backward is ``numba_flash.flash_attn_bwd``'s with ``backend="auto"``."""
+    ``return_lse=True`` (``numba_flash.flash_attn_func``'s results; ``lse`` is not
+    differentiable). ``return_lse`` is keyword-only, so the positional order stays that of
+    earlier releases. ``backend`` picks the forward's kernels (see
+    ``numba_flash.flash_attn_fwd``); the backward is ``numba_flash.flash_attn_bwd``'s with
+    ``backend="auto"``."""
     out, lse = _flash_attn_fwd(q, k, v, causal, softmax_scale, backend)
     return (out, lse) if return_lse else out
 

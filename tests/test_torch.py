@@ -96,6 +96,15 @@ def test_public_names_are_the_documented_ones():
     assert all(callable(getattr(nft, name)) for name in nft.__all__)
 
 
+def test_flash_attn_func_keeps_its_positional_order():
+    """``backend`` stays the sixth positional argument; ``return_lse`` is keyword-only."""
+    import inspect
+
+    params = inspect.signature(nft.flash_attn_func).parameters
+    assert list(params)[:6] == ["q", "k", "v", "causal", "softmax_scale", "backend"]
+    assert params["return_lse"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
 def _tensor(x):
     """A host array as a tensor on DEVICE, without grad."""
     return _leaf(x).detach() if x.dtype.kind == "f" else torch.from_numpy(x).to(DEVICE)
