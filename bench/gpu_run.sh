@@ -9,7 +9,7 @@
 #   LIMIT_BWD=300 bench/gpu_run.sh bwd               # a longer limit for one stage
 #
 # Stages: tests (the quick selection, -m "not slow": every test function once; TESTS=paths
-# narrows it), tests-rest (the other cases, -m slow: with tests, the whole suite, which does not
+# narrows it, PYTEST_ARGS adds pytest flags), tests-rest (the other cases, -m slow: with tests, the whole suite, which does not
 # fit one 10-minute command on an H200),
 # fwd / bwd (the attention grid of docs/design.md; FWD_ARGS adds bench_attention.py flags to fwd),
 # mla (decode grid; FLASHMLA_DIR adds FlashMLA, MLA_ARGS adds bench_mla.py flags), host (a decode call's host vs GPU time), io (HBM bytes under ncu),
@@ -34,9 +34,10 @@ run() {  # run STAGE LIMIT_SECONDS COMMAND...
 for stage in "$@"; do
   case $stage in
     tests) run tests "${LIMIT_TESTS:-300}" python3 -m pytest -q -p no:cacheprovider -rfE \
-             -n "${WORKERS:-16}" -m "not slow" --durations=30 ${TESTS:-tests} ;;
+             -n "${WORKERS:-16}" -m "not slow" --durations=30 ${PYTEST_ARGS:-} ${TESTS:-tests} ;;
     tests-rest) run tests-rest "${LIMIT_TESTS_REST:-570}" python3 -m pytest -q \
-             -p no:cacheprovider -rfE -n "${WORKERS:-16}" -m slow --durations=30 ${TESTS:-tests} ;;
+             -p no:cacheprovider -rfE -n "${WORKERS:-16}" -m slow --durations=30 ${PYTEST_ARGS:-} \
+             ${TESTS:-tests} ;;
     fwd) run fwd "${LIMIT_FWD:-240}" python3 bench/bench_attention.py --mode fwd \
            --out-dir "$OUT/fwd" ${FWD_ARGS:-} ;;
     bwd) run bwd "${LIMIT_BWD:-300}" python3 bench/bench_attention.py --mode bwd \
