@@ -14,7 +14,7 @@
 # fwd / bwd (the attention grid of docs/design.md; FWD_ARGS adds bench_attention.py flags to fwd),
 # mla (decode grid; FLASHMLA_DIR adds FlashMLA, MLA_ARGS adds bench_mla.py flags), host (a decode call's host vs GPU time), io (HBM bytes under ncu),
 # sweep (tc tiles), sanitize (bench/every_kernel.py under compute-sanitizer's four tools, both tc
-# families),
+# families; TOOLS and FAMILIES narrow it),
 # profile-tc / profile-mla (ncu sections of the tc forward / the decode kernel).
 set -uo pipefail
 declare -A pids
@@ -68,24 +68,25 @@ for stage in "$@"; do
       # show whether it still misreads tools/racecheck_arrive.py, a correct kernel with the
       # same hand-off
       SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-      export NUMBA_FLASH_CACHE_DIR=$OUT/sanitize-cache  # the cubins racecheck_pairs.py reads
+      export NUMBA_FLASH_CACHE_DIR=${TMPDIR:-/tmp}/numba_flash-sanitize-cache  # the cubins
+      # racecheck_pairs.py reads
       echo "=== sanitize (limit ${LIMIT_SANITIZE:-420}s, $(date +%T))" | tee -a "$L"
-      for family in default mma; do
-        for tool in memcheck racecheck synccheck initcheck; do
+      for family in ${FAMILIES:-default mma}; do
+        for tool in ${TOOLS:-memcheck racecheck synccheck initcheck}; do
           timeout "${LIMIT_SANITIZE:-420}" "$SAN" --tool "$tool" --report-api-errors no \
             --print-limit 1000 --error-exitcode 1 python3 bench/every_kernel.py \
             --family "$family" > "$OUT/sanitize-$tool-$family.txt" 2>&1 &
           pids[$tool-$family]=$!
         done
       done
-      for family in default mma; do
-        for tool in memcheck racecheck synccheck initcheck; do
+      for family in ${FAMILIES:-default mma}; do
+        for tool in ${TOOLS:-memcheck racecheck synccheck initcheck}; do
           wait "${pids[$tool-$family]}"
           echo "=== sanitize $tool ($family): exit $? ($(tail -1 "$OUT/sanitize-$tool-$family.txt"))" \
             | tee -a "$L"
         done
       done
-      for family in default mma; do  # each reported pair placed among the kernel's barriers
+      for family in ${FAMILIES:-default mma}; do  # each reported pair placed among the kernel's barriers
         python3 tools/racecheck_pairs.py "$OUT/sanitize-racecheck-$family.txt" \
           > "$OUT/racecheck-pairs-$family.txt" 2>&1
         echo "=== racecheck pairs ($family): $(head -1 "$OUT/racecheck-pairs-$family.txt")" \

@@ -34,6 +34,9 @@ _FIRST = re.compile(r"Race reported between (Read|Write) access at (.+)\+0x([0-9
 _SECOND = re.compile(r"and (Read|Write) access at (.+)\+0x([0-9a-f]+)(?: \[(\d+) hazards?\])?")
 _TOKEN = re.compile(r"\[abi:v\d+,([0-9A-Za-z_]+)\]")
 BARRIERS = ("BAR.", "SYNCS.PHASECHK", "SYNCS.ARRIVE")
+# The instruction families that touch shared memory: a reported offset lands on one of them.
+SHARED_ACCESS = {"LDS", "STS", "LDSM", "STSM", "ATOMS", "LDGSTS", "UTMALDG", "UTMASTG", "UBLKCP",
+                 "HGMMA", "SYNCS", "UTMAPF", "ATOM", "RED", "LD", "ST"}
 
 
 def hazard_pairs(report):
@@ -69,6 +72,29 @@ def cached_cubins(token):
             if token.encode() in bytes(code):
                 found.append(bytes(code))
     return found
+
+
+def disassemble(cubin, nvdisasm):
+    """The parsed SASS (``tools/sass.py``) of one cubin."""
+    import sass
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        listing = subprocess.run([nvdisasm, "-c", f.name], check=True, capture_output=True,
+                                 text=True).stdout
+    return sass.parse(listing)[0]
+
+
+def matching(listings, offsets):
+    """The listings in which every reported offset starts a shared-memory access: the kernel's
+    hash token encodes its closure alone, so the cubins of one kernel for other argument types
+    or compile options hold the same name, but only the one the process ran has those accesses
+    at those offsets."""
+    def fits(instructions):
+        at = {i["offset"]: i["family"] for i in instructions}
+        return all(at.get(off) in SHARED_ACCESS for off in offsets)
+    return [listing for listing in listings if fits(listing)]
 
 
 def barriers_between(instructions, lo, hi):
@@ -109,23 +135,19 @@ def main(argv=None):
     pairs = hazard_pairs(pathlib.Path(args.report).read_text(errors="replace"))
     print(f"{len(pairs)} reported pairs, {sum(h for *_, h in pairs)} hazards")
     listings = {}
+    for token in dict.fromkeys(pair[0] for pair in pairs):
+        offsets = {off for t, (_, a), (_, b), _ in pairs if t == token for off in (a, b)}
+        found = matching([disassemble(c, nvdisasm) for c in cached_cubins(token)], offsets)
+        texts = {tuple(i["text"] for i in f if i["offset"] in offsets) for f in found}
+        if len(texts) != 1:
+            print(f"kernel {token[:40]}...: {len(found)} cached cubins hold its name with "
+                  "shared-memory accesses at every reported offset, not one; run with the cache "
+                  "directory the sanitized process used")
+            continue
+        listings[token] = found[0]
     for pair in pairs:
-        token = pair[0]
-        if token not in listings:
-            cubins = cached_cubins(token)
-            if len(cubins) != 1:
-                listings[token] = None
-                print(f"kernel {token[:40]}...: {len(cubins)} cached cubins hold its name; "
-                      "run with the cache directory the sanitized process used")
-                continue
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(cubins[0])
-                f.flush()
-                listing = subprocess.run([nvdisasm, "-c", f.name], check=True,
-                                         capture_output=True, text=True).stdout
-            listings[token] = sass.parse(listing)[0]
-        if listings[token] is not None:
-            print("\n".join(describe(listings[token], pair)))
+        if pair[0] in listings:
+            print("\n".join(describe(listings[pair[0]], pair)))
     return 0
 
 

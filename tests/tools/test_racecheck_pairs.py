@@ -82,3 +82,11 @@ def test_describe_places_a_pair_among_the_barriers(pairs_tool):
     assert lines[3] == "  last barrier before +0x30: +0x20 BAR.SYNC.DEFER_BLOCKING 0x1, 0x100"
     later = pairs_tool.describe(instructions, ("t", ("Read", 0x30), ("Write", 0x50), 1))
     assert later[2] == "  barriers between: +0x40 BAR.SYNC.DEFER_BLOCKING 0x0"
+
+
+def test_matching_keeps_the_listing_with_shared_accesses_at_every_offset(pairs_tool):
+    parse = load("sass").parse
+    ran = parse(LISTING)[0]
+    other = parse(LISTING.replace("LDS R5", "FADD R5, R5").replace("STS [R2], R4", "MOV R9, R4"))[0]
+    assert pairs_tool.matching([other, ran], {0x0, 0x30}) == [ran]
+    assert pairs_tool.matching([other, ran], {0x30, 0x60}) == []
