@@ -133,27 +133,57 @@ SERIALIZED = "wgmma.mma_async instructions are serialized"
 FMTS = {False: "float16", True: "bfloat16"}
 
 
+# nvJitLink before this version (the H200 image's CUDA 13.0) spills a few bytes in some kernels at
+# the 254-255 register edge (8 bytes in the D = 128 mma.sync forward and dK/dV tiles for sm_80,
+# 20 in the h_q = 16 wgmma decode; the image, 2026-12-03) where 13.5, which the cu13 extra
+# installs and CI runs, spills none. There the check accepts such edge spills and nothing else.
+ZERO_SPILL_NVJITLINK = (13, 5)
+EDGE_REGISTERS, EDGE_SPILL_BYTES = 254, 32
+
+
+def spill_problem(report, nvjitlink):
+    """Why ``report`` fails the spill rule (None when it passes): zero spills, or under an
+    nvJitLink older than ZERO_SPILL_NVJITLINK, at most EDGE_SPILL_BYTES from a kernel at
+    EDGE_REGISTERS or more."""
+    spilled = max(report["spill_stores"], report["spill_loads"])
+    if spilled == 0:
+        return None
+    if (tuple(nvjitlink) < ZERO_SPILL_NVJITLINK and report["registers"] >= EDGE_REGISTERS
+            and spilled <= EDGE_SPILL_BYTES):
+        return None
+    return (f"{report['spill_stores']} bytes of spill stores, {report['spill_loads']} of loads "
+            f"at {report['registers']} registers (nvJitLink {'.'.join(map(str, nvjitlink))})")
+
+
 def assert_compiles_clean(module, configs, must_contain=(), ccs=CCS, must_not_log=()):
     """Compile the spec of kernel ``module`` (``"simt.forward"``, or ``"simt.backward:DQ"`` for
     a module with several specs) for each ``(config, tile entry)`` of ``configs`` (entry None:
     the table's) and each of ``ccs`` (sm_80 and sm_90) in a child process without the simulator
-    (``runtime.ptxcheck``), and require zero spills, no local-memory traffic, the given PTX
-    instructions, no wgmma that ptxas serialized (any of its C75xx reasons) and none of the given
-    ptxas messages."""
+    (``runtime.ptxcheck``), and require no spills (``spill_problem``), no local-memory traffic,
+    the given PTX instructions, no wgmma that ptxas serialized (any of its C75xx reasons) and none
+    of the given ptxas messages. Every compiled specialization is checked before the test fails,
+    and the failure lists them all."""
+    from cuda.bindings import nvjitlink
+
     from numba_flash.runtime import ptxcheck
 
     target = "numba_flash.runtime.ptxcheck:spec_build"
     jobs = [(target, cc, (f"numba_flash.kernels.{module}", list(config),
                           None if entry is None else list(entry)))
             for config, entry in configs for cc in ccs]
+    problems = []
     for (ptx, report), (_, cc, args) in zip(ptxcheck.compile_reports_isolated(jobs), jobs):
         where = f"{module}{tuple(args[1])} tiles {args[2]} sm_{''.join(map(str, cc))}"
-        assert report["spill_stores"] == 0 and report["spill_loads"] == 0, f"{where}: spills"
-        assert "ld.local" not in ptx and "st.local" not in ptx, f"{where}: local memory"
-        for instruction in must_contain:
-            assert instruction in ptx, f"{where}: no {instruction}"
-        for message in must_not_log + (SERIALIZED,):
-            assert message not in report["log"], f"{where}: {message} in\n{report['log']}"
+        spills = spill_problem(report, nvjitlink.version())
+        if spills:
+            problems.append(f"{where}: {spills}")
+        if "ld.local" in ptx or "st.local" in ptx:
+            problems.append(f"{where}: local memory")
+        problems += [f"{where}: no {instruction}" for instruction in must_contain
+                     if instruction not in ptx]
+        problems += [f"{where}: {message} in\n{report['log']}"
+                     for message in must_not_log + (SERIALIZED,) if message in report["log"]]
+    assert not problems, "\n".join(problems)
 
 
 # Prepended to a child's code by ``run_without``: cuda-pathfinder, through which numba-cuda and

@@ -14,8 +14,10 @@ SIMT = ("forward simt", "forward rowwise", "naive", "decode simt")
 
 # Under the simulator the mma family only repeats what the mma.sync kernels' own tests run
 # (2.5 minutes of the CI suite); on a GPU both families run, as the sanitize stage runs them.
+# Both cases are slow: each compiles every kernel once more (3 minutes of one worker on the H200,
+# the quick selection's longest test).
 @pytest.mark.parametrize("family", [
-    pytest.param([], id="default"),
+    pytest.param([], id="default", marks=pytest.mark.slow),
     pytest.param(["--family", "mma"], id="mma", marks=pytest.mark.skipif(
         SIMULATOR, reason="the mma.sync kernels' own tests cover it under the simulator")),
 ])
