@@ -1,6 +1,6 @@
 """bench/every_kernel.py (the sanitizer stage's workload): every kernel runs and agrees with the
-reference, here in its quick form (under the simulator when there is no GPU); ``--help`` prints
-help instead, and a GPU without CuPy is refused with a message."""
+reference, here in its quick form (on a GPU); ``--help`` prints help instead, and a GPU without
+CuPy is refused with a message (both under the simulator too)."""
 
 import sys
 
@@ -12,14 +12,14 @@ TC = ("forward tc", "backward dq tc", "decode tc")
 SIMT = ("forward simt", "forward rowwise", "naive", "decode simt")
 
 
-# Under the simulator the mma family only repeats what the mma.sync kernels' own tests run
-# (2.5 minutes of the CI suite); on a GPU both families run, as the sanitize stage runs them.
-# Both cases are slow: each compiles every kernel once more (3 minutes of one worker on the H200,
-# the quick selection's longest test).
+# A run of every kernel once more, for the sanitize stage's workload: on a GPU only. Under the
+# simulator it repeats what each kernel's own tests run (2 minutes of the CI suite for the default
+# family, 2.5 more for mma). Both cases are slow: each compiles every kernel (3 minutes of one
+# worker on the H200, the quick selection's longest test).
+@pytest.mark.skipif(SIMULATOR, reason="each kernel's own tests run it under the simulator")
 @pytest.mark.parametrize("family", [
     pytest.param([], id="default", marks=pytest.mark.slow),
-    pytest.param(["--family", "mma"], id="mma", marks=pytest.mark.skipif(
-        SIMULATOR, reason="the mma.sync kernels' own tests cover it under the simulator")),
+    pytest.param(["--family", "mma"], id="mma"),
 ])
 def test_every_kernel_runs_and_agrees(bench_module, capsys, family):
     every = bench_module("every_kernel")
