@@ -20,20 +20,8 @@ except DynamicLibNotFoundError as e:  # numba-cuda loads the CUDA runtime librar
     raise setup_error(e) from None
 
 from . import scheduler, torch_plans, validate
-from .kernels import naive
+from .kernels import registry
 from .kernels.common import status as flags
-from .kernels.simt import backward as simt_backward
-from .kernels.simt import combine as simt_combine
-from .kernels.simt import forward as simt_forward
-from .kernels.simt import mla_decode as simt_mla_decode
-from .kernels.simt import mla_metadata as simt_mla_metadata
-from .kernels.tc import backward_mma as tc_backward_mma
-from .kernels.tc import backward_wgmma as tc_backward_wgmma
-from .kernels.tc import forward_mma as tc_forward_mma
-from .kernels.tc import forward_wgmma as tc_forward_wgmma
-from .kernels.tc import mla_decode_mma as tc_mla_decode_mma
-from .kernels.tc import mla_decode_seesaw as tc_mla_decode_seesaw
-from .kernels.tc import mla_decode_wgmma as tc_mla_decode_wgmma
 from .runtime import arrays, device, status
 from .runtime.arrays import FLOAT_FORMATS
 from .runtime.device import SIMULATOR
@@ -59,29 +47,19 @@ def resolve_backend(backend, fmt, dev=None):
 
 # ----------------------------------------------------------------------------- plans
 
-def tc_family(cc):
-    """The tc forward that runs on compute capability ``cc``: ``"wgmma"`` (Hopper's warpgroup
-    instructions) on 9.0, else ``"mma"`` (mma.sync, sm_80 and newer)."""
-    return "wgmma" if tuple(cc[:2]) == (9, 0) else "mma"
-
-
-TC_FORWARD = {"mma": tc_forward_mma.SPEC, "wgmma": tc_forward_wgmma.SPEC}
+tc_family = registry.tc_family
 
 
 def _forward_spec(backend, dev):
-    """The forward kernel of ``backend`` on ``dev``: adding a forward family is one line here."""
-    return TC_FORWARD[tc_family(dev.cc)] if backend == "tc" else simt_forward.SPEC
+    """The forward kernel of ``backend`` on ``dev`` (``kernels/registry.py``)."""
+    return registry.choose("forward", backend, None, dev).specs[0]
 
 
 def _backward_specs(backend, head_dim, dev):
-    """The dK/dV and dQ kernels of ``backend``: on a Hopper the wgmma ones up to their head-dim
-    limit, mma.sync past it and on every other GPU. ``DqSpec.writes_delta`` says whether dQ
-    computes D_i itself or the shared preprocess runs first."""
-    if backend == "tc":
-        if tc_family(dev.cc) == "wgmma" and head_dim <= tc_backward_wgmma.MAX_HEAD_DIM:
-            return tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ
-        return tc_backward_mma.DKDV, tc_backward_mma.DQ
-    return simt_backward.DKDV, simt_backward.DQ
+    """The dK/dV and dQ kernels of ``backend`` (``kernels/registry.py``): on a Hopper the wgmma
+    ones up to their head-dim limit, mma.sync past it and on every other GPU. ``DqSpec.
+    writes_delta`` says whether dQ computes D_i itself or the shared preprocess runs first."""
+    return registry.choose("backward", backend, registry.Problem(None, head_dim), dev).specs
 
 
 # Packed query rows per kv head up to which ``auto`` keeps the simt decode: its narrow variant
@@ -94,33 +72,24 @@ SIMT_DECODE_ROWS = 1
 
 def _decode_spec(backend, config, q, k_cache, dev):
     """The decode kernel of ``backend`` for ``config`` = (q_rows, d, dv, causal, fmt), and its
-    spec's config: adding a decode family is one line here. The tc family is wgmma on 9.0,
-    mma.sync on every other device (``tc_family``)."""
+    spec's config, from ``kernels/registry.py``. ``auto`` takes a tensor-core decode for 16-bit
+    inputs above SIMT_DECODE_ROWS rows where one accepts the problem, else the simt decode; an
+    explicit ``tc`` that none accepts is refused with each one's reason."""
     q_rows, d, dv, causal, fmt = config
     cache_aligned = arrays.rows_16_byte_aligned(k_cache)
-    tc = tc_mla_decode_wgmma if tc_family(dev.cc) == "wgmma" else tc_mla_decode_mma
-    if resolve_backend(backend, fmt, dev) == "tc":  # (auto: a 16-bit decode the tc family may run)
-        aligned = cache_aligned and arrays.rows_16_byte_aligned(q)
-        why = None
-        if not tc.supports(d, dv):
-            why = (f"the tensor-core decode takes head dims that are multiples of 16 up to "
-                   f"{tc.MAX_HEAD_DIM} and head_dim_v up to {tc.MAX_HEAD_DIM_V}, got {d} and "
-                   f"{dv}")
-        elif not aligned:
-            why = "the tensor-core decode copies rows of q and k_cache in 16-byte chunks: " \
-                  "their data pointers and strides must be multiples of 16 bytes"
-        if backend == "tc" and why:
-            raise ValueError(f"backend: {why}")
-        backend = "tc" if why is None and (backend == "tc" or q_rows > SIMT_DECODE_ROWS) \
-            else "simt"
+    problem = registry.Problem(fmt, d, dv, q_rows, causal,
+                               cache_aligned and arrays.rows_16_byte_aligned(q), cache_aligned,
+                               k_cache.shape[1])
+    chosen = resolve_backend(backend, fmt, dev)
+    if chosen == "tc" and backend == "auto":
+        try:
+            chosen = "tc" if q_rows > SIMT_DECODE_ROWS else "simt"
+            entry = registry.choose("decode", chosen, problem, dev)
+        except ValueError:  # auto: the simt decode runs what no tensor-core decode takes
+            entry = registry.choose("decode", "simt", problem, dev)
     else:
-        backend = "simt"
-    if backend == "tc":
-        tma = tc is tc_mla_decode_wgmma and k_cache.shape[1] % tc.BLOCK_N == 0
-        if tma and tc_mla_decode_seesaw.supports(d, dv):
-            return tc_mla_decode_seesaw.SPEC, tc.SPEC.Config(*config, True, tma)
-        return tc.SPEC, tc.SPEC.Config(*config, True, tma)
-    return simt_mla_decode.SPEC, simt_mla_decode.SPEC.Config(*config, cache_aligned)
+        entry = registry.choose("decode", chosen, problem, dev)
+    return entry.specs[0], entry.config(problem)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -197,14 +166,14 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     dv = validate.out_buffer(dv, q, k.shape, q.fmt, "dv")
     validate.refuse_overlap([t for t, g in zip((dq, dk, dv), given) if g is not None],
                             [q, k, v, out, dout, lse])
-    config = simt_backward.DKDV.Config(d, bool(causal), q.fmt)
+    config = dkdv.Config(d, bool(causal), q.fmt)
     delta = arrays.empty(q, (b, hq, sq), "float32", "delta")  # D_i = rowsum(dout * out)
     stream = arrays.stream_of(q, stream)
     problem = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv,
                    scale=scale)
     # D_i first: by the preprocess, or by a dQ kernel that computes it (then dQ runs first).
     steps = ((dq_spec, config), (dkdv, config)) if dq_spec.writes_delta else \
-        ((simt_backward.PREPROCESS, config._replace(causal=False)), (dkdv, config),
+        ((registry.PREPROCESS, config._replace(causal=False)), (dkdv, config),
          (dq_spec, config))
     for spec, cfg in steps:  # every kernel's tiles and grid fit, or nothing runs
         spec.prepare(cfg, problem, dev)
@@ -233,10 +202,10 @@ def naive_attention(q, k, v, causal=False, softmax_scale=None):
                    out=arrays.empty(q, q.shape, q.fmt, "out"),
                    lse=arrays.empty(q, (b, hq, sq), "float32", "lse"))
     stream = arrays.stream_of(q)
-    config = naive.SCORES.Config(bool(causal), q.fmt)
-    for spec in (naive.SCORES, naive.SOFTMAX, naive.OUTPUT):
+    config = registry.NAIVE[0].Config(bool(causal), q.fmt)
+    for spec in registry.NAIVE:
         spec.prepare(config, problem, dev)
-    for spec in (naive.SCORES, naive.SOFTMAX, naive.OUTPUT):
+    for spec in registry.NAIVE:
         spec.launch(config, problem, stream, dev)
     return problem["out"].obj, problem["lse"].obj
 
@@ -278,7 +247,7 @@ def _plan_on_device(seqlens, q_rows, h_kv, num_sms, dev):
                                          "tile_scheduler_metadata"),
                    num_splits=arrays.empty(seqlens, (seqlens.shape[0] + 1,), "int32",
                                            "num_splits"))
-    plan = simt_mla_metadata.SPEC
+    plan = registry.METADATA
     plan.launch(plan.Config(), problem, arrays.stream_of(seqlens), dev)
     return problem["metadata"], problem["num_splits"]
 
@@ -331,10 +300,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     problem["status"] = status.word(q)
     stream = arrays.stream_of(q, stream)
     # Behind a decode that allows it (sm_90 kernels) the combine starts alongside the decode.
-    combine = simt_combine.SPEC.Config(dv, q.fmt, decode.allows_dependents)
-    simt_combine.SPEC.prepare(combine, problem, dev)  # its grid fits before the decode writes
+    combine = registry.COMBINE.Config(dv, q.fmt, decode.allows_dependents)
+    registry.COMBINE.prepare(combine, problem, dev)  # its grid fits before the decode writes
     decode.launch(config, problem, stream, dev)
-    simt_combine.SPEC.launch(combine, problem, stream, dev)
+    registry.COMBINE.launch(combine, problem, stream, dev)
     return o.obj, problem["lse"].obj
 
 

@@ -7,12 +7,12 @@ import math
 import numpy as np
 
 from . import scheduler
-from .kernels.simt import mla_decode as simt_mla_decode
+from .kernels import registry
 from .runtime import arrays
 from .runtime.arrays import FLOAT_FORMATS
 
 MAX_HEAD_DIM = 256
-MAX_MLA_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
+MAX_MLA_HEAD_DIM = registry.MAX_DECODE_HEAD_DIM
 
 # The largest softmax scale: the kernels multiply raw float32 scores by scale * log2(e), and a
 # score times a scale past this overflows float32 for scores of a few hundred thousand.

@@ -1,0 +1,170 @@
+"""Which kernel runs each pass: the registry of every kernel the host launches.
+
+A pass (the forward, the backward's dK/dV + dQ pair, the MLA decode) has its candidates listed
+here best first. Each ``Entry`` names its backend (``simt`` or ``tc``), the spec or specs it
+launches, and ``refuses(problem, dev)``: None when it can run the problem on that device, else
+the reason it cannot. ``choose`` takes the first candidate of the backend that accepts; when an
+explicit backend has none, the ``ValueError`` lists every candidate's reason. A new kernel is its
+module and one line in ``ENTRIES``; ``tools/ptx_hashes.py`` enumerates the specs from here too.
+
+``Problem`` is what the choice reads, as the host's validation found it: the element format, head
+dims, packed query rows per KV head (decode), causality, whether q and the cache rows allow
+16-byte copies (``aligned``: both; ``cache_aligned``: the cache) and the page size (decode).
+Only the fields a pass needs are set. A decode entry also builds its spec's config.
+"""
+
+from typing import Callable, NamedTuple, Optional
+
+from . import naive
+from .simt import backward as simt_backward
+from .simt import combine as simt_combine
+from .simt import forward as simt_forward
+from .simt import mla_decode as simt_mla_decode
+from .simt import mla_metadata as simt_mla_metadata
+from .tc import backward_mma as tc_backward_mma
+from .tc import backward_wgmma as tc_backward_wgmma
+from .tc import forward_mma as tc_forward_mma
+from .tc import forward_wgmma as tc_forward_wgmma
+from .tc import mla_decode_mma as tc_mla_decode_mma
+from .tc import mla_decode_seesaw as tc_mla_decode_seesaw
+from .tc import mla_decode_wgmma as tc_mla_decode_wgmma
+
+
+class Problem(NamedTuple):
+    fmt: str
+    head_dim: int
+    head_dim_v: Optional[int] = None
+    rows: int = 1
+    causal: bool = False
+    aligned: bool = True
+    cache_aligned: bool = True
+    page: Optional[int] = None
+
+
+class Entry(NamedTuple):
+    name: str
+    pass_: str
+    backend: str
+    specs: tuple
+    refuses: Callable
+    config: Optional[Callable] = None  # decode: (problem) -> its spec's Config
+
+
+def tc_family(cc):
+    """The tensor-core family that runs on compute capability ``cc``: ``"wgmma"`` (Hopper's
+    warpgroup instructions) on 9.0, else ``"mma"`` (mma.sync, sm_80 and newer)."""
+    return "wgmma" if tuple(cc[:2]) == (9, 0) else "mma"
+
+
+def _on(family):
+    def refuses(problem, dev):
+        if tc_family(dev.cc) == family:
+            return None
+        cc = ".".join(map(str, dev.cc[:2]))
+        return (f"needs compute capability 9.0, not {cc}" if family == "wgmma" else
+                "compute capability 9.0 runs the wgmma kernel")
+    return refuses
+
+
+def _anywhere(problem, dev):
+    return None
+
+
+def _wgmma_backward(problem, dev):
+    return _on("wgmma")(problem, dev) or (
+        None if problem.head_dim <= tc_backward_wgmma.MAX_HEAD_DIM else
+        f"takes head dims up to {tc_backward_wgmma.MAX_HEAD_DIM}, got {problem.head_dim}")
+
+
+def _tc_decode(module, family):
+    def refuses(problem, dev):
+        if tc_family(dev.cc) != family:
+            return _on(family)(problem, dev)
+        d, dv = problem.head_dim, problem.head_dim_v
+        if not module.supports(d, dv):
+            return (f"the tensor-core decode takes head dims that are multiples of 16 up to "
+                    f"{module.MAX_HEAD_DIM} and head_dim_v up to {module.MAX_HEAD_DIM_V}, got "
+                    f"{d} and {dv}")
+        if not problem.aligned:
+            return ("the tensor-core decode copies rows of q and k_cache in 16-byte chunks: "
+                    "their data pointers and strides must be multiples of 16 bytes")
+        return None
+    return refuses
+
+
+def _seesaw(problem, dev):
+    why = _tc_decode(tc_mla_decode_wgmma, "wgmma")(problem, dev)
+    if why:
+        return why
+    if problem.page % tc_mla_decode_wgmma.BLOCK_N:
+        return f"loads whole pages of {tc_mla_decode_wgmma.BLOCK_N} rows by TMA, got {problem.page}"
+    if not tc_mla_decode_seesaw.supports(problem.head_dim, problem.head_dim_v):
+        return "its schedule needs Q's columns past head_dim_v to fill two value blocks"
+    return None
+
+
+def _decode_key(problem):
+    return (problem.rows, problem.head_dim, problem.head_dim_v, problem.causal, problem.fmt)
+
+
+def _tc_decode_config(problem):
+    """The tc decodes' config: rows in 16-byte chunks, TMA boxes where each 64-key tile lies in
+    one page (wgmma; the seesaw takes the same config)."""
+    tma = problem.page % tc_mla_decode_wgmma.BLOCK_N == 0
+    return tc_mla_decode_wgmma.SPEC.Config(*_decode_key(problem), True, tma)
+
+
+def _mma_decode_config(problem):
+    return tc_mla_decode_mma.SPEC.Config(*_decode_key(problem), True, False)
+
+
+def _simt_decode_config(problem):
+    return simt_mla_decode.SPEC.Config(*_decode_key(problem), problem.cache_aligned)
+
+
+ENTRIES = (
+    Entry("tc.forward_wgmma", "forward", "tc", (tc_forward_wgmma.SPEC,), _on("wgmma")),
+    Entry("tc.forward_mma", "forward", "tc", (tc_forward_mma.SPEC,), _anywhere),
+    Entry("simt.forward", "forward", "simt", (simt_forward.SPEC,), _anywhere),
+    Entry("tc.backward_wgmma", "backward", "tc",
+          (tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ), _wgmma_backward),
+    Entry("tc.backward_mma", "backward", "tc", (tc_backward_mma.DKDV, tc_backward_mma.DQ),
+          _anywhere),
+    Entry("simt.backward", "backward", "simt", (simt_backward.DKDV, simt_backward.DQ), _anywhere),
+    Entry("tc.mla_decode_seesaw", "decode", "tc", (tc_mla_decode_seesaw.SPEC,), _seesaw,
+          _tc_decode_config),
+    Entry("tc.mla_decode_wgmma", "decode", "tc", (tc_mla_decode_wgmma.SPEC,),
+          _tc_decode(tc_mla_decode_wgmma, "wgmma"), _tc_decode_config),
+    Entry("tc.mla_decode_mma", "decode", "tc", (tc_mla_decode_mma.SPEC,),
+          _tc_decode(tc_mla_decode_mma, "mma"), _mma_decode_config),
+    Entry("simt.mla_decode", "decode", "simt", (simt_mla_decode.SPEC,), _anywhere,
+          _simt_decode_config),
+)
+
+# Single kernels every call of their pass uses, whatever the backend.
+PREPROCESS = simt_backward.PREPROCESS
+COMBINE = simt_combine.SPEC
+METADATA = simt_mla_metadata.SPEC
+NAIVE = (naive.SCORES, naive.SOFTMAX, naive.OUTPUT)
+MAX_DECODE_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
+
+
+def choose(pass_, backend, problem, dev):
+    """The first entry of ``pass_`` for ``backend`` that accepts ``problem`` on ``dev``; when
+    none does, a ValueError that gives each candidate's reason."""
+    reasons = []
+    for entry in ENTRIES:
+        if entry.pass_ == pass_ and entry.backend == backend:
+            why = entry.refuses(problem, dev)
+            if why is None:
+                return entry
+            reasons.append(f"{entry.name}: {why}")
+    raise ValueError(f"backend: no {backend!r} kernel runs this {pass_}: " + "; ".join(reasons))
+
+
+def specs():
+    """Every spec the registry can launch, each once, in the order of ``ENTRIES``."""
+    seen = []
+    for entry in ENTRIES:
+        seen += [s for s in entry.specs if s not in seen]
+    return seen + [s for s in (PREPROCESS, COMBINE, METADATA, *NAIVE) if s not in seen]

@@ -1,0 +1,79 @@
+"""kernels/registry.py: each pass's candidates in order, the reasons of an explicit backend's
+refusal, the specs it enumerates, and the host layer's single door to the kernels."""
+
+import ast
+import dataclasses
+import pathlib
+
+import pytest
+
+from numba_flash.kernels import registry
+from numba_flash.kernels.tc import (backward_mma, backward_wgmma, forward_mma, forward_wgmma,
+                                    mla_decode_mma, mla_decode_seesaw, mla_decode_wgmma)
+from numba_flash.runtime.device import Device
+
+HOPPER = Device(cc=(9, 0), sms=132, shared_per_block=232448)
+A100 = dataclasses.replace(HOPPER, cc=(8, 0), sms=108, shared_per_block=166912)
+PACKAGE = pathlib.Path(registry.__file__).resolve().parents[1]
+
+
+def decode(d=576, dv=512, rows=64, aligned=True, page=64):
+    return registry.Problem("bfloat16", d, dv, rows, False, aligned, aligned, page)
+
+
+def test_each_pass_takes_its_family_on_each_device():
+    assert registry.choose("forward", "tc", None, HOPPER).specs == (forward_wgmma.SPEC,)
+    assert registry.choose("forward", "tc", None, A100).specs == (forward_mma.SPEC,)
+    problem = registry.Problem("float16", 128)
+    assert registry.choose("backward", "tc", problem, HOPPER).specs == (
+        backward_wgmma.DKDV, backward_wgmma.DQ)
+    assert registry.choose("backward", "tc", problem._replace(head_dim=256), HOPPER).specs == (
+        backward_mma.DKDV, backward_mma.DQ)
+    assert registry.choose("decode", "tc", decode(), HOPPER).specs == (mla_decode_seesaw.SPEC,)
+    assert registry.choose("decode", "tc", decode(page=16), HOPPER).specs == (
+        mla_decode_wgmma.SPEC,)
+    assert registry.choose("decode", "tc", decode(page=16), A100).specs == (
+        mla_decode_mma.SPEC,)
+
+
+def test_decode_configs_carry_the_copy_path():
+    assert registry.choose("decode", "tc", decode(), HOPPER).config(decode()).tma
+    small = decode(page=16)
+    assert not registry.choose("decode", "tc", small, HOPPER).config(small).tma
+    simt = registry.choose("decode", "simt", decode(aligned=False), HOPPER)
+    assert simt.config(decode(aligned=False)).vec is False
+
+
+def test_an_explicit_backend_that_no_kernel_takes_gets_every_reason():
+    with pytest.raises(ValueError) as refused:
+        registry.choose("decode", "tc", decode(dv=576), A100)
+    message = str(refused.value)
+    assert message.startswith("backend: no 'tc' kernel runs this decode: ")
+    for name, why in (("tc.mla_decode_seesaw", "needs compute capability 9.0, not 8.0"),
+                      ("tc.mla_decode_wgmma", "needs compute capability 9.0, not 8.0"),
+                      ("tc.mla_decode_mma", "the tensor-core decode takes head dims")):
+        assert f"{name}: {why}" in message, message
+    with pytest.raises(ValueError, match="tc.mla_decode_wgmma: the tensor-core decode copies"):
+        registry.choose("decode", "tc", decode(aligned=False), HOPPER)
+
+
+def test_specs_lists_every_launched_spec_once():
+    specs = registry.specs()
+    assert len(specs) == len(set(map(id, specs)))
+    for entry in registry.ENTRIES:
+        assert all(spec in specs for spec in entry.specs), entry.name
+    for spec in (registry.PREPROCESS, registry.COMBINE, registry.METADATA, *registry.NAIVE):
+        assert spec in specs
+
+
+@pytest.mark.parametrize("module", ["api.py", "validate.py", "torch_plans.py"])
+def test_the_host_layer_reaches_kernels_through_the_registry_alone(module):
+    """The status word's bit names (``kernels/common/status.py``) are the one other import."""
+    tree = ast.parse((PACKAGE / module).read_text())
+    imported = {node.module for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module}
+    imported |= {f"{node.module}.{a.name}" for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module for a in node.names}
+    kernels = {m for m in imported if m.startswith("kernels.") or m == "kernels"}
+    assert kernels <= {"kernels", "kernels.registry", "kernels.common",
+                       "kernels.common.status"}, kernels
