@@ -78,8 +78,9 @@ def _wgmma_backward(problem, dev):
 
 def _tc_decode(module, family):
     def refuses(problem, dev):
-        if tc_family(dev.cc) != family:
-            return _on(family)(problem, dev)
+        why = _on(family)(problem, dev)
+        if why:
+            return why
         d, dv = problem.head_dim, problem.head_dim_v
         if not module.supports(d, dv):
             return (f"the tensor-core decode takes head dims that are multiples of 16 up to "
