@@ -68,8 +68,6 @@ for stage in "$@"; do
       # show whether it still misreads tools/racecheck_arrive.py, a correct kernel with the
       # same hand-off
       SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-      export NUMBA_FLASH_CACHE_DIR=${TMPDIR:-/tmp}/numba_flash-sanitize-cache  # the cubins
-      # racecheck_pairs.py reads
       echo "=== sanitize (limit ${LIMIT_SANITIZE:-420}s, $(date +%T))" | tee -a "$L"
       for family in ${FAMILIES:-default mma}; do
         for tool in ${TOOLS:-memcheck racecheck synccheck initcheck}; do
@@ -86,8 +84,12 @@ for stage in "$@"; do
             | tee -a "$L"
         done
       done
-      for family in ${FAMILIES:-default mma}; do  # each reported pair placed among the kernel's barriers
+      for family in ${FAMILIES:-default mma}; do  # each reported pair placed among the kernel's
+        # barriers, in the seesaw specializations every_kernel.py runs (d 192 / 64, page 64,
+        # one query row, and 16 rows causal)
         python3 tools/racecheck_pairs.py "$OUT/sanitize-racecheck-$family.txt" \
+          --spec tc.mla_decode_seesaw '[1, 192, 64, false, "bfloat16", true, true]' \
+          --spec tc.mla_decode_seesaw '[16, 192, 64, true, "bfloat16", true, true]' \
           > "$OUT/racecheck-pairs-$family.txt" 2>&1
         echo "=== racecheck pairs ($family): $(head -1 "$OUT/racecheck-pairs-$family.txt")" \
           | tee -a "$L"

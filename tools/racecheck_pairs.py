@@ -2,29 +2,30 @@
 process ran, with the barriers around them, so that each pair can be read as a race or as two
 accesses a barrier orders.
 
-    NUMBA_FLASH_CACHE_DIR=/tmp/nfc compute-sanitizer --tool racecheck --print-limit 1000 \\
-        python bench/every_kernel.py > racecheck.txt
-    NUMBA_FLASH_CACHE_DIR=/tmp/nfc python tools/racecheck_pairs.py racecheck.txt
+    compute-sanitizer --tool racecheck --print-limit 1000 python bench/every_kernel.py \\
+        > racecheck.txt
+    python tools/racecheck_pairs.py racecheck.txt \\
+        --spec tc.mla_decode_seesaw '[1, 192, 64, false, "bfloat16", true, true]'
 
-Racecheck names each access by kernel and byte offset (``kernel(...)+0x6c20``). The cubin that
-offset belongs to is the one the process loaded: numba_flash's compile cache
-(``runtime/cache.py``) holds it, under the same mangled name, whose hash token
-(``cw51c...``, the closure and arguments) racecheck prints inside ``[abi:...]``. This tool finds
-that cubin in the cache, disassembles it with ``nvdisasm`` (found as ``tools/sass.py`` finds it)
-and prints, for every reported pair, both instructions and every barrier instruction
-(``BAR.SYNC``, ``BAR.ARV``, ``BAR.RED``, ``SYNCS`` waits) between them in program order, and the
-last one before each. A barrier between the two in program order is not yet proof of order
-(loops and branches): the pairs it prints are the material of that reading
-(docs/design.md, "The seesaw under racecheck").
+Racecheck names each access by kernel and byte offset from the kernel's first instruction
+(``kernel(...)+0x6a30``: nvdisasm's offsets). The name's ABI tag (``[abi:v876,cw51c...]``)
+tells the specializations the process compiled apart (``v876``, Numba's count) but does not say
+which configuration each was (the hash token encodes the kernel's closure alone).
+Each ``--spec MODULE CONFIG`` (as ``tools/sass.py`` takes them) builds one candidate
+specialization with the toolkit of this machine, which must be the one the sanitized process
+used (on the GPU machine, run it there); a token's pairs are placed in the one candidate whose
+instruction at every reported offset is a shared-memory access. For every pair it prints both
+instructions, the barrier instructions (``BAR.SYNC``, ``BAR.ARV``, ``BAR.RED``, ``SYNCS``
+waits) between them in program order, and the last barrier before and the first after each.
+Program order is not yet proof of order (both sides of a branch, loop iterations): the lines
+are the material of that reading (docs/design.md, "The seesaw under racecheck").
 """
 
 import argparse
+import json
 import pathlib
-import pickle
 import re
-import subprocess
 import sys
-import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -32,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 _FIRST = re.compile(r"Race reported between (Read|Write) access at (.+)\+0x([0-9a-f]+)\s*$")
 _SECOND = re.compile(r"and (Read|Write) access at (.+)\+0x([0-9a-f]+)(?: \[(\d+) hazards?\])?")
-_TOKEN = re.compile(r"\[abi:v\d+,([0-9A-Za-z_]+)\]")
+_TOKEN = re.compile(r"\[abi:(v\d+,[0-9A-Za-z_]+)\]")
 BARRIERS = ("BAR.", "SYNCS.PHASECHK", "SYNCS.ARRIVE")
 # The instruction families that touch shared memory: a reported offset lands on one of them.
 SHARED_ACCESS = {"LDS", "STS", "LDSM", "STSM", "ATOMS", "LDGSTS", "UTMALDG", "UTMASTG", "UBLKCP",
@@ -40,7 +41,7 @@ SHARED_ACCESS = {"LDS", "STS", "LDSM", "STSM", "ATOMS", "LDGSTS", "UTMALDG", "UT
 
 
 def hazard_pairs(report):
-    """``[(kernel_token, (kind, offset), (kind, offset), hazards)]`` of a racecheck report: each
+    """``[(kernel_tag, (kind, offset), (kind, offset), hazards)]`` of a racecheck report: each
     "Race reported between" access with each "and ... access" line that follows it."""
     pairs, first = [], None
     for line in report.splitlines():
@@ -57,33 +58,6 @@ def hazard_pairs(report):
         elif not line:
             first = None
     return pairs
-
-
-def cached_cubins(token):
-    """The cubins in the compile cache whose symbols hold ``token``."""
-    from numba_flash.runtime import cache
-
-    found = []
-    for path in sorted(cache.directory().glob("*" + cache.SUFFIX)):
-        payload = cache.read(path.name[:-len(cache.SUFFIX)])
-        if payload is None:
-            continue
-        for code in pickle.loads(payload)["cubin_cache"].values():
-            if token.encode() in bytes(code):
-                found.append(bytes(code))
-    return found
-
-
-def disassemble(cubin, nvdisasm):
-    """The parsed SASS (``tools/sass.py``) of one cubin."""
-    import sass
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        listing = subprocess.run([nvdisasm, "-c", f.name], check=True, capture_output=True,
-                                 text=True).stdout
-    return sass.parse(listing)[0]
 
 
 def matching(listings, offsets):
@@ -113,11 +87,16 @@ def describe(instructions, pair):
     between = barriers_between(instructions, lo, hi)
     lines.append("  barriers between: " + ("; ".join(
         f"+0x{i['offset']:x} {i['text']}" for i in between) or "none"))
+    end = instructions[-1]["offset"] + 1 if instructions else 0
     for off in (a, b):
         before = barriers_between(instructions, 0, off)
+        after = barriers_between(instructions, off + 1, end)
         if before:
             lines.append(f"  last barrier before +0x{off:x}: +0x{before[-1]['offset']:x} "
                          f"{before[-1]['text']}")
+        if after:
+            lines.append(f"  first barrier after +0x{off:x}: +0x{after[0]['offset']:x} "
+                         f"{after[0]['text']}")
     return lines
 
 
@@ -125,6 +104,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("report", help="racecheck's output (a file)")
+    p.add_argument("--spec", nargs=2, action="append", default=[], metavar=("MODULE", "CONFIG"),
+                   help="a candidate specialization, as tools/sass.py takes it (repeatable)")
+    p.add_argument("--cc", type=None, default="90a", help="80, 90 or 90a (default)")
     p.add_argument("--nvdisasm", default=None)
     args = p.parse_args(argv)
     import sass
@@ -134,15 +116,20 @@ def main(argv=None):
         p.error("no nvdisasm found (see tools/sass.py --help for where it is looked for)")
     pairs = hazard_pairs(pathlib.Path(args.report).read_text(errors="replace"))
     print(f"{len(pairs)} reported pairs, {sum(h for *_, h in pairs)} hazards")
+    if not pairs:
+        return 0
+    candidates = [sass.parse(sass.build(module, json.loads(config), None,
+                                        sass.parse_cc(args.cc), nvdisasm)[0])[0]
+                  for module, config in args.spec]
     listings = {}
     for token in dict.fromkeys(pair[0] for pair in pairs):
         offsets = {off for t, (_, a), (_, b), _ in pairs if t == token for off in (a, b)}
-        found = matching([disassemble(c, nvdisasm) for c in cached_cubins(token)], offsets)
+        found = matching(candidates, offsets)
         texts = {tuple(i["text"] for i in f if i["offset"] in offsets) for f in found}
         if len(texts) != 1:
-            print(f"kernel {token[:40]}...: {len(found)} cached cubins hold its name with "
-                  "shared-memory accesses at every reported offset, not one; run with the cache "
-                  "directory the sanitized process used")
+            print(f"kernel {token[:48]}...: {len(found)} of the {len(candidates)} --spec builds "
+                  "have shared-memory accesses at every reported offset, not one; pass the "
+                  "specializations the process ran, built with its toolkit")
             continue
         listings[token] = found[0]
     for pair in pairs:

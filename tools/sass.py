@@ -103,6 +103,26 @@ def parse_cc(text):
     return (int(m.group(1)), int(m.group(2))) + ((m.group(3),) if m.group(3) else ())
 
 
+def build(module, config, entry, cc, nvdisasm, out=None):
+    """``(listing, report, folder)``: the ``nvdisasm -c`` listing of one spec's kernel (module
+    under ``numba_flash.kernels``, its Config fields, its tile entry or None for the table's),
+    the register and spill report, and the folder that keeps the PTX, cubin and SASS (``out``,
+    else a new temporary one)."""
+    from numba_flash.runtime import ptxcheck
+
+    job = ("numba_flash.runtime.ptxcheck:spec_build", cc,
+           (f"numba_flash.kernels.{module}", config, entry, None))
+    ptx, report = ptxcheck.compile_reports_isolated([job])[0]
+    out = pathlib.Path(out or tempfile.mkdtemp(prefix="sass-"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernel.ptx").write_text(ptx)
+    (out / "kernel.cubin").write_bytes(ptxcheck.link_cubin(ptx, cc=cc))
+    sass = subprocess.run([nvdisasm, "-c", str(out / "kernel.cubin")], check=True,
+                          capture_output=True, text=True).stdout
+    (out / "kernel.sass").write_text(sass)
+    return sass, report, out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,20 +142,9 @@ def main(argv=None):
     if nvdisasm is None:
         p.error("no nvdisasm found (see --help for where it is looked for)")
 
-    from numba_flash.runtime import ptxcheck
-
-    build = ("numba_flash.runtime.ptxcheck:spec_build", args.cc,
-             (f"numba_flash.kernels.{args.module}", json.loads(args.config),
-              json.loads(args.entry) if args.entry else None, None))
-    ptx, report = ptxcheck.compile_reports_isolated([build])[0]
-    out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="sass-"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kernel.ptx").write_text(ptx)
-    (out / "kernel.cubin").write_bytes(ptxcheck.link_cubin(ptx, cc=args.cc))
-    sass = subprocess.run([nvdisasm, "-c", str(out / "kernel.cubin")], check=True,
-                          capture_output=True, text=True).stdout
-    (out / "kernel.sass").write_text(sass)
-
+    sass, report, out = build(args.module, json.loads(args.config),
+                              json.loads(args.entry) if args.entry else None, args.cc, nvdisasm,
+                              args.out)
     instructions, labels = parse(sass)
     print(f"{args.module} {args.config} sm_{''.join(map(str, args.cc))}: "
           f"{len(instructions)} instructions, {report['registers']} registers, "
