@@ -13,8 +13,10 @@ report, as the command that reruns it with that seed::
 
 The quick selection, ``python -m pytest -m "not slow"``, runs every test function once: each
 unparametrized test and the first case of each parametrized one. The other cases carry the
-``slow`` marker, as do the tests marked so by hand (``tests/bench/test_every_kernel.py``, which
-repeats every kernel's own test). On a GPU most of the suite's time is compiling one kernel specialization per
+``slow`` marker, as do the tests marked so by hand: ``tests/bench/test_every_kernel.py``, which
+repeats every kernel's own test, and those whose first case alone compiles for over a minute on
+a fresh GPU machine (the DeepSeek-sized decodes, the 70,000-row grid, the CUDA-graph replay,
+tutorial 07, the host-overhead run), which kept the selection past four minutes there. On a GPU most of the suite's time is compiling one kernel specialization per
 case (each worker of a fresh machine compiles its own), so that selection is the one for a GPU
 check after a change; the whole suite, plain ``python -m pytest``, is what CI runs on the
 simulator and what a GPU run before a release runs.

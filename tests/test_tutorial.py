@@ -8,6 +8,7 @@ import runpy
 import tempfile
 
 import numpy as np
+import pytest
 
 from numba_flash import reference, scheduler
 from helpers import assert_close_rule, assert_lse
@@ -127,6 +128,7 @@ def test_06_tensor_cores(tmp_path, monkeypatch):
         assert_close_rule(out, r["ref"], lowp, "float16", what=family)
 
 
+@pytest.mark.slow  # it compiles for over a minute on a fresh GPU machine
 def test_07_paged_mla(tmp_path, monkeypatch):
     r = run_chapter("07_paged_mla", tmp_path, monkeypatch)
     q, k_cache, table, seqlens = r["inputs"]

@@ -20,6 +20,7 @@ def test_small_run_writes_consistent_times(bench_module, tmp_path, monkeypatch):
     assert float(row["gpu_tbps"]) > 0 and float(row["bench_ms"]) > 0
 
 
+@pytest.mark.slow  # it compiles for over a minute on a fresh GPU machine
 def test_small_attention_run_writes_consistent_times(bench_module, tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")

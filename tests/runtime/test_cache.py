@@ -245,31 +245,45 @@ def test_a_real_compile_round_trips_through_the_cache_files(tmp_path):
 
 
 FIRST_CALL = textwrap.dedent("""
-    import json, sys, time
-    start = time.perf_counter()
+    import json, logging, sys
     import numpy as np
     import numba_flash as nf
     from numba import cuda
+
+    class Lines(logging.Handler):
+        lines = []
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    logger = logging.getLogger("numba_flash")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(Lines())
     q = cuda.to_device(np.zeros((1, 128, 8, 128), np.float16))
-    cuda.synchronize()
     if sys.argv[1] == "warm":
         nf.warmup([dict(call="flash_attn_fwd", head_dim=128, dtype="float16", causal=True)])
-    t = time.perf_counter()
-    nf.flash_attn_fwd(q, q, q, causal=True)
+    out, lse = nf.flash_attn_fwd(q, q, q, causal=True)
     cuda.synchronize()
-    print(json.dumps(dict(first_call=time.perf_counter() - t)))
+    print(json.dumps(dict(log=Lines.lines, finite=bool(np.isfinite(out.copy_to_host()).all()))))
 """)
 
 
 @pytest.mark.skipif(SIMULATOR, reason="compiles and loads for a GPU")
-def test_the_first_call_of_a_cached_configuration_takes_at_most_half_a_second(tmp_path):
+def test_a_new_process_loads_a_cached_configuration_without_compiling(tmp_path):
+    """The second process's first call finds every kernel it launches in the cache (what makes
+    that call fast: bench/first_call.py times it)."""
     env = dict(os.environ, NUMBA_FLASH_CACHE_DIR=str(tmp_path), NUMBA_FLASH_CACHE="1")
+    logs = []
     for mode in ("warm", "cached"):  # fill the cache, then a new process
         run = subprocess.run([sys.executable, "-c", FIRST_CALL, mode], env=env,
                              capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]
-    first_call = json.loads(run.stdout.strip().splitlines()[-1])["first_call"]
-    assert first_call <= 0.5, f"first call of a cached configuration: {first_call:.3f} s"
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+        assert result["finite"]
+        logs.append(result["log"])
+    warm, cached = logs
+    assert any(" compiled " in line for line in warm), warm
+    assert not any(" compiled " in line for line in cached), cached
+    assert any(" loaded " in line for line in cached), cached
 
 
 HOPPER_ENTRY = textwrap.dedent("""

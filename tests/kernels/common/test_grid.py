@@ -61,6 +61,7 @@ def test_every_attention_kernel_runs_a_folded_grid(rng, monkeypatch):
         _run_everything(rng, B=3, S=5, H=1, D=16)
 
 
+@pytest.mark.slow  # it compiles for over a minute on a fresh GPU machine
 @pytest.mark.skipif(SIMULATOR, reason="70000 (batch, head) rows: GPU only")
 def test_every_attention_kernel_runs_seventy_thousand_batch_heads(rng):
     _run_everything(rng, B=1000, S=9, H=70, D=64)

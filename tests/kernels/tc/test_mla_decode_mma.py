@@ -52,6 +52,7 @@ def _id(case):
     return "-".join(map(str, case[1:-1])) + ("-sm80" if case[-1] is A100 else "-sm86")
 
 
+@pytest.mark.slow  # its first case compiles for over a minute on a fresh GPU machine
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_decode_matches_reference(case, rng):
     *args, plan = case

@@ -34,11 +34,13 @@ CASES_GPU = [c for c in DEEPSEEK_CASES if c[6] % 64 == 0]
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 
+@pytest.mark.slow  # its first case compiles for over a minute on a fresh GPU machine
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[1:])))
 def test_decode_matches_reference(case, rng):
     run_case(rng, *case, backend="tc")
 
 
+@pytest.mark.slow  # its first case compiles for over a minute on a fresh GPU machine
 @pytest.mark.parametrize("causal", [True] if SIMULATOR else [False, True])
 def test_a_maximum_that_keeps_moving_matches_reference(causal, rng):
     """Keys that grow along the sequence: both warpgroups move the shared maximum at tile after

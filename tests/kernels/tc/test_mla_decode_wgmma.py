@@ -100,6 +100,7 @@ def test_deepseek_tiles_fit_a_hopper_block():
     assert mla_decode_wgmma.shared_bytes(576, 512) + 4 * mla_decode_wgmma.XCHG <= 227 * 1024
 
 
+@pytest.mark.slow  # it compiles for over a minute on a fresh GPU machine
 @pytest.mark.skipif(SIMULATOR, reason="CUDA graphs need a GPU")
 def test_planning_and_decode_replay_from_a_cuda_graph():
     """get_mla_metadata (on the device) and the decode captured in one torch CUDA graph; the
