@@ -39,7 +39,7 @@ def main(argv=None):
     p.add_argument("--candidates", default=None, help="BMxBNxWARPSxREGS,... (default: per head dim)")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--family", choices=("mma", "wgmma"), default=None,
-                   help="tc kernel family (default: the device's, api.tc_family)")
+                   help="tc kernel family (default: the device's, backends.tc_family)")
     p.add_argument("--out-dir", default=None)
     args = p.parse_args(argv)
 
@@ -47,13 +47,13 @@ def main(argv=None):
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from numba_flash import api
+    from numba_flash import backends
     from numba_flash.kernels.tc import forward_mma, forward_wgmma
     from numba_flash.runtime import arrays, device, launcher
 
     out = common.results_dir(args.out_dir)
     dev = device.current()
-    family = args.family or api.tc_family(dev.cc)
+    family = args.family or backends.tc_family(dev.cc)
     spec = {"mma": forward_mma.SPEC, "wgmma": forward_wgmma.SPEC}[family]
     rows = []
     for d, causal in itertools.product([int(x) for x in args.head_dims.split(",")], (False, True)):

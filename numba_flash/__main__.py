@@ -11,14 +11,14 @@ from .runtime.env import use_simulator_without_gpu
 def kernel_line(backend, dtype):
     """Which backend and forward kernel ``backend`` picks on this device; for tc under the
     simulator, also which device the simulator plays, since that decides the tc family."""
-    from numba_flash import api
+    from numba_flash import backends
     from numba_flash.runtime import device
 
     dev = device.current()
-    chosen = api.resolve_backend(backend, dtype, dev)
-    line = f"backend {backend} -> {chosen} (kernel {api._forward_spec(chosen, dev).name})"
+    chosen = backends.resolve_backend(backend, dtype, dev)
+    line = f"backend {backend} -> {chosen} (kernel {backends.forward_spec(chosen, dev).name})"
     if device.SIMULATOR and chosen == "tc":
-        family = api.tc_family(dev.cc)
+        family = backends.tc_family(dev.cc)
         kind = "Hopper wgmma" if family == "wgmma" else "mma.sync"
         line += (f"\n(Numba's CUDA simulator stands in for an sm_{dev.cc[0]}{dev.cc[1]} device, "
                  f"so the tc family is the {kind} one, its instructions emulated)")

@@ -2,7 +2,7 @@
 
 Each public function first adapts and checks every argument (``validate``: ``ValueError`` /
 ``TypeError`` naming the argument, before anything is allocated or launched), then plans: picks
-the kernels (``_forward_spec``: the one place a backend and a tc family are chosen), allocates
+the kernels (``backends``: the one place a backend and a tc family are chosen), allocates
 outputs in the caller's array library and launches on the caller's stream. Grids and argument
 lists come from the kernels' specs (``runtime.spec``); what a call means is ``docs/api.md``.
 Forward calls on torch tensors reuse the plan of their signature (``torch_plans``); the kernels
@@ -19,78 +19,12 @@ try:
 except DynamicLibNotFoundError as e:  # numba-cuda loads the CUDA runtime library on import
     raise setup_error(e) from None
 
-from . import scheduler, torch_plans, validate
+from . import backends, scheduler, torch_plans, validate
 from .kernels import registry
-from .kernels.common import status as flags
 from .runtime import arrays, device, status
+from .runtime.status import check_errors  # noqa: F401  (public: numba_flash.check_errors)
 from .runtime.arrays import FLOAT_FORMATS
 from .runtime.device import SIMULATOR
-
-BACKENDS = ("auto", "simt", "tc")
-
-
-def resolve_backend(backend, fmt, dev=None):
-    """``auto`` -> ``tc`` for 16-bit inputs on compute capability >= 8.0 (and under the
-    simulator, which emulates it), else ``simt``; an explicit choice the inputs or the device
-    cannot run is refused, never silently replaced."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    cc = (dev or device.current()).cc
-    tc_ok = fmt in ("float16", "bfloat16") and (SIMULATOR or cc >= (8, 0))
-    if backend == "tc" and not tc_ok:
-        raise ValueError(f"backend: 'tc' needs float16 or bfloat16 inputs on compute capability "
-                         f">= 8.0, got {fmt} on {cc}")
-    if backend == "auto":
-        return "tc" if tc_ok else "simt"
-    return backend
-
-
-# ----------------------------------------------------------------------------- plans
-
-tc_family = registry.tc_family
-
-
-def _forward_spec(backend, dev):
-    """The forward kernel of ``backend`` on ``dev`` (``kernels/registry.py``)."""
-    return registry.choose("forward", backend, None, dev).specs[0]
-
-
-def _backward_specs(backend, head_dim, dev):
-    """The dK/dV and dQ kernels of ``backend`` (``kernels/registry.py``): on a Hopper the wgmma
-    ones up to their head-dim limit, mma.sync past it and on every other GPU. ``DqSpec.
-    writes_delta`` says whether dQ computes D_i itself or the shared preprocess runs first."""
-    return registry.choose("backward", backend, registry.Problem(None, head_dim), dev).specs
-
-
-# Packed query rows per kv head up to which ``auto`` keeps the simt decode: its narrow variant
-# splits the keys of one row over the warps and streams the cache at 3.8-4.3 TB/s, 0.98-1.06x
-# FlashMLA, where the 64-row tensor-core tile is 63/64 padding (0.92-0.96x). At two rows (s_q 2,
-# h_q 1) the tc kernel is ahead, 0.92-0.96x against 0.63-0.68x. Measured on an H200 in one run:
-# bench/results/NVIDIA-H200/mla_decode.csv.
-SIMT_DECODE_ROWS = 1
-
-
-def _decode_spec(backend, config, q, k_cache, dev):
-    """The decode kernel of ``backend`` for ``config`` = (q_rows, d, dv, causal, fmt), and its
-    spec's config, from ``kernels/registry.py``. ``auto`` takes a tensor-core decode for 16-bit
-    inputs above SIMT_DECODE_ROWS rows where one accepts the problem, else the simt decode; an
-    explicit ``tc`` that none accepts is refused with each one's reason."""
-    q_rows, d, dv, causal, fmt = config
-    cache_aligned = arrays.rows_16_byte_aligned(k_cache)
-    problem = registry.Problem(fmt, d, dv, q_rows, causal,
-                               cache_aligned and arrays.rows_16_byte_aligned(q), cache_aligned,
-                               k_cache.shape[1])
-    chosen = resolve_backend(backend, fmt, dev)
-    if chosen == "tc" and backend == "auto":
-        try:
-            chosen = "tc" if q_rows > SIMT_DECODE_ROWS else "simt"
-            entry = registry.choose("decode", chosen, problem, dev)
-        except ValueError:  # auto: the simt decode runs what no tensor-core decode takes
-            entry = registry.choose("decode", "simt", problem, dev)
-    else:
-        entry = registry.choose("decode", chosen, problem, dev)
-    return entry.specs[0], entry.config(problem)
-
 
 # ----------------------------------------------------------------------------- attention
 
@@ -110,18 +44,11 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
             return result
     dev = device.current()
     q, k, v, scale = validate.attention(q, k, v, causal, softmax_scale)
-    chosen = resolve_backend(backend, q.fmt, dev)
-    if chosen == "tc" and not arrays.rows_16_byte_aligned(q, k, v):
-        if backend == "tc":
-            raise ValueError("backend: the 'tc' forward copies q, k and v in 16-byte chunks: "
-                             "their data pointers and strides must be multiples of 16 bytes "
-                             "(use 'simt' or 'auto' for other views)")
-        chosen = "simt"  # auto: the CUDA-core kernel reads any view
+    spec = backends.forward(backend, q, k, v, dev)
     b, sq, hq, d = q.shape
     o = validate.out_buffer(out, q, q.shape, q.fmt)
     if out is not None:
         validate.refuse_overlap([o], [q, k, v])
-    spec = _forward_spec(chosen, dev)
     lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
     # launch() prepares first: tiles that do not fit the device or a grid past CUDA's limits
     # are refused before the kernel runs, with nothing of the caller's written.
@@ -147,19 +74,9 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     """
     dev = device.current()
     q, k, v, scale = validate.attention(q, k, v, causal, softmax_scale)
-    chosen = resolve_backend(backend, q.fmt, dev)
     dout, out, lse = validate.backward(q, dout, out, lse)
     b, sq, hq, d = q.shape
-    dkdv, dq_spec = _backward_specs(chosen, d, dev)
-    # A dQ kernel that computes D_i copies out as well.
-    copied = (q, k, v, dout, out) if dq_spec.writes_delta else (q, k, v, dout)
-    if chosen == "tc" and not arrays.rows_16_byte_aligned(*copied):
-        if backend == "tc":
-            names = ", ".join(t.name for t in copied[:-1]) + " and " + copied[-1].name
-            raise ValueError(f"backend: the 'tc' backward copies {names} in 16-byte chunks: "
-                             "their data pointers and strides must be multiples of 16 bytes "
-                             "(use 'simt' or 'auto' for other views)")
-        dkdv, dq_spec = _backward_specs("simt", d, dev)  # auto: CUDA cores read any view
+    dkdv, dq_spec = backends.backward(backend, q, k, v, dout, out, dev)
     given = (dq, dk, dv)
     dq = validate.out_buffer(dq, q, q.shape, q.fmt, "dq")
     dk = validate.out_buffer(dk, q, k.shape, q.fmt, "dk")
@@ -265,7 +182,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     dtype (``out=`` takes a caller buffer); lse: (b, h_q, s_q) float32, natural log. ``causal``
     (for s_q > 1): query token i sees the keys before ``seqlen - (s_q - 1 - i)``. Block-table
     entries at or past ``ceil(seqlen / page)`` and cache slots at or past ``seqlen`` are never
-    read. ``backend``: ``"tc"`` (tensor cores, ``_decode_spec``), ``"simt"`` or ``"auto"``.
+    read. ``backend``: ``"tc"`` (tensor cores, ``backends.decode_spec``), ``"simt"`` or ``"auto"``.
     FlashMLA's ``is_fp8_kvcache=True``, ``indices`` (sparse attention) and ``attn_sink`` raise
     ``NotImplementedError``.
     """
@@ -280,7 +197,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     planned = metadata is not None
     q_rows = s_q * (h_q // h_kv)
     config = (q_rows, d, int(head_dim_v), bool(causal) and s_q > 1, q.fmt)
-    decode, config = _decode_spec(backend, config, q, k_cache, dev)
+    decode, config = backends.decode_spec(backend, config, q, k_cache, dev)
     dv = int(head_dim_v)
     o = validate.out_buffer(out, q, (b, s_q, h_q, dv), q.fmt)
     if out is not None:
@@ -305,19 +222,6 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     decode.launch(config, problem, stream, dev)
     registry.COMBINE.launch(combine, problem, stream, dev)
     return o.obj, problem["lse"].obj
-
-
-# ----------------------------------------------------------------------------- the status word
-
-def check_errors():
-    """Raise ``RuntimeError`` naming what the kernels found wrong in values only the device saw
-    (metadata, block-table entries, lengths, split counts) since the last call, and clear it.
-    The kernels bound every access such a value makes and skip the work it makes invalid; this
-    call is how the caller learns of it. It synchronizes each device that ran a decode."""
-    found = status.take()
-    if found:
-        raise RuntimeError("; ".join(message for flag, message in flags.MESSAGES.items()
-                                     if found & flag))
 
 
 # ----------------------------------------------------------------------------- warmup

@@ -40,15 +40,15 @@ def test_a_device_that_lacks_the_shared_memory_refuses_before_launch(rng):
 
 
 def test_hopper_runs_the_wgmma_forward_and_every_other_gpu_the_mma_one():
-    from numba_flash import api
+    from numba_flash import backends
     from numba_flash.kernels.tc import forward_mma, forward_wgmma
     from numba_flash.runtime.device import SIMULATED
 
-    assert api.tc_family((9, 0)) == "wgmma"
-    assert {api.tc_family(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))} == {"mma"}
-    assert api._forward_spec("tc", SIMULATED) is forward_wgmma.SPEC
-    assert api._forward_spec("tc", SIMULATED.__class__(cc=(8, 0), sms=108,
-                                                         shared_per_block=163 * 1024)) \
+    assert backends.tc_family((9, 0)) == "wgmma"
+    assert {backends.tc_family(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))} == {"mma"}
+    assert backends.forward_spec("tc", SIMULATED) is forward_wgmma.SPEC
+    assert backends.forward_spec("tc", SIMULATED.__class__(cc=(8, 0), sms=108,
+                                                           shared_per_block=163 * 1024)) \
         is forward_mma.SPEC
 
 

@@ -14,7 +14,8 @@ def test_a_seen_forward_signature_runs_from_its_plan_with_the_same_results(rng, 
     ``auto`` is a new signature (the CUDA-core kernel), and a forced tile entry is planned
     again."""
     torch = pytest.importorskip("torch")
-    from numba_flash import api, torch_plans, validate
+    from numba_flash import backends, torch_plans, validate
+    from numba_flash.runtime import device
     from numba_flash import reference as ref
 
     checked = []
@@ -44,8 +45,8 @@ def test_a_seen_forward_signature_runs_from_its_plan_with_the_same_results(rng, 
     qo, ko, vo = inputs(offset=1)  # 2 bytes into wider rows: not 16-byte aligned
     expect(*nf.flash_attn_fwd(qo, ko, vo, causal=True), qo, ko, vo)
     assert len(checked) == 2 and len(torch_plans._plans) == 2
-    spec = api._forward_spec("tc", api.device.current())
-    entry = spec.entry(spec.Config(64, True, "float16"), api.device.current())
+    spec = backends.forward_spec("tc", device.current())
+    entry = spec.entry(spec.Config(64, True, "float16"), device.current())
     with spec.forcing(entry):  # the table's entry, but forced: planned again
         expect(*nf.flash_attn_fwd(q2, k2, v2, causal=True), q2, k2, v2)
     assert len(checked) == 3

@@ -84,7 +84,7 @@ def main(argv=None):
 
     # 5. Both tensor-core forwards: wgmma on a Hopper, mma.sync on sm_80 (planned for it).
     import numba_flash as nf
-    from numba_flash import api, reference
+    from numba_flash import backends, reference
     from numba_flash.runtime import device
 
     B, S, H, D = (1, 20, 1, 16) if args.simulator else (2, 2048, 8, 128)
@@ -97,7 +97,7 @@ def main(argv=None):
         if dev is None and tuple(device.current().cc[:2]) != (9, 0):
             continue  # wgmma exists on a Hopper only
         with device.plan_for(dev or device.current()):
-            family = api.tc_family(device.current().cc)
+            family = backends.tc_family(device.current().cc)
             out, lse = nf.flash_attn_fwd(*(_tutorial.device_array(x, args.simulator)
                                            for x in (q, k, v)), causal=True, backend="tc")
         out = _tutorial.host(out)

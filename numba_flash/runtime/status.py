@@ -1,7 +1,7 @@
 """The device status words on the host: one int32 array of one element per device, made on first
 use and kept. Kernels set its bits with an atomic OR when they meet a value only the device saw
-(which bits mean what is the kernels' business: kernels/common/status.py); ``take`` reads and
-clears them, synchronizing only when asked, never on the hot path."""
+(``kernels/common/status.report``); ``take`` reads and clears them, synchronizing only when
+asked, never on the hot path, and ``check_errors`` names the bits set."""
 
 import threading
 
@@ -10,6 +10,24 @@ from numba import cuda
 
 from . import arrays, device
 from .device import SIMULATOR
+
+BAD_METADATA = 1 << 0       # a metadata row names requests outside the batch
+BAD_TABLE_ENTRY = 1 << 1    # a block-table entry inside a sequence is not a page of the cache
+PAST_TABLE = 1 << 2         # a length reaches past the block table's columns
+BAD_SPLITS = 1 << 3         # num_splits names accumulator slots that do not exist
+NEGATIVE_LENGTH = 1 << 4    # a length is negative
+
+MESSAGES = {
+    BAD_METADATA: "tile_scheduler_metadata: a row names requests outside the batch "
+                  "(its parts were skipped)",
+    BAD_TABLE_ENTRY: "block_table: an entry inside a sequence is not a page of k_cache "
+                     "(its rows were read as zeros)",
+    PAST_TABLE: "cache_seqlens: a length reaches past the block table's columns "
+                "(the rows past it were read as zeros)",
+    BAD_SPLITS: "num_splits: split counts name accumulator slots that do not exist "
+                "(those partial results were dropped)",
+    NEGATIVE_LENGTH: "cache_seqlens: a length is negative (read as 0)",
+}
 
 _words = {}  # device ordinal -> (the word: an int32 device array of 1, its Tensor)
 _lock = threading.Lock()
@@ -50,3 +68,14 @@ def take():
                 cuda.synchronize()
         found |= value
     return found
+
+
+def check_errors():
+    """Raise ``RuntimeError`` naming what the kernels found wrong in values only the device saw
+    (metadata, block-table entries, lengths, split counts) since the last call, and clear it.
+    The kernels bound every access such a value makes and skip the work it makes invalid; this
+    call is how the caller learns of it. It synchronizes each device that ran a decode."""
+    found = take()
+    if found:
+        raise RuntimeError("; ".join(message for flag, message in MESSAGES.items()
+                                     if found & flag))
