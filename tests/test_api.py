@@ -1,6 +1,6 @@
-"""api.py: which kernels a call runs and how it launches them (tensor-core families, alignment,
-the combine behind the decode, planning without metadata), threads, warmup, and what every call
-says where the CUDA libraries are missing."""
+"""api.py: how a call runs its kernels (alignment refused or routed before any launch, the combine
+behind the decode, planning without metadata), threads, warmup, and what every call says where
+the CUDA libraries are missing. Which kernel a backend picks: tests/test_backends.py."""
 
 import numpy as np
 import pytest
@@ -37,19 +37,6 @@ def test_a_device_that_lacks_the_shared_memory_refuses_before_launch(rng):
     with device.plan_for(small), pytest.raises(ValueError, match="shared memory per block"):
         nf.flash_attn_fwd(q, k, v, backend="simt", out=out)
     assert np.isnan(to_host(out).astype(np.float32)).all(), "a refused call wrote to out"
-
-
-def test_hopper_runs_the_wgmma_forward_and_every_other_gpu_the_mma_one():
-    from numba_flash import backends
-    from numba_flash.kernels.tc import forward_mma, forward_wgmma
-    from numba_flash.runtime.device import SIMULATED
-
-    assert backends.tc_family((9, 0)) == "wgmma"
-    assert {backends.tc_family(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))} == {"mma"}
-    assert backends.forward_spec("tc", SIMULATED) is forward_wgmma.SPEC
-    assert backends.forward_spec("tc", SIMULATED.__class__(cc=(8, 0), sms=108,
-                                                           shared_per_block=163 * 1024)) \
-        is forward_mma.SPEC
 
 
 def test_tc_forward_refuses_views_off_16_bytes_and_auto_runs_them(rng):

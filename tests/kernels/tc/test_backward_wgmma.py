@@ -61,12 +61,12 @@ def wgmma_family():
 
 
 def test_hopper_runs_these_kernels_up_to_their_head_dim():
-    from numba_flash import api
+    from numba_flash import backends
     from numba_flash.runtime import device
 
     dev = device.current()
-    assert api._backward_specs("tc", 128, dev) == (backward_wgmma.DKDV, backward_wgmma.DQ)
-    assert backward_wgmma.DKDV not in api._backward_specs("tc", 136, dev)
+    assert backends.backward_specs("tc", 128, dev) == (backward_wgmma.DKDV, backward_wgmma.DQ)
+    assert backward_wgmma.DKDV not in backends.backward_specs("tc", 136, dev)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
