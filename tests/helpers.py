@@ -158,22 +158,36 @@ def spill_problem(report, nvjitlink):
 def assert_compiles_clean(module, configs, must_contain=(), ccs=CCS, must_not_log=()):
     """Compile the spec of kernel ``module`` (``"simt.forward"``, or ``"simt.backward:DQ"`` for
     a module with several specs) for each ``(config, tile entry)`` of ``configs`` (entry None:
-    the table's) and each of ``ccs`` (sm_80 and sm_90) in a child process without the simulator
-    (``runtime.ptxcheck``), and require no spills (``spill_problem``), no local-memory traffic,
-    the given PTX instructions, no wgmma that ptxas serialized (any of its C75xx reasons) and none
-    of the given ptxas messages. Every compiled specialization is checked before the test fails,
-    and the failure lists them all."""
+    the table's) and each of ``ccs`` (sm_80 and sm_90) and check each (``assert_jobs_clean``)."""
+    from numba_flash.runtime import ptxcheck
+
+    target = "numba_flash.runtime.ptxcheck:spec_build"
+    assert_jobs_clean([(f"{module}{tuple(config)} tiles {entry} {ptxcheck.arch(cc)}",
+                        (target, cc, (f"numba_flash.kernels.{module}", list(config),
+                                      None if entry is None else list(entry))))
+                       for config, entry in configs for cc in ccs], must_contain, must_not_log)
+
+
+def later_samples(spec):
+    """``(config, entry)`` of each of ``spec``'s samples but the first, which the registry's
+    compile test builds (tests/kernels/test_registry.py): for a kernel's own compile test that
+    builds its samples."""
+    return [(sample.config, sample.entry) for sample in spec.samples()[1:]]
+
+
+def assert_jobs_clean(jobs, must_contain=(), must_not_log=()):
+    """Compile each ``(name, job)`` of ``jobs`` (a job of ``ptxcheck.compile_reports_isolated``)
+    in a child process without the simulator, and require no spills (``spill_problem``), no
+    local-memory traffic, the given PTX instructions, no wgmma that ptxas serialized (any of its
+    C75xx reasons) and none of the given ptxas messages. Every compiled specialization is checked
+    before the test fails, and the failure lists them all by name."""
     from cuda.bindings import nvjitlink
 
     from numba_flash.runtime import ptxcheck
 
-    target = "numba_flash.runtime.ptxcheck:spec_build"
-    jobs = [(target, cc, (f"numba_flash.kernels.{module}", list(config),
-                          None if entry is None else list(entry)))
-            for config, entry in configs for cc in ccs]
     problems = []
-    for (ptx, report), (_, cc, args) in zip(ptxcheck.compile_reports_isolated(jobs), jobs):
-        where = f"{module}{tuple(args[1])} tiles {args[2]} sm_{''.join(map(str, cc))}"
+    results = ptxcheck.compile_reports_isolated([job for _, job in jobs])
+    for (ptx, report), (where, _) in zip(results, jobs):
         spills = spill_problem(report, nvjitlink.version())
         if spills:
             problems.append(f"{where}: {spills}")

@@ -1,4 +1,4 @@
-"""Print the sha256 of the PTX of every kernel specialization the tests and tile tables use.
+"""Print the sha256 of the PTX of every sample specialization of the kernels and test kernels.
 
 A change that must leave the code the GPU runs untouched (a move, a rename, a new home for shared
 device code) is checked by running this before and after it:
@@ -6,12 +6,14 @@ device code) is checked by running this before and after it:
     python tools/ptx_hashes.py > /tmp/before.txt              # on the old tree
     python tools/ptx_hashes.py --check tools/ptx_hashes.txt   # on the new one
 
-Every specialization is compiled for sm_80 and sm_90 (sm_90a for the wgmma kernels) in child
-processes without the simulator, as ``runtime.ptxcheck`` compiles them. Each output line holds
-a stable key, the hash of the PTX text as NVVM wrote it and the hash of the same text with its
-mangled symbol names replaced by their order of first appearance: Numba mangles a kernel's
-module path and its closure's contents into its name, so moving a factory to another module
-renames the kernel without changing one instruction. ``--check`` compares the second hash.
+The kernels are the registry's specs and the teaching kernel, each with the samples it declares
+(``KernelSpec.samples``: a new kernel brings its own). Every specialization is compiled for
+sm_80 and sm_90 (sm_90a for the wgmma kernels) in child processes without the simulator, as
+``runtime.ptxcheck`` compiles them. Each output line holds a stable key, the hash of the PTX text
+as NVVM wrote it and the hash of the same text with its mangled symbol names replaced by their
+order of first appearance: Numba mangles a kernel's module path and its closure's contents into
+its name, so moving a factory to another module renames the kernel without changing one
+instruction. ``--check`` compares the second hash.
 """
 
 import argparse
@@ -25,146 +27,34 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this tree's numba_flash, as the children import it (PYTHONPATH)
 TEST_KERNELS = ROOT / "tests" / "kernels" / "ptx"
-SM80, SM90, SM90A = (8, 0), (9, 0), (9, 0, "a")
-A100_SHARED, H100_SHARED = 163 * 1024, 227 * 1024
-FMTS16 = ("float16", "bfloat16")
 
 
 def specializations():
     """``[(key, target, cc, args)]``: ``target`` names a function ``module:function`` (or
-    ``file.py:function``) returning ``(pyfunc, signature[, options])`` for ``*args``; kernels
-    are built from their specs (``runtime.ptxcheck.spec_build``: module, config, tile entry,
-    device)."""
+    ``file.py:function``) returning ``(pyfunc, signature[, options])`` for ``*args``. The kernels
+    are the registry's specs and the teaching kernel, each built from its samples
+    (``KernelSpec.samples``, through ``runtime.ptxcheck.sample_jobs``); the test kernels of
+    ``tests/kernels/ptx`` follow."""
+    from numba_flash.kernels import registry
+    from numba_flash.kernels.attention import HALF_FORMATS
+    from numba_flash.kernels.simt import forward_rowwise
+    from numba_flash.runtime import ptxcheck
+    from numba_flash.runtime.spec import SM80, SM90, SM90A
+
     jobs = []
-    build = "numba_flash.runtime.ptxcheck:spec_build"
-
-    def add(key, ccs, module, config, entry=None, device=None):
-        for cc in ccs:
-            jobs.append((f"{key} sm_{''.join(map(str, cc))}", build, cc,
-                         (f"numba_flash.kernels.{module}", config, entry, device)))
-
-    for fmt in ("float16", "bfloat16", "float32"):
-        add(f"naive scores {fmt}", (SM80, SM90), "naive:SCORES", [False, fmt])
-        add(f"naive output {fmt}", (SM80, SM90), "naive:OUTPUT", [False, fmt])
-    for causal in (False, True):
-        add(f"naive softmax causal={causal}", (SM80, SM90), "naive:SOFTMAX", [causal, "float32"])
-
-    for d in (64, 128, 256):
-        for causal in (False, True):
-            for fmt in ("float16", "bfloat16", "float32"):
-                add(f"simt fwd d={d} causal={causal} {fmt}", (SM80, SM90), "simt.forward",
-                    [d, causal, fmt])
-    add("simt fwd d=8 causal=True bfloat16", (SM80, SM90), "simt.forward", [8, True, "bfloat16"])
-    add("simt fwd d=72 causal=False bfloat16", (SM80, SM90), "simt.forward",
-        [72, False, "bfloat16"])
-    for d in (8, 64, 128):
-        for causal in (False, True):
-            add(f"simt rowwise fwd d={d} causal={causal} float16", (SM80, SM90),
-                "simt.forward_rowwise", [d, causal, "float16"])
-
-    for d in (64, 128, 256):
-        for kernel in ("dkdv", "dq"):
-            for causal in (False, True):
-                add(f"simt bwd {kernel} d={d} causal={causal} bfloat16", (SM80, SM90),
-                    f"simt.backward:{kernel.upper()}", [d, causal, "bfloat16"])
-        add(f"simt bwd dkdv d={d} causal=False float32", (SM80, SM90), "simt.backward:DKDV",
-            [d, False, "float32"])
-    for fmt in ("float16", "bfloat16", "float32"):
-        add(f"simt bwd preprocess d=256 {fmt}", (SM80, SM90), "simt.backward:PREPROCESS",
-            [256, False, fmt])
-
-    def gpu(cc, shared):
-        return {"cc": list(cc), "sms": 132, "shared_per_block": shared}
-
-    for q_rows in (1, 2, 4, 8, 16, 128):
-        for causal in (False, True):
-            add(f"simt mla q_rows={q_rows} causal={causal} bfloat16 limit=227K", (SM90,),
-                "simt.mla_decode", [q_rows, 576, 512, causal, "bfloat16", True], None,
-                gpu(SM90, H100_SHARED))
-    for q_rows, causal in ((1, False), (8, True), (128, False)):
-        add(f"simt mla q_rows={q_rows} causal={causal} float32 limit=163K", (SM80,),
-            "simt.mla_decode", [q_rows, 576, 512, causal, "float32", True], None,
-            gpu(SM80, A100_SHARED))
-    add("simt mla q_rows=16 causal=False bfloat16 limit=227K unaligned", (SM90,),
-        "simt.mla_decode", [16, 576, 512, False, "bfloat16", False], None, gpu(SM90, H100_SHARED))
-
-    for fmt in ("float16", "bfloat16", "float32"):
-        add(f"simt mla combine dv=512 {fmt}", (SM80, SM90), "simt.combine", [512, fmt])
-        add(f"simt mla combine dv=512 {fmt} programmatic", (SM90,), "simt.combine",
-            [512, fmt, True])
-    add("simt mla metadata", (SM80, SM90), "simt.mla_metadata", [])
-    for tma, copies in ((False, ""), (True, " tma")):  # cache tiles by cp.async or by TMA
-        for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
-            add(f"tc wgmma mla q_rows={q_rows} causal={causal} {fmt}{copies}", (SM90A,),
-                "tc.mla_decode_wgmma", [q_rows, 576, 512, causal, fmt, True, tma])
-        add(f"tc wgmma mla d=48 dv=23 causal=True bfloat16{copies}", (SM90A,),
-            "tc.mla_decode_wgmma", [8, 48, 23, True, "bfloat16", True, tma])
-    for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
-        add(f"tc wgmma mla seesaw q_rows={q_rows} causal={causal} {fmt} tma", (SM90A,),
-            "tc.mla_decode_seesaw", [q_rows, 576, 512, causal, fmt, True, True])
-    for entry in ((32, 32, 4, 0), (16, 32, 4, 0)):  # the mma.sync decode's table
-        for q_rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16")):
-            add(f"tc mma mla q_rows={q_rows} causal={causal} {fmt} tiles={entry}", (SM80,),
-                "tc.mla_decode_mma", [q_rows, 576, 512, causal, fmt, True], entry)
-        add(f"tc mma mla d=48 dv=23 causal=True bfloat16 tiles={entry}", (SM80,),
-            "tc.mla_decode_mma", [8, 48, 23, True, "bfloat16", True], entry)
-
-    mma = [(64, (128, 64, 4, 0)), (128, (128, 64, 4, 0)), (128, (128, 32, 4, 0)),
-           (256, (64, 32, 4, 0)), (16, (32, 16, 2, 0))]
-    for d, tiles in mma:
-        for causal in (False, True):
-            for fmt in FMTS16:
-                add(f"tc mma fwd d={d} tiles={tiles} causal={causal} {fmt}", (SM80, SM90),
-                    "tc.forward_mma", [d, causal, fmt], list(tiles))
-    add("tc mma fwd d=8 causal=True float16", (SM80, SM90), "tc.forward_mma",
-        [8, True, "float16"])
-
-    wgmma = [(64, (128, 64, 8, 0)), (128, (128, 128, 8, 0)), (256, (64, 64, 4, 0)),
-             (8, (192, 32, 12, 0))]
-    for d, tiles in wgmma:
-        for causal in (False, True):
-            for fmt in FMTS16:
-                add(f"tc wgmma fwd d={d} tiles={tiles} causal={causal} {fmt}", (SM90A,),
-                    "tc.forward_wgmma", [d, causal, fmt], list(tiles))
-
-    bwd_tiles = [(64, ((64, 64, 4), (64, 64, 4)), ((128, 32, 8), (64, 64, 4))),
-                 (128, ((64, 64, 4), (32, 64, 4)), ((128, 64, 8), (64, 64, 4))),
-                 (256, ((32, 32, 4), (32, 32, 4)), ((64, 32, 4), (64, 32, 4)))]
-    for d, dkdv, dq in bwd_tiles:
-        for causal in (False, True):
-            for fmt in FMTS16:
-                for name, tiles in (("dkdv", dkdv), ("dq", dq)):
-                    entry = tiles[int(causal)]
-                    add(f"tc mma bwd {name} d={d} tiles={entry} causal={causal} {fmt}",
-                        (SM80, SM90), f"tc.backward_mma:{name.upper()}", [d, causal, fmt],
-                        list(entry))
-    for d, dkdv, dq in ((128, (32, 64, 4), (64, 32, 4)), (256, (16, 32, 4), (32, 16, 2))):
-        for name, entry in (("dkdv", dkdv), ("dq", dq)):  # the tiles of 99 KiB blocks
-            add(f"tc mma bwd {name} d={d} tiles={entry} causal=True bfloat16", (SM80, SM90),
-                f"tc.backward_mma:{name.upper()}", [d, True, "bfloat16"], list(entry))
-    for d, causal, fmt in ((8, True, "float16"), (72, False, "bfloat16")):
-        for name in ("dkdv", "dq"):
-            add(f"tc mma bwd {name} d={d} causal={causal} {fmt}", (SM80, SM90),
-                f"tc.backward_mma:{name.upper()}", [d, causal, fmt])
-
-    wgmma_bwd = [(64, ((128, 128), (128, 128)), ((128, 64), (128, 128))),
-                 (128, ((64, 128), (64, 64)), ((128, 64), (128, 64)))]
-    for d, dkdv, dq in wgmma_bwd:
-        for causal in (False, True):
-            for fmt in FMTS16:
-                for name, tiles in (("dkdv", dkdv), ("dq", dq)):
-                    entry = tiles[int(causal)]
-                    add(f"tc wgmma bwd {name} d={d} tiles={entry} causal={causal} {fmt}",
-                        (SM90A,), f"tc.backward_wgmma:{name.upper()}", [d, causal, fmt],
-                        list(entry))
+    for spec in registry.specs() + [forward_rowwise.SPEC]:
+        samples = spec.samples()
+        if not samples:
+            raise ValueError(f"{spec.name}: no samples")
+        jobs += [(key, *job) for key, job in ptxcheck.sample_jobs(spec, samples)]
 
     def test_kernel(key, target, ccs, *args):
-        for cc in ccs:
-            jobs.append((f"{key} sm_{''.join(map(str, cc))}", target, cc, args))
+        jobs.extend((f"{key} {ptxcheck.arch(cc)}", target, cc, args) for cc in ccs)
 
     probe = f"{TEST_KERNELS / '_ptx_kernels.py'}:probe"
-    for fmt in FMTS16:
+    for fmt in HALF_FORMATS:
         test_kernel(f"test probe tiles {fmt}", probe, (SM80, SM90), "tiles", fmt)
     test_kernel("test probe conversions", probe, (SM90,), "conversions")
     chain = f"{TEST_KERNELS / '_wgmma_kernels.py'}:chain"

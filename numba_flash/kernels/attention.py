@@ -24,13 +24,14 @@ import numpy as np
 from numba import types
 
 from ..runtime.launcher import cdiv
-from ..runtime.spec import KernelSpec
+from ..runtime.spec import SM80, SM90, KernelSpec, Sample
 from .common.formats import storage_type
 from .common.grid import fold
 
 LOG2E = math.log2(math.e)
 I32, F32 = types.int32, types.float32
 F32_3D = types.Array(types.float32, 3, "A")
+HALF_FORMATS = ("float16", "bfloat16")  # the tensor-core kernels' storage formats
 
 
 class AttentionConfig(NamedTuple):
@@ -39,6 +40,14 @@ class AttentionConfig(NamedTuple):
     head_dim: int
     causal: bool
     fmt: str  # storage format of q, k, v and the outputs
+
+
+def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
+    """An attention kernel's ``Sample`` of ``config`` (head dim, causal, format) with tile entry
+    ``entry``, labelled ``<kernel> d=<head dim>[ tiles=<entry>] causal=<causal> <format>``."""
+    d, causal, fmt = config
+    tiles = "" if entry is None else f" tiles={entry}"
+    return Sample(f"{kernel} d={d}{tiles} causal={causal} {fmt}", tuple(config), entry, ccs=ccs)
 
 
 def tensor_type(fmt, ndim=4):
@@ -161,6 +170,14 @@ class DecodeConfig(NamedTuple):
     fmt: str
     vec: bool         # q and the cache may be copied in 16-byte chunks (rows_16_byte_aligned)
     tma: bool = False  # cache tiles by TMA boxes (wgmma; page size a multiple of 64)
+
+
+# The tensor-core decodes' samples (``KernelSpec.samples``) by label: (q_rows, head_dim,
+# head_dim_v, causal, fmt), small head dims first (the cheapest), then DeepSeek's (576, 512)
+# with 16 and with 128 rows.
+TC_DECODE_SAMPLES = (("d=48 dv=23 causal=True bfloat16", (8, 48, 23, True, "bfloat16")),
+                     ("q_rows=16 causal=False bfloat16", (16, 576, 512, False, "bfloat16")),
+                     ("q_rows=128 causal=True float16", (128, 576, 512, True, "float16")))
 
 
 class DecodeSpec(KernelSpec):

@@ -56,8 +56,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32, types
 
+from ..runtime.arrays import FLOAT_FORMATS
 from ..runtime.launcher import cdiv
-from ..runtime.spec import KernelSpec, Tiles
+from ..runtime.spec import KernelSpec, Sample, Tiles
 from .common.grid import fold, folded_row
 
 from .common import constants, formats
@@ -288,6 +289,10 @@ class _Spec(KernelSpec):
     def tiles(self, config, entry):
         return Tiles(entry, entry, GEMM_THREADS, 0)
 
+    def samples(self):
+        return [Sample(f"{self.name.replace('_', ' ')} {fmt}", (False, fmt))
+                for fmt in FLOAT_FORMATS]
+
     @staticmethod
     def sizes(p):
         q, k = p["q"], p["k"]
@@ -330,6 +335,10 @@ class Softmax(_Spec):
 
     def code_key(self, config, tiles):
         return config.causal
+
+    def samples(self):
+        return [Sample(f"naive softmax causal={causal}", (causal, "float32"))
+                for causal in (False, True)]
 
     def make(self, config, tiles):
         return make_softmax_kernel(config.causal)

@@ -5,7 +5,9 @@ here best first. Each ``Entry`` names its backend (``simt`` or ``tc``), the spec
 launches, and ``refuses(problem, dev)``: None when it can run the problem on that device, else
 the reason it cannot. ``choose`` takes the first candidate of the backend that accepts; when an
 explicit backend has none, the ``ValueError`` lists every candidate's reason. A new kernel is its
-module and one line in ``ENTRIES``; ``tools/ptx_hashes.py`` enumerates the specs from here too.
+module (its spec with the samples the checks compile, ``KernelSpec.samples``) and one line in
+``ENTRIES``; ``tools/ptx_hashes.py`` and the registry's compile test enumerate the specs from here
+too.
 
 ``Problem`` is what the choice reads, as the host's validation found it: the element format, head
 dims, packed query rows per KV head (decode), causality, whether q and the cache rows allow

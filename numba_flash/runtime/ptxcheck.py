@@ -17,10 +17,12 @@ kernels over one child per CPU core, each paying for Numba's import once).
     ptx, report = compile_report_isolated("pkg.module:make_target", cc=(9, 0), args=(...))
     cubin = link_cubin(ptx, cc=(9, 0))  # ELF bytes, for nvdisasm (tools/sass.py)
     [(ptx, report), ...] = compile_reports_isolated([(spec, cc, args), ...])
+    [(key, job), ...] = sample_jobs(SPEC)  # a spec's samples as jobs of the call above
     report -> {"registers": 96, "spill_stores": 0, "spill_loads": 0, "stack": 0,
                "smem": 16384, "lmem": 0, "barriers": 1, "functions": {...}, "log": "..."}
 """
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -33,6 +35,12 @@ _PROPERTIES = re.compile(r"Function properties for '?([^\s':]+)'?:?\s*$")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"[Uu]sed (\d+) registers(?:, used (\d+) barriers)?")
 _FINAL = re.compile(r"(\d+) stack, (\d+) bytes smem, .* (\d+) bytes lmem")
+
+
+def arch(cc):
+    """The architecture name of compute capability ``cc``: (9, 0) -> sm_90, (9, 0, "a") ->
+    sm_90a."""
+    return "sm_" + "".join(map(str, cc))
 
 
 def compile_ptx(pyfunc, signature, cc=(9, 0), **options):
@@ -73,7 +81,7 @@ def _link(ptx, cc, max_registers, cubin):
     from cuda.bindings import nvjitlink
 
     data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
-    flags = ["-arch=sm_" + "".join(map(str, cc))]  # (9, 0, "a") -> sm_90a
+    flags = ["-arch=" + arch(cc)]
     if not cubin:
         flags.append("-verbose")
     if max_registers:
@@ -176,6 +184,23 @@ def spec_build(module, config, entry=None, device=None):
     entry = _tuples(entry) if entry is not None else None
     device = Device(**dict(device, cc=tuple(device["cc"]))) if device is not None else None
     return spec.build(config, entry, device)
+
+
+def sample_jobs(spec, samples=None):
+    """``[(key, (target, cc, args))]``: each of ``samples`` (default: ``spec.samples()``, see
+    ``runtime.spec.Sample``) for each of its compute capabilities, keyed ``"<label> sm_<cc>"``,
+    as a job of ``compile_reports_isolated`` that builds it with ``spec_build``. ``spec`` is a
+    kernel module's spec instance."""
+    module = sys.modules[type(spec).__module__]
+    name = next(n for n, value in vars(module).items() if value is spec)
+    where = f"{module.__name__}:{name}"
+    jobs = []
+    for s in spec.samples() if samples is None else samples:
+        device = None if s.device is None else dataclasses.asdict(s.device)
+        jobs += [(f"{s.label} {arch(cc)}", ("numba_flash.runtime.ptxcheck:spec_build", cc,
+                                           (where, list(s.config), s.entry, device)))
+                 for cc in s.ccs]
+    return jobs
 
 
 def _tuples(x):

@@ -14,7 +14,9 @@ that says, in one place,
   ``dependent(config)``: whether it is launched as a programmatic dependent of the kernel before
   it (``launcher``).
   ``prepare`` checks the tiles against the device and the grid against CUDA's limits before
-  anything is launched.
+  anything is launched;
+- ``samples()``: the specializations the checks without a GPU compile (``Sample``: PTX hashes in
+  ``tools/ptx_hashes.py``, the registry's compile test), the cheapest first.
 
 The runtime compiles each (code, tiles, compute capability) once: ``compiled`` caches by
 ``code_key(config, tiles)`` (the config, unless a kernel's code depends on less of it), the
@@ -27,6 +29,7 @@ in the persistent cache of ``cache.py`` when an earlier process compiled it.
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple, Optional
 
 from . import launcher
 from .compiler import compile_kernel, compile_options
@@ -41,6 +44,22 @@ class Tiles:
     threads: int
     shared_bytes: int
     max_registers: int = 0  # a per-thread register cap (0: the compiler's choice)
+
+
+SM80, SM90, SM90A = (8, 0), (9, 0), (9, 0, "a")  # compute capabilities as ptxcheck takes them
+
+
+class Sample(NamedTuple):
+    """A specialization the checks without a GPU compile: ``label`` names it (``tools/ptx_hashes``
+    keys it as the label and ``sm_<cc>``), ``config`` holds the spec's ``Config`` fields,
+    ``entry`` a tile entry (None: the table's for ``device``, a ``Device`` or None) and ``ccs`` the
+    compute capabilities it is built for."""
+
+    label: str
+    config: tuple
+    entry: Optional[tuple] = None
+    device: object = None
+    ccs: tuple = (SM80, SM90)
 
 
 class KernelSpec:
@@ -90,6 +109,11 @@ class KernelSpec:
     def dependent(self, config):
         """Launched as a programmatic dependent of the kernel before it (default: no)."""
         return False
+
+    def samples(self):
+        """The ``Sample`` specializations the checks compile, the cheapest first (the one the
+        registry's compile test builds)."""
+        raise NotImplementedError
 
     # ---------------------------------------------------------------- provided
 

@@ -1,15 +1,18 @@
 """kernels/registry.py: each pass's candidates in order, the reasons of an explicit backend's
-refusal, the specs it enumerates, and the host layer's single door to the kernels."""
+refusal, the specs it enumerates (each with its samples, and each compiling), and the host
+layer's single door to the kernels."""
 
 import ast
 import dataclasses
 import pathlib
 
 import pytest
+from helpers import assert_jobs_clean
 
 from numba_flash.kernels import registry
 from numba_flash.kernels.tc import (backward_mma, backward_wgmma, forward_mma, forward_wgmma,
                                     mla_decode_mma, mla_decode_seesaw, mla_decode_wgmma)
+from numba_flash.runtime import ptxcheck
 from numba_flash.runtime.device import Device
 
 HOPPER = Device(cc=(9, 0), sms=132, shared_per_block=232448)
@@ -64,6 +67,24 @@ def test_specs_lists_every_launched_spec_once():
         assert all(spec in specs for spec in entry.specs), entry.name
     for spec in (registry.PREPROCESS, registry.COMBINE, registry.METADATA, *registry.NAIVE):
         assert spec in specs
+
+
+def test_every_spec_has_samples_and_each_key_names_one_specialization():
+    """``tools/ptx_hashes.py`` hashes the samples by key and keeps the first of a key: two
+    samples of one key must be the same build."""
+    jobs = {}
+    for spec in registry.specs():
+        samples = spec.samples()
+        assert samples, spec.name
+        for key, job in ptxcheck.sample_jobs(spec, samples):
+            assert jobs.setdefault(key, job) == job, key
+
+
+def test_every_spec_compiles_without_spills():
+    """The first (cheapest) sample of every spec, for each of its compute capabilities; the
+    kernels' own tests compile more of them, with the instructions each must hold."""
+    assert_jobs_clean([job for spec in registry.specs()
+                       for job in ptxcheck.sample_jobs(spec, spec.samples()[:1])])
 
 
 @pytest.mark.parametrize("module", ["api.py", "validate.py", "torch_plans.py"])

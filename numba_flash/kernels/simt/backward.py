@@ -67,8 +67,9 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from ...runtime.spec import Tiles
-from ..attention import DkdvSpec, DqSpec, PreprocessSpec
+from ...runtime.arrays import FLOAT_FORMATS
+from ...runtime.spec import Sample, Tiles
+from ..attention import DkdvSpec, DqSpec, PreprocessSpec, sample
 from ..common import constants, formats
 from ..common.grid import folded_row
 from ..common.masks import make_kv_end, make_q_begin
@@ -381,6 +382,13 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 TILES = ((64, (32, 64), (64, 32)), (128, (32, 32), (64, 32)), (256, (32, 16), (16, 32)))
 
 
+def _samples(kernel, more=()):
+    """A tiled kernel's samples: the largest head dim of each tile class, causal or not, in
+    bfloat16, then the configs ``more``."""
+    configs = [(d, causal, "bfloat16") for d, _, _ in TILES for causal in (False, True)]
+    return [sample(f"simt bwd {kernel}", config) for config in configs + list(more)]
+
+
 class Preprocess(PreprocessSpec):
     """ROW_GROUPS query rows of D per block; no tiles, no shared memory."""
 
@@ -394,6 +402,10 @@ class Preprocess(PreprocessSpec):
 
     def make(self, config, tiles):
         return make_preprocess_kernel(config.head_dim, config.fmt)
+
+    def samples(self):
+        return [Sample(f"simt bwd preprocess d=256 {fmt}", (256, False, fmt))
+                for fmt in FLOAT_FORMATS]
 
 
 class Dkdv(DkdvSpec):
@@ -410,6 +422,9 @@ class Dkdv(DkdvSpec):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                 config.fmt)
 
+    def samples(self):
+        return _samples("dkdv", [(d, False, "float32") for d, _, _ in TILES])
+
 
 class Dq(DqSpec):
     name = "flash_bwd_dq_simt"
@@ -424,6 +439,9 @@ class Dq(DqSpec):
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                               config.fmt)
+
+    def samples(self):
+        return _samples("dq")
 
 
 PREPROCESS, DKDV, DQ = Preprocess(), Dkdv(), Dq()

@@ -45,7 +45,8 @@ from typing import NamedTuple
 from numba import cuda, float32, types, uint64
 
 from ...runtime.launcher import cdiv
-from ...runtime.spec import KernelSpec, Tiles
+from ...runtime.arrays import FLOAT_FORMATS
+from ...runtime.spec import SM90, KernelSpec, Sample, Tiles
 
 from ..common import constants, formats
 from ..common.status import BAD_SPLITS, report
@@ -147,6 +148,12 @@ class Spec(KernelSpec):
 
     def dependent(self, config):
         return config.programmatic
+
+    def samples(self):
+        """Each format on its own and, for sm_90, as the decode launches it (programmatic)."""
+        return [s for fmt in FLOAT_FORMATS for s in (
+            Sample(f"simt mla combine dv=512 {fmt}", (512, fmt)),
+            Sample(f"simt mla combine dv=512 {fmt} programmatic", (512, fmt, True), ccs=(SM90,)))]
 
     def signature(self, config):
         t = types.Array(formats.storage_type(config.fmt), 4, "A")

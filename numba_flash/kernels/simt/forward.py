@@ -51,8 +51,9 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
+from ...runtime.arrays import FLOAT_FORMATS
 from ...runtime.spec import Tiles
-from ..attention import ForwardSpec
+from ..attention import ForwardSpec, sample
 from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
@@ -222,6 +223,15 @@ class Spec(ForwardSpec):
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                    config.fmt)
+
+    def samples(self):
+        """The smallest head dim, the largest of each tile class (causal or not, each format)
+        and one between classes."""
+        configs = [(8, True, "bfloat16")]
+        configs += [(d, causal, fmt) for d, _ in TILES for causal in (False, True)
+                    for fmt in FLOAT_FORMATS]
+        configs.append((72, False, "bfloat16"))
+        return [sample("simt fwd", config) for config in configs]
 
 
 SPEC = Spec()

@@ -60,7 +60,7 @@ from numba import cuda, float32
 
 from ...runtime import arrays, device
 from ...runtime.spec import Tiles
-from ..attention import ForwardSpec
+from ..attention import ForwardSpec, sample
 from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
@@ -188,6 +188,10 @@ class Spec(ForwardSpec):
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_N, config.causal, config.fmt)
+
+    def samples(self):
+        return [sample("simt rowwise fwd", (d, causal, "float16")) for d in (8, 64, 128)
+                for causal in (False, True)]
 
 
 SPEC = Spec()

@@ -119,8 +119,8 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, uint32, uint64
 
-from ...runtime.device import SIMULATOR
-from ...runtime.spec import Tiles
+from ...runtime.device import SIMULATOR, Device
+from ...runtime.spec import SM80, SM90, Sample, Tiles
 
 from ..attention import DecodeSpec
 from ..common import constants, formats
@@ -690,6 +690,22 @@ class Spec(DecodeSpec):
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, tiles.BLOCK_M,
                                       tiles.BLOCK_N, tiles.threads, config.causal, config.fmt,
                                       config.vec)
+
+    def samples(self):
+        """DeepSeek's head dims: 1 to 16 and 128 rows, causal or not, in bfloat16 under an
+        H100's shared memory per block; three in float32 under an A100's; rows that are not in
+        16-byte chunks once. (The SM count does not change the code.)"""
+        h100 = Device(cc=SM90, sms=132, shared_per_block=227 * 1024)
+        a100 = Device(cc=SM80, sms=132, shared_per_block=163 * 1024)
+        cases = [(rows, causal, "bfloat16", True, h100) for rows in (1, 2, 4, 8, 16, 128)
+                 for causal in (False, True)]
+        cases += [(rows, causal, "float32", True, a100)
+                  for rows, causal in ((1, False), (8, True), (128, False))]
+        cases.append((16, False, "bfloat16", False, h100))
+        return [Sample(f"simt mla q_rows={rows} causal={causal} {fmt} "
+                       f"limit={dev.shared_per_block // 1024}K{'' if vec else ' unaligned'}",
+                       (rows, 576, 512, causal, fmt, vec), device=dev, ccs=(dev.cc,))
+                for rows, causal, fmt, vec, dev in cases]
 
 
 SPEC = Spec()

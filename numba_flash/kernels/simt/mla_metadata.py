@@ -29,7 +29,7 @@ from typing import NamedTuple
 from numba import cuda, int32, int64, types
 
 from ... import scheduler
-from ...runtime.spec import KernelSpec, Tiles
+from ...runtime.spec import KernelSpec, Sample, Tiles
 
 THREADS = 32
 CHUNK = 2048  # lengths in the shared window
@@ -155,6 +155,9 @@ class Spec(KernelSpec):
 
     def make(self, config, tiles):
         return mla_metadata
+
+    def samples(self):
+        return [Sample("simt mla metadata", ())]
 
     def signature(self, config):
         i1, i2 = types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A")

@@ -49,7 +49,7 @@ from functools import lru_cache
 from numba import cuda, float32, uint16, uint32
 
 from ...runtime.spec import Tiles
-from ..attention import DkdvSpec, DqSpec
+from ..attention import HALF_FORMATS, DkdvSpec, DqSpec, sample
 from ..common import backward
 from ..common.copies import make_tile_copy
 from ..common.epilogue import make_fragment_store
@@ -347,6 +347,16 @@ TILES = ((64, ((64, 64, 4), (64, 64, 4)), ((128, 32, 8), (64, 64, 4))),
 SMALL_TILES = ((128, (32, 64, 4), (64, 32, 4)), (256, (16, 32, 4), (32, 16, 2)))
 
 
+def _samples(kernel, column):
+    """Head dims 8 and 72 with the table's entries; every entry of the table, causal or not, in
+    both formats; the small tiles."""
+    name = f"tc mma bwd {kernel}"
+    return ([sample(name, config) for config in ((8, True, "float16"), (72, False, "bfloat16"))]
+            + [sample(name, (row[0], causal, fmt), row[column][int(causal)]) for row in TILES
+               for causal in (False, True) for fmt in HALF_FORMATS]
+            + [sample(name, (row[0], True, "bfloat16"), row[column]) for row in SMALL_TILES])
+
+
 def _entry(config, device, column, shared_bytes):
     entry = next(t for t in TILES if config.head_dim <= t[0])[column][int(config.causal)]
     if device is not None and shared_bytes(entry) > device.shared_per_block:
@@ -369,6 +379,9 @@ class Dkdv(DkdvSpec):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                 config.fmt, tiles.threads // 32)
 
+    def samples(self):
+        return _samples("dkdv", 1)
+
     def grid(self, config, tiles, p):
         b, sk, hk, _ = p["k"].shape
         return (b * hk, -(-sk // tiles.BLOCK_N))
@@ -388,6 +401,9 @@ class Dq(DqSpec):
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                               config.fmt, tiles.threads // 32)
+
+    def samples(self):
+        return _samples("dq", 2)
 
     def grid(self, config, tiles, p):
         b, sq, hq, _ = p["q"].shape

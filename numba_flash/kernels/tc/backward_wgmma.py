@@ -62,8 +62,8 @@ from functools import lru_cache
 
 from numba import cuda, float32, int32, uint16, uint32, uint64
 
-from ...runtime.spec import Tiles
-from ..attention import DkdvSpec, DqDeltaSpec
+from ...runtime.spec import SM90A, Tiles
+from ..attention import HALF_FORMATS, DkdvSpec, DqDeltaSpec, sample
 from ..common import backward
 from ..common.copies import make_swizzled_copy
 from ..common.epilogue import make_row_writer
@@ -428,6 +428,14 @@ def _entry(config, column):
     return next(t for t in TILES if config.head_dim <= t[0])[column][int(config.causal)]
 
 
+def _samples(kernel, column):
+    """Every entry of the table, causal or not, in both formats, each without its register cap
+    (the PTX record keys the dQ entry of D = 64 from before its cap)."""
+    return [sample(f"tc wgmma bwd {kernel}", (row[0], causal, fmt), row[column][int(causal)][:2],
+                   ccs=(SM90A,))
+            for row in TILES for causal in (False, True) for fmt in HALF_FORMATS]
+
+
 def _tiles(entry, threads_of, shared_bytes, head_dim):
     bm, bn, regs = (*entry, 0)[:3]
     return Tiles(bm, bn, threads_of(bm, bn), shared_bytes(bm, bn, head_dim), regs)
@@ -448,6 +456,9 @@ class Dkdv(DkdvSpec):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                 config.fmt)
 
+    def samples(self):
+        return _samples("dkdv", 1)
+
 
 class Dq(DqDeltaSpec):
     name = "flash_bwd_dq_wgmma"
@@ -463,6 +474,9 @@ class Dq(DqDeltaSpec):
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                               config.fmt)
+
+    def samples(self):
+        return _samples("dq", 2)
 
 
 DKDV, DQ = Dkdv(), Dq()

@@ -63,7 +63,7 @@ from numba import cuda, float32, uint16, uint32, uint64
 
 from ...runtime.device import SHARED_RESERVED_PER_BLOCK
 from ...runtime.spec import Tiles
-from ..attention import ForwardSpec
+from ..attention import HALF_FORMATS, ForwardSpec, sample
 from ..common import constants
 from ..instructions import convert, memory, sync
 from ..instructions import mma as mma_sync
@@ -338,6 +338,14 @@ class Spec(ForwardSpec):
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                    config.fmt, tiles.threads // 32)
+
+    def samples(self):
+        """A 32 x 16 tile of two warps at head dim 16 and every entry of the table at the largest
+        head dim it serves, causal or not, in both formats; head dim 8 with the table's entry."""
+        entries = [(16, (32, 16, 2, 0))] + [(d, t) for d, options in TILES for t in options]
+        return [sample("tc mma fwd", (d, causal, fmt), entry) for d, entry in entries
+                for causal in (False, True) for fmt in HALF_FORMATS] + [
+                    sample("tc mma fwd", (8, True, "float16"))]
 
 
 SPEC = Spec()

@@ -49,8 +49,8 @@ from functools import lru_cache
 
 from numba import cuda, float32, int32, uint16, uint32, uint64
 
-from ...runtime.spec import Tiles
-from ..attention import ForwardSpec
+from ...runtime.spec import SM90A, Tiles
+from ..attention import HALF_FORMATS, ForwardSpec, sample
 from ..common import constants
 from ..instructions import convert, memory, sync, wgmma
 from ..common.copies import make_swizzled_copy
@@ -255,6 +255,13 @@ class Spec(ForwardSpec):
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                    config.fmt)
+
+    def samples(self):
+        """Every entry of the table at the largest head dim it serves and three warpgroups of 64
+        rows at head dim 8, causal or not, in both formats."""
+        rows = TILES + ((8, ((192, 32, 12, 0),) * 2),)
+        return [sample("tc wgmma fwd", (d, causal, fmt), entries[int(causal)], ccs=(SM90A,))
+                for d, entries in rows for causal in (False, True) for fmt in HALF_FORMATS]
 
 
 SPEC = Spec()

@@ -69,8 +69,8 @@ from functools import lru_cache
 
 from numba import cuda, float32, int32, uint16, uint32
 
-from ...runtime.spec import Tiles
-from ..attention import DecodeSpec
+from ...runtime.spec import SM80, Sample, Tiles
+from ..attention import TC_DECODE_SAMPLES, DecodeSpec
 from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_row_keys
 from ..common.softmax import make_online_update, make_row_max
 from ..instructions import convert, memory, sync
@@ -361,6 +361,10 @@ class Spec(DecodeSpec):
         cols = tiles.threads // (32 * (tiles.BLOCK_M // 16))
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
                                       config.fmt, tiles.BLOCK_M, tiles.BLOCK_N, cols)
+
+    def samples(self):
+        return [Sample(f"tc mma mla {label} tiles={entry}", (*config, True), entry, ccs=(SM80,))
+                for entry in TILES for label, config in TC_DECODE_SAMPLES]
 
 
 SPEC = Spec()

@@ -68,8 +68,8 @@ from functools import lru_cache
 from numba import cuda, float32, int32, types, uint16, uint32, uint64
 
 from ...runtime import tma as tma_maps
-from ...runtime.spec import Tiles
-from ..attention import DecodeSpec
+from ...runtime.spec import SM90A, Sample, Tiles
+from ..attention import TC_DECODE_SAMPLES, DecodeSpec
 from ..common import constants
 from ..common.paged_kv import make_paged_kv_walk, make_piece_out, make_row_keys
 from ..common.softmax import RESCALE_LOG2, make_row_max
@@ -646,6 +646,10 @@ class Spec(DecodeSpec):
         assert config.tma
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
                                       config.fmt)
+
+    def samples(self):
+        return [Sample(f"tc wgmma mla seesaw {label} tma", (*config, True, True), ccs=(SM90A,))
+                for label, config in TC_DECODE_SAMPLES if supports(*config[1:3])]
 
 
 SPEC = Spec()

@@ -72,8 +72,8 @@ from functools import lru_cache
 from numba import cuda, float32, int32, types, uint16, uint32, uint64
 
 from ...runtime import tma as tma_maps
-from ...runtime.spec import Tiles
-from ..attention import DecodeSpec
+from ...runtime.spec import SM90A, Sample, Tiles
+from ..attention import TC_DECODE_SAMPLES, DecodeSpec
 from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_piece_out, make_row_keys
 from ..common.softmax import make_online_update, make_row_max
 from ..common.status import BAD_TABLE_ENTRY, PAST_TABLE, report
@@ -410,6 +410,12 @@ class Spec(DecodeSpec):
     def make(self, config, tiles):
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
                                       config.fmt, config.tma)
+
+    def samples(self):
+        """Both ways of filling the cache tiles: cp.async, and TMA boxes on mbarriers."""
+        return [Sample(f"tc wgmma mla {label}{' tma' if tma else ''}", (*config, True, tma),
+                       ccs=(SM90A,))
+                for tma in (False, True) for label, config in TC_DECODE_SAMPLES]
 
 
 SPEC = Spec()

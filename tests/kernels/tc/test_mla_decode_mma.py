@@ -12,7 +12,7 @@ from numba import cuda
 from numba_flash.kernels.tc import mla_decode_mma
 from numba_flash.runtime import device
 from numba_flash.runtime.device import Device
-from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
+from helpers import SIMULATOR, assert_compiles_clean, later_samples, randn, to_device
 from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
                                    TC_NEGATIVE_LENGTH_ON_A_GPU, check_negative_length,
                                    run_case)
@@ -111,10 +111,8 @@ def test_decode_spec_takes_mma_on_8x_and_wgmma_on_9_0(rng):
 
 
 def test_every_entry_compiles_to_mma_sync_without_spills():
-    configs = [((rows, 576, 512, causal, fmt, True), entry)
-               for rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16"))
-               for entry in mla_decode_mma.TILES]
-    configs += [((8, 48, 23, True, "bfloat16", True), entry) for entry in mla_decode_mma.TILES]
-    assert_compiles_clean("tc.mla_decode_mma", configs, ccs=((8, 0),),
+    """Both tile entries: the kernel's samples after the first (test_registry.py compiles that
+    one)."""
+    assert_compiles_clean("tc.mla_decode_mma", later_samples(mla_decode_mma.SPEC), ccs=((8, 0),),
                           must_contain=("mma.sync.aligned.m16n8k16", "cp.async", "ldmatrix"),
                           must_not_log=("C7509",))

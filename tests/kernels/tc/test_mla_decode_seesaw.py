@@ -10,7 +10,7 @@ from numba import cuda
 from numba_flash import api
 from numba_flash.kernels.tc import mla_decode_seesaw
 from numba_flash.runtime import arrays, device
-from helpers import SIMULATOR, assert_compiles_clean, randn, to_device
+from helpers import SIMULATOR, assert_compiles_clean, later_samples, randn, to_device
 from kernels._decode_cases import (DEEPSEEK_CASES, TC_NEGATIVE_LENGTH_ON_A_GPU,
                                    check_bad_table_walk, check_negative_length, run_case)
 
@@ -81,9 +81,9 @@ def test_tma_decodes_with_a_rope_block_take_the_seesaw(rng):
 
 
 def test_compiles_to_asynchronous_wgmma_without_spills():
-    configs = [((rows, 576, 512, causal, fmt, True, True), None)
-               for rows, causal, fmt in ((16, False, "bfloat16"), (128, True, "float16"))]
-    assert_compiles_clean("tc.mla_decode_seesaw", configs, ccs=((9, 0, "a"),),
+    """The kernel's samples after the first (test_registry.py compiles that one)."""
+    assert_compiles_clean("tc.mla_decode_seesaw", later_samples(mla_decode_seesaw.SPEC),
+                          ccs=((9, 0, "a"),),
                           must_contain=("wgmma.mma_async.sync.aligned", "bar.arrive",
                                         "cp.async.bulk.tensor.4d",
                                         "griddepcontrol.launch_dependents"),
