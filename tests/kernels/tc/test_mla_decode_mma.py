@@ -94,7 +94,7 @@ def test_a_nan_query_row_gives_a_nan_lse(rng):
 
 
 def test_decode_spec_takes_mma_on_8x_and_wgmma_on_9_0(rng):
-    from numba_flash import api
+    from numba_flash import backends
     from numba_flash.kernels.tc import mla_decode_wgmma
     from numba_flash.runtime import arrays
 
@@ -105,9 +105,9 @@ def test_decode_spec_takes_mma_on_8x_and_wgmma_on_9_0(rng):
                       (dataclasses.replace(A100, cc=(8, 9)), mla_decode_mma.SPEC),
                       (dataclasses.replace(A100, cc=(9, 0)), mla_decode_wgmma.SPEC)):
         for backend in ("tc", "auto"):
-            assert api._decode_spec(backend, config, q, k, dev)[0] is spec, (dev, backend)
+            assert backends.decode_spec(backend, config, q, k, dev)[0] is spec, (dev, backend)
     with pytest.raises(ValueError, match="^backend: .*head_dim_v up to 512"):
-        api._decode_spec("tc", (16, 576, 576, False, "float16"), q, k, A100)
+        backends.decode_spec("tc", (16, 576, 576, False, "float16"), q, k, A100)
 
 
 def test_every_entry_compiles_to_mma_sync_without_spills():

@@ -58,30 +58,30 @@ def test_a_nan_query_row_gives_a_nan_lse(rng):
 
 def test_auto_takes_the_tensor_cores_above_one_row(rng):
     """auto: the simt decode's narrow variant up to SIMT_DECODE_ROWS packed rows, tc above."""
-    from numba_flash import api
+    from numba_flash import backends
     from numba_flash.kernels.simt import mla_decode as simt_mla_decode
     from numba_flash.runtime import arrays, device
 
     q = arrays.adapt(to_device(randn(rng, (1, 1, 8, 64), "float16")), "q")
     k = arrays.adapt(to_device(randn(rng, (2, 16, 1, 64), "float16")), "k_cache")
     dev = device.current()
-    for rows, spec in ((api.SIMT_DECODE_ROWS, simt_mla_decode.SPEC),
-                       (api.SIMT_DECODE_ROWS + 1, mla_decode_wgmma.SPEC)):
-        assert api._decode_spec("auto", (rows, 64, 64, False, "float16"), q, k, dev)[0] is spec
+    for rows, spec in ((backends.SIMT_DECODE_ROWS, simt_mla_decode.SPEC),
+                       (backends.SIMT_DECODE_ROWS + 1, mla_decode_wgmma.SPEC)):
+        assert backends.decode_spec("auto", (rows, 64, 64, False, "float16"), q, k, dev)[0] is spec
     with pytest.raises(ValueError, match="^backend: .*head_dim_v up to 512"):
-        api._decode_spec("tc", (16, 576, 576, False, "float16"), q, k, dev)
+        backends.decode_spec("tc", (16, 576, 576, False, "float16"), q, k, dev)
 
 
 def test_pages_of_whole_tiles_take_the_tma_copies(rng):
     """A page size that is a multiple of 64 keeps each 64-key tile in one page: TMA boxes; any
     other page size copies rows with cp.async."""
-    from numba_flash import api
+    from numba_flash import backends
     from numba_flash.runtime import arrays, device
 
     q = arrays.adapt(to_device(randn(rng, (1, 1, 8, 64), "float16")), "q")
     for page, tma in ((16, False), (96, False), (64, True), (192, True)):
         k = arrays.adapt(to_device(randn(rng, (2, page, 1, 64), "float16")), "k_cache")
-        spec, config = api._decode_spec("tc", (8, 64, 64, False, "float16"), q, k,
+        spec, config = backends.decode_spec("tc", (8, 64, 64, False, "float16"), q, k,
                                         device.current())
         assert spec is mla_decode_wgmma.SPEC and config.tma is tma, page
 
