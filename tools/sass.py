@@ -146,7 +146,9 @@ def main(argv=None):
                               json.loads(args.entry) if args.entry else None, args.cc, nvdisasm,
                               args.out)
     instructions, labels = parse(sass)
-    print(f"{args.module} {args.config} sm_{''.join(map(str, args.cc))}: "
+    from numba_flash.runtime.ptxcheck import arch
+
+    print(f"{args.module} {args.config} {arch(args.cc)}: "
           f"{len(instructions)} instructions, {report['registers']} registers, "
           f"{report['spill_stores']} bytes spilled; files in {out}")
     print("opcodes:", mix(instructions, args.top))
