@@ -14,6 +14,8 @@ from numba_flash.kernels.tc import backward_wgmma, forward_mma, forward_wgmma
 from numba_flash.runtime import arrays
 from numba_flash.runtime.device import SIMULATED
 
+from helpers import to_device
+
 AMPERE = dataclasses.replace(SIMULATED, cc=(8, 0), sms=108, shared_per_block=163 * 1024)
 TURING = dataclasses.replace(SIMULATED, cc=(7, 5))
 
@@ -21,7 +23,7 @@ TURING = dataclasses.replace(SIMULATED, cc=(7, 5))
 def adapted(shape, offset=0, name="q"):
     """A float16 (B, S, H, D) view ``offset`` elements into rows one element wider when offset
     is 1 (its rows then start 2 bytes off 16)."""
-    wide = np.zeros(shape[:-1] + (shape[-1] + offset,), np.float16)
+    wide = to_device(np.zeros(shape[:-1] + (shape[-1] + offset,), np.float16))
     return arrays.adapt(wide[..., offset:], name)
 
 
