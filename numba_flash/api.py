@@ -43,8 +43,9 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
         if result is not None:
             return result
     dev = device.current()
-    q, k, v, scale = validate.attention(q, k, v, causal, softmax_scale)
-    spec = backends.forward(backend, q, k, v, dev)
+    problem = validate.attention(q, k, v, causal, softmax_scale)
+    spec = backends.forward(backend, problem, dev)
+    q, k, v = problem.q, problem.k, problem.v
     b, sq, hq, d = q.shape
     o = validate.out_buffer(out, q, q.shape, q.fmt)
     if out is not None:
@@ -52,11 +53,10 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
     # launch() prepares first: tiles that do not fit the device or a grid past CUDA's limits
     # are refused before the kernel runs, with nothing of the caller's written.
-    config, problem = spec.Config(d, bool(causal), q.fmt), dict(q=q, k=k, v=v, out=o, lse=lse,
-                                                                scale=scale)
-    spec.launch(config, problem, arrays.stream_of(q, stream), dev)
+    config, args = spec.config(problem), dict(q=q, k=k, v=v, out=o, lse=lse, scale=problem.scale)
+    spec.launch(config, args, arrays.stream_of(q, stream), dev)
     if key is not None:
-        torch_plans.remember(key, spec, config, problem, dev)
+        torch_plans.remember(key, spec, config, args, dev)
     return o.obj, lse.obj
 
 
@@ -73,29 +73,27 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     aligned views, else the CUDA-core ones; an explicit ``tc`` refuses unaligned views.
     """
     dev = device.current()
-    q, k, v, scale = validate.attention(q, k, v, causal, softmax_scale)
+    problem = validate.attention(q, k, v, causal, softmax_scale)
+    q, k, v = problem.q, problem.k, problem.v
     dout, out, lse = validate.backward(q, dout, out, lse)
     b, sq, hq, d = q.shape
-    dkdv, dq_spec = backends.backward(backend, q, k, v, dout, out, dev)
+    dkdv, dq_spec = backends.backward(backend, problem, dout, out, dev)
     given = (dq, dk, dv)
     dq = validate.out_buffer(dq, q, q.shape, q.fmt, "dq")
     dk = validate.out_buffer(dk, q, k.shape, q.fmt, "dk")
     dv = validate.out_buffer(dv, q, k.shape, q.fmt, "dv")
     validate.refuse_overlap([t for t, g in zip((dq, dk, dv), given) if g is not None],
                             [q, k, v, out, dout, lse])
-    config = dkdv.Config(d, bool(causal), q.fmt)
     delta = arrays.empty(q, (b, hq, sq), "float32", "delta")  # D_i = rowsum(dout * out)
     stream = arrays.stream_of(q, stream)
-    problem = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv,
-                   scale=scale)
+    args = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv,
+                scale=problem.scale)
     # D_i first: by the preprocess, or by a dQ kernel that computes it (then dQ runs first).
-    steps = ((dq_spec, config), (dkdv, config)) if dq_spec.writes_delta else \
-        ((registry.PREPROCESS, config._replace(causal=False)), (dkdv, config),
-         (dq_spec, config))
-    for spec, cfg in steps:  # every kernel's tiles and grid fit, or nothing runs
-        spec.prepare(cfg, problem, dev)
-    for spec, cfg in steps:
-        spec.launch(cfg, problem, stream, dev)
+    steps = (dq_spec, dkdv) if dq_spec.writes_delta else (registry.PREPROCESS, dkdv, dq_spec)
+    for spec in steps:  # every kernel's tiles and grid fit, or nothing runs
+        spec.prepare(spec.config(problem), args, dev)
+    for spec in steps:
+        spec.launch(spec.config(problem), args, stream, dev)
     return dq.obj, dk.obj, dv.obj
 
 
@@ -112,19 +110,19 @@ def naive_attention(q, k, v, causal=False, softmax_scale=None):
     B * Hq * Sq * Sk float32 of scratch. Not part of the public API: the benchmarks' and the
     IO measurement's baseline."""
     dev = device.current()
-    q, k, v, scale = validate.attention(q, k, v, causal, softmax_scale)
+    problem = validate.attention(q, k, v, causal, softmax_scale)
+    q, k = problem.q, problem.k
     b, sq, hq, d = q.shape
-    problem = dict(q=q, k=k, v=v, scale=scale,
-                   scores=arrays.empty(q, (b, hq, sq, k.shape[1]), "float32", "scores"),
-                   out=arrays.empty(q, q.shape, q.fmt, "out"),
-                   lse=arrays.empty(q, (b, hq, sq), "float32", "lse"))
+    args = dict(q=q, k=k, v=problem.v, scale=problem.scale,
+                scores=arrays.empty(q, (b, hq, sq, k.shape[1]), "float32", "scores"),
+                out=arrays.empty(q, q.shape, q.fmt, "out"),
+                lse=arrays.empty(q, (b, hq, sq), "float32", "lse"))
     stream = arrays.stream_of(q)
-    config = registry.NAIVE[0].Config(bool(causal), q.fmt)
     for spec in registry.NAIVE:
-        spec.prepare(config, problem, dev)
+        spec.prepare(spec.config(problem), args, dev)
     for spec in registry.NAIVE:
-        spec.launch(config, problem, stream, dev)
-    return problem["out"].obj, problem["lse"].obj
+        spec.launch(spec.config(problem), args, stream, dev)
+    return args["out"].obj, args["lse"].obj
 
 
 # ----------------------------------------------------------------------------- paged MLA decode
@@ -159,14 +157,13 @@ def _plan_on_device(seqlens, q_rows, h_kv, num_sms, dev):
     """Metadata and num_splits (adapted, in seqlens's library) planned by the one-warp kernel
     of kernels/simt/mla_metadata.py on seqlens's stream."""
     parts = scheduler.num_sm_parts(num_sms, h_kv, q_rows)
-    problem = dict(cache_seqlens=seqlens, parts=np.int32(parts),
-                   metadata=arrays.empty(seqlens, (parts, scheduler.METADATA_SIZE), "int32",
-                                         "tile_scheduler_metadata"),
-                   num_splits=arrays.empty(seqlens, (seqlens.shape[0] + 1,), "int32",
-                                           "num_splits"))
+    args = dict(cache_seqlens=seqlens, parts=np.int32(parts),
+                metadata=arrays.empty(seqlens, (parts, scheduler.METADATA_SIZE), "int32",
+                                      "tile_scheduler_metadata"),
+                num_splits=arrays.empty(seqlens, (seqlens.shape[0] + 1,), "int32", "num_splits"))
     plan = registry.METADATA
-    plan.launch(plan.Config(), problem, arrays.stream_of(seqlens), dev)
-    return problem["metadata"], problem["num_splits"]
+    plan.launch(plan.Config(), args, arrays.stream_of(seqlens), dev)
+    return args["metadata"], args["num_splits"]
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
@@ -189,39 +186,38 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     dev = device.current()
     validate.not_implemented(is_fp8_kvcache=is_fp8_kvcache, indices=indices,
                              attn_sink=attn_sink)
-    q, k_cache, block_table, cache_seqlens, metadata, num_splits, scale = validate.mla_decode(
-        q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
-        causal, softmax_scale)
+    problem = validate.mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                                  tile_scheduler_metadata, num_splits, causal, softmax_scale)
+    q, k_cache, block_table, cache_seqlens = (problem.q, problem.k_cache, problem.block_table,
+                                              problem.cache_seqlens)
+    metadata, num_splits, dv = problem.metadata, problem.num_splits, problem.head_dim_v
     b, s_q, h_q, d = q.shape
     h_kv = k_cache.shape[2]
     planned = metadata is not None
-    q_rows = s_q * (h_q // h_kv)
-    config = (q_rows, d, int(head_dim_v), bool(causal) and s_q > 1, q.fmt)
-    decode, config = backends.decode_spec(backend, config, q, k_cache, dev)
-    dv = int(head_dim_v)
+    decode, config = backends.decode_spec(backend, problem, dev)
     o = validate.out_buffer(out, q, (b, s_q, h_q, dv), q.fmt)
     if out is not None:
         validate.refuse_overlap([o], [q, k_cache, block_table, cache_seqlens]
                                 + ([metadata, num_splits] if planned else []))
     decode.choose(config, dev)
     if not planned:
-        metadata, num_splits = _plan_on_device(cache_seqlens, q_rows, h_kv, dev.sms, dev)
+        metadata, num_splits = _plan_on_device(cache_seqlens, problem.q_rows, h_kv, dev.sms, dev)
 
     parts = metadata.shape[0]
     # Split requests: one slot per piece, at most b + parts - 1 of them (see scheduler.py).
-    problem = dict(q=q, k_cache=k_cache, block_table=block_table, cache_seqlens=cache_seqlens,
-                   metadata=metadata, num_splits=num_splits, out=o, scale=scale,
-                   lse=arrays.empty(q, (b, h_q, s_q), "float32", "lse"),
-                   o_acc=arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc"),
-                   lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
-    problem["status"] = status.word(q)
+    args = dict(q=q, k_cache=k_cache, block_table=block_table, cache_seqlens=cache_seqlens,
+                metadata=metadata, num_splits=num_splits, out=o, scale=problem.scale,
+                lse=arrays.empty(q, (b, h_q, s_q), "float32", "lse"),
+                o_acc=arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc"),
+                lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
+    args["status"] = status.word(q)
     stream = arrays.stream_of(q, stream)
     # Behind a decode that allows it (sm_90 kernels) the combine starts alongside the decode.
     combine = registry.COMBINE.Config(dv, q.fmt, decode.allows_dependents)
-    registry.COMBINE.prepare(combine, problem, dev)  # its grid fits before the decode writes
-    decode.launch(config, problem, stream, dev)
-    registry.COMBINE.launch(combine, problem, stream, dev)
-    return o.obj, problem["lse"].obj
+    registry.COMBINE.prepare(combine, args, dev)  # its grid fits before the decode writes
+    decode.launch(config, args, stream, dev)
+    registry.COMBINE.launch(combine, args, stream, dev)
+    return o.obj, args["lse"].obj
 
 
 # ----------------------------------------------------------------------------- warmup

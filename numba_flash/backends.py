@@ -8,7 +8,7 @@ never silently replaced.
 """
 
 from .kernels import registry
-from .runtime import arrays, device
+from .runtime import device
 from .runtime.device import SIMULATOR
 
 BACKENDS = ("auto", "simt", "tc")
@@ -37,11 +37,11 @@ def resolve_backend(backend, fmt, dev=None):
     return backend
 
 
-def _aligned_or_simt(backend, chosen, copied, pass_):
-    """The tensor-core kernels copy rows in 16-byte chunks: for views that do not allow it,
-    ``auto`` runs the CUDA-core kernels (which read any view) and an explicit ``tc`` is
-    refused, naming the arrays."""
-    if chosen != "tc" or arrays.rows_16_byte_aligned(*copied):
+def _aligned_or_simt(backend, chosen, aligned, copied, pass_):
+    """The tensor-core kernels copy rows in 16-byte chunks: where the ``copied`` views do not
+    allow it (``aligned`` False), ``auto`` runs the CUDA-core kernels (which read any view) and
+    an explicit ``tc`` is refused, naming the arrays."""
+    if chosen != "tc" or aligned:
         return chosen
     if backend == "tc":
         names = ", ".join(t.name for t in copied[:-1]) + " and " + copied[-1].name
@@ -51,49 +51,49 @@ def _aligned_or_simt(backend, chosen, copied, pass_):
     return "simt"
 
 
-def forward_spec(backend, dev):
-    """The forward kernel of a resolved ``backend`` on ``dev``."""
-    return registry.choose("forward", backend, None, dev).specs[0]
+def forward_spec(backend, dev, problem=None):
+    """The forward kernel of a resolved ``backend`` on ``dev`` for ``problem`` (an
+    ``Attention``; None: a plain one)."""
+    return registry.choose("forward", backend, problem, dev).specs[0]
 
 
-def forward(backend, q, k, v, dev):
-    """The forward kernel for the call's ``backend`` and adapted q, k, v."""
-    chosen = _aligned_or_simt(backend, resolve_backend(backend, q.fmt, dev), (q, k, v), "forward")
-    return forward_spec(chosen, dev)
+def forward(backend, problem, dev):
+    """The forward kernel for the call's ``backend`` and ``problem``."""
+    chosen = resolve_backend(backend, problem.fmt, dev)
+    chosen = _aligned_or_simt(backend, chosen, problem.aligned(), (problem.q, problem.k, problem.v),
+                              "forward")
+    return forward_spec(chosen, dev, problem)
 
 
-def backward_specs(backend, head_dim, dev):
+def backward_specs(backend, problem, dev):
     """The dK/dV and dQ kernels of a resolved ``backend``: on a Hopper the wgmma ones up to their
     head-dim limit, mma.sync past it and on every other GPU. ``DqSpec.writes_delta`` says
     whether dQ computes D_i itself or the shared preprocess runs first."""
-    return registry.choose("backward", backend, registry.Problem(None, head_dim), dev).specs
+    return registry.choose("backward", backend, problem, dev).specs
 
 
-def backward(backend, q, k, v, dout, out, dev):
-    """The dK/dV and dQ kernels for the call's ``backend`` and adapted inputs (a dQ kernel that
-    computes D_i copies ``out`` as well)."""
-    chosen = resolve_backend(backend, q.fmt, dev)
-    specs = backward_specs(chosen, q.shape[3], dev)
-    copied = (q, k, v, dout, out) if specs[1].writes_delta else (q, k, v, dout)
-    if _aligned_or_simt(backend, chosen, copied, "backward") != chosen:
-        specs = backward_specs("simt", q.shape[3], dev)
+def backward(backend, problem, dout, out, dev):
+    """The dK/dV and dQ kernels for the call's ``backend``, ``problem`` and adapted ``dout`` and
+    ``out`` (a dQ kernel that computes D_i copies ``out`` as well)."""
+    chosen = resolve_backend(backend, problem.fmt, dev)
+    specs = backward_specs(chosen, problem, dev)
+    copied = (dout, out) if specs[1].writes_delta else (dout,)
+    aligned = problem.aligned(*copied)
+    if _aligned_or_simt(backend, chosen, aligned, (problem.q, problem.k, problem.v, *copied),
+                        "backward") != chosen:
+        specs = backward_specs("simt", problem, dev)
     return specs
 
 
-def decode_spec(backend, config, q, k_cache, dev):
-    """The decode kernel of ``backend`` for ``config`` = (q_rows, d, dv, causal, fmt), and its
-    spec's config. ``auto`` takes a tensor-core decode for 16-bit inputs above
-    SIMT_DECODE_ROWS rows where one accepts the problem, else the simt decode; an explicit
-    ``tc`` that none accepts is refused with each one's reason."""
-    q_rows, d, dv, causal, fmt = config
-    cache_aligned = arrays.rows_16_byte_aligned(k_cache)
-    problem = registry.Problem(fmt, d, dv, q_rows, causal,
-                               cache_aligned and arrays.rows_16_byte_aligned(q), cache_aligned,
-                               k_cache.shape[1])
-    chosen = resolve_backend(backend, fmt, dev)
+def decode_spec(backend, problem, dev):
+    """The decode kernel of ``backend`` for ``problem`` (a ``Decode``), and its spec's config.
+    ``auto`` takes a tensor-core decode for 16-bit inputs above SIMT_DECODE_ROWS rows where one
+    accepts the problem, else the simt decode; an explicit ``tc`` that none accepts is refused
+    with each one's reason."""
+    chosen = resolve_backend(backend, problem.fmt, dev)
     if chosen == "tc" and backend == "auto":
         try:
-            chosen = "tc" if q_rows > SIMT_DECODE_ROWS else "simt"
+            chosen = "tc" if problem.q_rows > SIMT_DECODE_ROWS else "simt"
             entry = registry.choose("decode", chosen, problem, dev)
         except ValueError:  # auto: the simt decode runs what no tensor-core decode takes
             entry = registry.choose("decode", "simt", problem, dev)

@@ -1,6 +1,8 @@
 """The argument checks of the public calls: each adapts the caller's arrays (runtime/arrays.py)
 and checks them, raising ``ValueError`` / ``TypeError`` naming the argument before anything is
-allocated or launched. What the calls accept is ``docs/api.md``."""
+allocated or launched, and builds the call's problem description (``kernels/problem.py``),
+which the kernel choice and the kernels' configs read. What the calls accept is
+``docs/api.md``."""
 
 import math
 
@@ -8,6 +10,7 @@ import numpy as np
 
 from . import scheduler
 from .kernels import registry
+from .kernels.problem import Attention, Decode
 from .runtime import arrays
 from .runtime.arrays import FLOAT_FORMATS
 
@@ -130,7 +133,7 @@ def out_buffer(out, like, shape, fmt, name="out"):
 # ----------------------------------------------------------------------------- attention
 
 def attention(q, k, v, causal, softmax_scale):
-    """The checks the attention calls share; returns adapted q, k, v and the scale."""
+    """The checks the attention calls share; returns the ``Attention`` problem."""
     q, k, v = _tensor(q, "q", 4), _tensor(k, "k", 4), _tensor(v, "v", 4)
     _same_format(q, k, v)
     b, sq, hq, d = q.shape
@@ -145,7 +148,7 @@ def attention(q, k, v, causal, softmax_scale):
     if d % 8 != 0 or d > MAX_HEAD_DIM:
         raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
     _check_causal(causal)
-    return q, k, v, _scale(softmax_scale, d)
+    return Attention(q, k, v, _scale(softmax_scale, d), bool(causal))
 
 
 def backward(q, dout, out, lse):
@@ -187,9 +190,8 @@ def host_lengths(cache_seqlens):
 
 def mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                num_splits, causal, softmax_scale):
-    """The decode's arguments; returns adapted q, k_cache, block_table, cache_seqlens,
-    tile_scheduler_metadata and num_splits (both None when the call plans itself) and the
-    scale."""
+    """The decode's arguments; returns the ``Decode`` problem (its metadata and num_splits None
+    when the call plans itself)."""
     q, k_cache = _tensor(q, "q", 4), _tensor(k_cache, "k_cache", 4)
     _same_format(q, k_cache)
     b, s_q, h_q, d = q.shape
@@ -214,5 +216,5 @@ def mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
                                               (None, scheduler.METADATA_SIZE))
         num_splits = index_array(num_splits, "num_splits", (b + 1,))
     _check_causal(causal)
-    return (q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
-            _scale(softmax_scale, d))
+    return Decode(q, k_cache, block_table, cache_seqlens, int(head_dim_v), _scale(softmax_scale, d),
+                  bool(causal), tile_scheduler_metadata, num_splits)

@@ -72,6 +72,30 @@ def mla_arguments(rng):
                 tile_scheduler_metadata=metadata, num_splits=num_splits)
 
 
+def attention_problem(d=64, fmt="float16", causal=False, offset=0, sq=8, heads=(2, 1)):
+    """The ``Attention`` problem that validation builds for zero q, k, v of head dim ``d``, each
+    a view ``offset`` elements into rows that much wider (offset 1: rows 2 bytes off 16)."""
+    from numba_flash import validate
+
+    def view(h):
+        wide = np.zeros((1, sq, h, d + offset), DTYPES[fmt])
+        return to_device(wide)[..., offset:]
+
+    return validate.attention(view(heads[0]), view(heads[1]), view(heads[1]), causal, None)
+
+
+def decode_problem(d=576, dv=512, rows=64, page=64, offset=0, fmt="bfloat16"):
+    """The ``Decode`` problem that validation builds for one request of one query token whose
+    ``rows`` heads share one kv head, pages of ``page`` rows; q and the cache views ``offset``
+    elements into rows that much wider."""
+    from numba_flash import validate
+
+    q = to_device(np.zeros((1, 1, rows, d + offset), DTYPES[fmt]))[..., offset:]
+    cache = to_device(np.zeros((1, page, 1, d + offset), DTYPES[fmt]))[..., offset:]
+    return validate.mla_decode(q, cache, int32_array([[0]]), int32_array([1]), dv, None, None,
+                               False, None)
+
+
 def f64(x):
     return to_host(x).astype(np.float32).astype(np.float64)
 

@@ -10,6 +10,7 @@ import pytest
 from numba_flash import backends
 from numba_flash.kernels.simt import backward as simt_backward
 from numba_flash.kernels.simt import forward as simt_forward
+from numba_flash.kernels.problem import Attention
 from numba_flash.kernels.tc import backward_wgmma, forward_mma, forward_wgmma
 from numba_flash.runtime import arrays
 from numba_flash.runtime.device import SIMULATED
@@ -25,6 +26,10 @@ def adapted(shape, offset=0, name="q"):
     is 1 (its rows then start 2 bytes off 16)."""
     wide = to_device(np.zeros(shape[:-1] + (shape[-1] + offset,), np.float16))
     return arrays.adapt(wide[..., offset:], name)
+
+
+def problem(q, k, v):
+    return Attention(q, k, v, 0.125, False)
 
 
 @pytest.fixture
@@ -63,11 +68,11 @@ def test_hopper_runs_the_wgmma_forward_and_every_other_gpu_the_mma_one():
 def test_views_off_16_bytes_take_the_cuda_cores_under_auto_and_are_refused_under_tc():
     shape = (1, 8, 2, 64)
     q, k, v = adapted(shape), adapted(shape, name="k"), adapted(shape, name="v")
-    assert backends.forward("auto", q, k, v, SIMULATED) is forward_wgmma.SPEC
+    assert backends.forward("auto", problem(q, k, v), SIMULATED) is forward_wgmma.SPEC
     skewed = adapted(shape, offset=1)
-    assert backends.forward("auto", skewed, k, v, SIMULATED) is simt_forward.SPEC
+    assert backends.forward("auto", problem(skewed, k, v), SIMULATED) is simt_forward.SPEC
     with pytest.raises(ValueError, match="'tc' forward copies q, k and v in 16-byte chunks"):
-        backends.forward("tc", skewed, k, v, SIMULATED)
+        backends.forward("tc", problem(skewed, k, v), SIMULATED)
 
 
 def test_the_backward_checks_out_only_where_its_dq_kernel_copies_it():
@@ -78,9 +83,9 @@ def test_the_backward_checks_out_only_where_its_dq_kernel_copies_it():
     out = adapted(shape, name="out")
     pair = (backward_wgmma.DKDV, backward_wgmma.DQ)
     assert backward_wgmma.DQ.writes_delta
-    assert backends.backward("auto", q, k, v, dout, out, SIMULATED) == pair
+    assert backends.backward("auto", problem(q, k, v), dout, out, SIMULATED) == pair
     skewed = adapted(shape, offset=1, name="out")
-    assert backends.backward("auto", q, k, v, dout, skewed, SIMULATED) == (
+    assert backends.backward("auto", problem(q, k, v), dout, skewed, SIMULATED) == (
         simt_backward.DKDV, simt_backward.DQ)
     with pytest.raises(ValueError, match="'tc' backward copies q, k, v, dout and out"):
-        backends.backward("tc", q, k, v, dout, skewed, SIMULATED)
+        backends.backward("tc", problem(q, k, v), dout, skewed, SIMULATED)

@@ -11,7 +11,8 @@ BLOCK_M), B * Hq)``, the B * Hq rows folded into y and z past 65535 (``common/gr
 backward is three kernels, each a ``KernelSpec`` base below that a family's module completes
 with its tiles and factory: the preprocess ``D_i = rowsum(dO_i * O_i)``, dK/dV (one CTA per
 BLOCK_N keys of one kv head) and dQ (one CTA per BLOCK_M queries).
-The problem is a dict of adapted arrays (``arrays.Tensor``) and the softmax scale.
+A spec's config follows from the call's ``problem.Attention`` (``config_of``); a launch reads its
+arguments, a dict of the adapted arrays (``arrays.Tensor``) and the softmax scale.
 
 The paged MLA decode kernels (``simt/mla_decode.py``, ``tc/mla_decode_wgmma.py``) share
 ``DecodeSpec``: one CTA per (scheduler part, kv head, BLOCK_M packed query rows).
@@ -42,6 +43,12 @@ class AttentionConfig(NamedTuple):
     fmt: str  # storage format of q, k, v and the outputs
 
 
+def config_of(problem, causal=None):
+    """The ``AttentionConfig`` of an ``Attention`` problem (``causal`` overrides its mask)."""
+    return AttentionConfig(problem.head_dim, problem.causal if causal is None else causal,
+                           problem.fmt)
+
+
 def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
     """An attention kernel's ``Sample`` of ``config`` (head dim, causal, format) with tile entry
     ``entry``, labelled ``<kernel> d=<head dim>[ tiles=<entry>] causal=<causal> <format>``."""
@@ -67,6 +74,7 @@ class ForwardSpec(KernelSpec):
     """The forward kernels' signature, grid and arguments (problem: q, k, v, out, lse, scale)."""
 
     Config = AttentionConfig
+    config = staticmethod(config_of)
 
     def signature(self, config):
         t = tensor_type(config.fmt)
@@ -86,6 +94,9 @@ class PreprocessSpec(KernelSpec):
     Hq). Problem: out, dout, delta."""
 
     Config = AttentionConfig
+
+    def config(self, problem):
+        return config_of(problem, causal=False)  # one code for both masks
 
     def signature(self, config):
         t = tensor_type(config.fmt)
@@ -109,6 +120,7 @@ class DkdvSpec(KernelSpec):
     grid (ceil(Sk / BLOCK_N), B * Hk)."""
 
     Config = AttentionConfig
+    config = staticmethod(config_of)
 
     def signature(self, config):
         t = tensor_type(config.fmt)
@@ -129,6 +141,7 @@ class DqSpec(KernelSpec):
     (ceil(Sq / BLOCK_M), B * Hq); after the preprocess and dK/dV."""
 
     Config = AttentionConfig
+    config = staticmethod(config_of)
     writes_delta = False
 
     def signature(self, config):

@@ -283,6 +283,9 @@ class _Spec(KernelSpec):
 
     Config = Config
 
+    def config(self, problem):
+        return Config(problem.causal, problem.fmt)
+
     def entry(self, config, device):
         return TILE
 

@@ -9,10 +9,10 @@ module (its spec with the samples the checks compile, ``KernelSpec.samples``) an
 ``ENTRIES``; ``tools/ptx_hashes.py`` and the registry's compile test enumerate the specs from here
 too.
 
-``Problem`` is what the choice reads, as the host's validation found it: the element format, head
-dims, packed query rows per KV head (decode), causality, whether q and the cache rows allow
-16-byte copies (``aligned``: both; ``cache_aligned``: the cache) and the page size (decode).
-Only the fields a pass needs are set. A decode entry also builds its spec's config.
+The problem is ``kernels/problem.py``'s description of the call (``Attention`` or ``Decode``), as
+the host's validation built it. An entry takes only problems whose options (``options()``: varlen
+offsets, paging, masks, score modifiers, FP8) it ``honours``; every other refusal is its own
+``refuses``. A decode entry also builds its spec's config.
 """
 
 from typing import Callable, NamedTuple, Optional
@@ -32,17 +32,6 @@ from .tc import mla_decode_seesaw as tc_mla_decode_seesaw
 from .tc import mla_decode_wgmma as tc_mla_decode_wgmma
 
 
-class Problem(NamedTuple):
-    fmt: str
-    head_dim: int
-    head_dim_v: Optional[int] = None
-    rows: int = 1
-    causal: bool = False
-    aligned: bool = True
-    cache_aligned: bool = True
-    page: Optional[int] = None
-
-
 class Entry(NamedTuple):
     name: str
     pass_: str
@@ -50,6 +39,7 @@ class Entry(NamedTuple):
     specs: tuple
     refuses: Callable
     config: Optional[Callable] = None  # decode: (problem) -> its spec's Config
+    honours: frozenset = frozenset()   # the problem options its kernels implement
 
 
 def tc_family(cc):
@@ -107,7 +97,7 @@ def _seesaw(problem, dev):
 
 
 def _decode_key(problem):
-    return (problem.rows, problem.head_dim, problem.head_dim_v, problem.causal, problem.fmt)
+    return (problem.q_rows, problem.head_dim, problem.head_dim_v, problem.masked, problem.fmt)
 
 
 def _tc_decode_config(problem):
@@ -153,12 +143,16 @@ MAX_DECODE_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
 
 
 def choose(pass_, backend, problem, dev):
-    """The first entry of ``pass_`` for ``backend`` that accepts ``problem`` on ``dev``; when
-    none does, a ValueError that gives each candidate's reason."""
+    """The first entry of ``pass_`` for ``backend`` that accepts ``problem`` on ``dev`` (None: a
+    forward asked about without one, as the demo asks which kernel a backend runs); when none
+    does, a ValueError that gives each candidate's reason."""
     reasons = []
+    options = frozenset() if problem is None else problem.options()
     for entry in ENTRIES:
         if entry.pass_ == pass_ and entry.backend == backend:
-            why = entry.refuses(problem, dev)
+            missing = options - entry.honours
+            why = (f"does not implement {', '.join(sorted(missing))}" if missing else
+                   entry.refuses(problem, dev))
             if why is None:
                 return entry
             reasons.append(f"{entry.name}: {why}")

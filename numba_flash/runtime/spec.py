@@ -4,7 +4,8 @@ Every kernel module holds its factory and a ``SPEC``: an instance of a ``KernelS
 that says, in one place,
 
 - ``Config``: the values of a call that decide the code (a NamedTuple: head dim, causal,
-  storage format, ...);
+  storage format, ...), and ``config(problem)``: those values of a call's problem description
+  (``kernels/problem.py``), where the kernel reads one;
 - its tile table, ``entry(config, device)`` (the entry a device runs) and ``tiles(config,
   entry)`` (an entry as ``Tiles``: sizes, threads, dynamic shared bytes, register cap);
 - ``make(config, tiles)``: the Python kernel function, ``signature(config)``: its argument
@@ -77,6 +78,10 @@ class KernelSpec:
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- declared by each kernel
+
+    def config(self, problem):
+        """The ``Config`` of a call's problem description (``kernels/problem.py``)."""
+        raise NotImplementedError
 
     def entry(self, config, device):
         """The tile-table entry ``config`` runs with on ``device``."""

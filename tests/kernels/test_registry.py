@@ -7,7 +7,7 @@ import dataclasses
 import pathlib
 
 import pytest
-from helpers import assert_jobs_clean
+from helpers import assert_jobs_clean, attention_problem, decode_problem
 
 from numba_flash.kernels import registry
 from numba_flash.kernels.tc import (backward_mma, backward_wgmma, forward_mma, forward_wgmma,
@@ -21,16 +21,15 @@ PACKAGE = pathlib.Path(registry.__file__).resolve().parents[1]
 
 
 def decode(d=576, dv=512, rows=64, aligned=True, page=64):
-    return registry.Problem("bfloat16", d, dv, rows, False, aligned, aligned, page)
+    return decode_problem(d, dv, rows, page, offset=0 if aligned else 1)
 
 
 def test_each_pass_takes_its_family_on_each_device():
     assert registry.choose("forward", "tc", None, HOPPER).specs == (forward_wgmma.SPEC,)
     assert registry.choose("forward", "tc", None, A100).specs == (forward_mma.SPEC,)
-    problem = registry.Problem("float16", 128)
-    assert registry.choose("backward", "tc", problem, HOPPER).specs == (
+    assert registry.choose("backward", "tc", attention_problem(128), HOPPER).specs == (
         backward_wgmma.DKDV, backward_wgmma.DQ)
-    assert registry.choose("backward", "tc", problem._replace(head_dim=256), HOPPER).specs == (
+    assert registry.choose("backward", "tc", attention_problem(256), HOPPER).specs == (
         backward_mma.DKDV, backward_mma.DQ)
     assert registry.choose("decode", "tc", decode(), HOPPER).specs == (mla_decode_seesaw.SPEC,)
     assert registry.choose("decode", "tc", decode(page=16), HOPPER).specs == (
@@ -89,10 +88,26 @@ def test_every_spec_compiles_without_spills():
 
 @pytest.mark.parametrize("module", ["api.py", "backends.py", "validate.py", "torch_plans.py"])
 def test_the_host_layer_reaches_kernels_through_the_registry_alone(module):
+    """The host layer imports the registry and the problem description it fills, no kernel."""
     tree = ast.parse((PACKAGE / module).read_text())
     imported = {node.module for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and node.module}
     imported |= {f"{node.module}.{a.name}" for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module for a in node.names}
     kernels = {m for m in imported if m.startswith("kernels.") or m == "kernels"}
-    assert kernels <= {"kernels", "kernels.registry"}, kernels
+    assert kernels <= {"kernels", "kernels.registry", "kernels.problem",
+                       "kernels.problem.Attention", "kernels.problem.Decode"}, kernels
+
+
+def test_a_problem_option_goes_only_to_a_kernel_that_honours_it(monkeypatch):
+    plain = attention_problem(64)
+    capped = plain._replace(softcap=30.0)
+    assert plain.options() == frozenset() and capped.options() == {"softcap"}
+    with pytest.raises(ValueError) as refused:
+        registry.choose("forward", "tc", capped, HOPPER)
+    assert "tc.forward_wgmma: does not implement softcap" in str(refused.value)
+    assert "tc.forward_mma: does not implement softcap" in str(refused.value)
+    honouring = registry.ENTRIES[1]._replace(honours=frozenset({"softcap", "window"}))
+    monkeypatch.setattr(registry, "ENTRIES", (registry.ENTRIES[0], honouring))
+    assert registry.choose("forward", "tc", capped, HOPPER) is honouring
+    assert registry.choose("forward", "tc", plain, HOPPER) is registry.ENTRIES[0]

@@ -7,7 +7,8 @@ import pytest
 from numba import cuda
 
 import numba_flash as nf
-from helpers import FMTS, SIMULATOR, assert_compiles_clean, nan_like, to_device
+from helpers import (FMTS, SIMULATOR, assert_compiles_clean, attention_problem, nan_like,
+                     to_device)
 from kernels._backward_cases import (check_bitwise_deterministic, check_gradients,
                                      check_large_logits, check_rows_without_keys, inputs)
 from kernels.tc._forward_cases import planned_for_family
@@ -65,8 +66,9 @@ def test_hopper_runs_these_kernels_up_to_their_head_dim():
     from numba_flash.runtime import device
 
     dev = device.current()
-    assert backends.backward_specs("tc", 128, dev) == (backward_wgmma.DKDV, backward_wgmma.DQ)
-    assert backward_wgmma.DKDV not in backends.backward_specs("tc", 136, dev)
+    assert backends.backward_specs("tc", attention_problem(128), dev) == (
+        backward_wgmma.DKDV, backward_wgmma.DQ)
+    assert backward_wgmma.DKDV not in backends.backward_specs("tc", attention_problem(136), dev)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))

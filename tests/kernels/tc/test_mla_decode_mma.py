@@ -12,7 +12,7 @@ from numba import cuda
 from numba_flash.kernels.tc import mla_decode_mma
 from numba_flash.runtime import device
 from numba_flash.runtime.device import Device
-from helpers import SIMULATOR, assert_compiles_clean, later_samples, randn, to_device
+from helpers import SIMULATOR, assert_compiles_clean, decode_problem, later_samples
 from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
                                    TC_NEGATIVE_LENGTH_ON_A_GPU, check_negative_length,
                                    run_case)
@@ -93,21 +93,18 @@ def test_a_nan_query_row_gives_a_nan_lse(rng):
         check_nan_query_row(rng, "tc")
 
 
-def test_decode_spec_takes_mma_on_8x_and_wgmma_on_9_0(rng):
+def test_decode_spec_takes_mma_on_8x_and_wgmma_on_9_0():
     from numba_flash import backends
     from numba_flash.kernels.tc import mla_decode_wgmma
-    from numba_flash.runtime import arrays
 
-    q = arrays.adapt(to_device(randn(rng, (1, 2, 8, 64), "float16")), "q")
-    k = arrays.adapt(to_device(randn(rng, (2, 16, 1, 64), "float16")), "k_cache")
-    config = (16, 64, 64, True, "float16")
+    problem = decode_problem(64, 64, 16, page=16, fmt="float16")
     for dev, spec in ((A100, mla_decode_mma.SPEC), (SM86, mla_decode_mma.SPEC),
                       (dataclasses.replace(A100, cc=(8, 9)), mla_decode_mma.SPEC),
                       (dataclasses.replace(A100, cc=(9, 0)), mla_decode_wgmma.SPEC)):
         for backend in ("tc", "auto"):
-            assert backends.decode_spec(backend, config, q, k, dev)[0] is spec, (dev, backend)
+            assert backends.decode_spec(backend, problem, dev)[0] is spec, (dev, backend)
     with pytest.raises(ValueError, match="^backend: .*head_dim_v up to 512"):
-        backends.decode_spec("tc", (16, 576, 576, False, "float16"), q, k, A100)
+        backends.decode_spec("tc", decode_problem(576, 576, 16, page=16, fmt="float16"), A100)
 
 
 def test_every_entry_compiles_to_mma_sync_without_spills():

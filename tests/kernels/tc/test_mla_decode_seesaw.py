@@ -9,8 +9,8 @@ from numba import cuda
 
 from numba_flash import backends
 from numba_flash.kernels.tc import mla_decode_seesaw
-from numba_flash.runtime import arrays, device
-from helpers import SIMULATOR, assert_compiles_clean, later_samples, randn, to_device
+from numba_flash.runtime import device
+from helpers import SIMULATOR, assert_compiles_clean, decode_problem, later_samples
 from kernels._decode_cases import (DEEPSEEK_CASES, TC_NEGATIVE_LENGTH_ON_A_GPU,
                                    check_bad_table_walk, check_negative_length, run_case)
 
@@ -57,26 +57,21 @@ def test_bad_table_entries_and_lengths_are_bounded_and_reported(rng):
     """The seesaw's own walk (it reads the entries of tiles a + 2, a + 3 at the top of each pair
     and checks them where it issues their boxes) with bad entries before and inside the tile
     loop and a length past the table."""
-    q = arrays.adapt(to_device(randn(rng, (2, 1, 4, 192), "bfloat16")), "q")
-    k = arrays.adapt(to_device(randn(rng, (2, 64, 1, 192), "bfloat16")), "k_cache")
-    spec, _ = backends.decode_spec("tc", (4, 192, 64, False, "bfloat16"), q, k, device.current())
+    spec, _ = backends.decode_spec("tc", decode_problem(192, 64, rows=4), device.current())
     assert spec is mla_decode_seesaw.SPEC  # the shapes check_bad_table_walk decodes
     check_bad_table_walk(rng, "tc", page=64, d=192, dv=64)
 
 
 @TC_NEGATIVE_LENGTH_ON_A_GPU
 def test_a_negative_length_is_read_as_zero_and_reported(rng):
-    q = arrays.adapt(to_device(randn(rng, (3, 2, 2, 192), "bfloat16")), "q")
-    k = arrays.adapt(to_device(randn(rng, (2, 64, 1, 192), "bfloat16")), "k_cache")
-    spec, _ = backends.decode_spec("tc", (4, 192, 64, True, "bfloat16"), q, k, device.current())
+    spec, _ = backends.decode_spec("tc", decode_problem(192, 64, rows=4), device.current())
     assert spec is mla_decode_seesaw.SPEC  # the shapes check_negative_length decodes
     check_negative_length(rng, "tc", page=64, d=192, dv=64)
 
 
-def test_tma_decodes_with_a_rope_block_take_the_seesaw(rng):
-    q = arrays.adapt(to_device(randn(rng, (1, 1, 8, 192), "float16")), "q")
-    k = arrays.adapt(to_device(randn(rng, (2, 64, 1, 192), "float16")), "k_cache")
-    spec, config = backends.decode_spec("tc", (8, 192, 64, False, "float16"), q, k, device.current())
+def test_tma_decodes_with_a_rope_block_take_the_seesaw():
+    problem = decode_problem(192, 64, rows=8, fmt="float16")
+    spec, config = backends.decode_spec("tc", problem, device.current())
     assert spec is mla_decode_seesaw.SPEC and config.tma
     assert not mla_decode_seesaw.supports(64, 64)  # no block of Q past V: the lockstep kernel
 

@@ -7,7 +7,7 @@ from numba import cuda
 
 import numba_flash as nf
 from numba_flash.kernels.tc import mla_decode_wgmma
-from helpers import SIMULATOR, assert_compiles_clean, later_samples, randn, to_device
+from helpers import SIMULATOR, assert_compiles_clean, decode_problem, later_samples
 from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
                                    TC_NEGATIVE_LENGTH_ON_A_GPU, check_negative_length,
                                    run_case)
@@ -56,33 +56,30 @@ def test_a_nan_query_row_gives_a_nan_lse(rng):
     check_nan_query_row(rng, "tc")
 
 
-def test_auto_takes_the_tensor_cores_above_one_row(rng):
+def test_auto_takes_the_tensor_cores_above_one_row():
     """auto: the simt decode's narrow variant up to SIMT_DECODE_ROWS packed rows, tc above."""
     from numba_flash import backends
     from numba_flash.kernels.simt import mla_decode as simt_mla_decode
-    from numba_flash.runtime import arrays, device
+    from numba_flash.runtime import device
 
-    q = arrays.adapt(to_device(randn(rng, (1, 1, 8, 64), "float16")), "q")
-    k = arrays.adapt(to_device(randn(rng, (2, 16, 1, 64), "float16")), "k_cache")
     dev = device.current()
     for rows, spec in ((backends.SIMT_DECODE_ROWS, simt_mla_decode.SPEC),
                        (backends.SIMT_DECODE_ROWS + 1, mla_decode_wgmma.SPEC)):
-        assert backends.decode_spec("auto", (rows, 64, 64, False, "float16"), q, k, dev)[0] is spec
+        problem = decode_problem(64, 64, rows, page=16, fmt="float16")
+        assert backends.decode_spec("auto", problem, dev)[0] is spec
     with pytest.raises(ValueError, match="^backend: .*head_dim_v up to 512"):
-        backends.decode_spec("tc", (16, 576, 576, False, "float16"), q, k, dev)
+        backends.decode_spec("tc", decode_problem(576, 576, 16, page=16, fmt="float16"), dev)
 
 
-def test_pages_of_whole_tiles_take_the_tma_copies(rng):
+def test_pages_of_whole_tiles_take_the_tma_copies():
     """A page size that is a multiple of 64 keeps each 64-key tile in one page: TMA boxes; any
     other page size copies rows with cp.async."""
     from numba_flash import backends
-    from numba_flash.runtime import arrays, device
+    from numba_flash.runtime import device
 
-    q = arrays.adapt(to_device(randn(rng, (1, 1, 8, 64), "float16")), "q")
     for page, tma in ((16, False), (96, False), (64, True), (192, True)):
-        k = arrays.adapt(to_device(randn(rng, (2, page, 1, 64), "float16")), "k_cache")
-        spec, config = backends.decode_spec("tc", (8, 64, 64, False, "float16"), q, k,
-                                        device.current())
+        problem = decode_problem(64, 64, 8, page=page, fmt="float16")
+        spec, config = backends.decode_spec("tc", problem, device.current())
         assert spec is mla_decode_wgmma.SPEC and config.tma is tma, page
 
 
