@@ -225,8 +225,9 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS):
 @lru_cache(maxsize=None)
 def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
                            VEC=True):
-    """Python kernel function specialised for one configuration (``SPEC`` compiles it);
-    ``VEC``: the cache is 16-byte aligned (``arrays.rows_16_byte_aligned``)."""
+    """Python kernel function specialised for one configuration (``SPEC`` compiles it), of the
+    variant BLOCK_M selects; ``VEC``: the cache is 16-byte aligned
+    (``arrays.rows_16_byte_aligned``)."""
     make = make_narrow_kernel if BLOCK_M <= NARROW_ROWS else make_wide_kernel
     return make(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC)
 
@@ -500,7 +501,7 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
             page, pslot, ok = ring_start(tile, k_cache, block_table, num_pages, req, hk, n_lo,
                                          n_hi, row, rl, page_size, status)
             stage_q(q, floats, visible, req, hk, m0, s_q, group, q_rows, seqlen, scale_log2, tid)
-            cuda.syncthreads()
+            cuda.syncthreads()  # the staged query rows are written
             start_rows(floats, qv, m_i, l_i, O_i, lane)
 
             rd = 0  # ring slot of the tile computed now
@@ -518,7 +519,7 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
             memory.cp_async_wait_all()
             cuda.syncthreads()  # the ring is idle
             store_partials(floats, m_i, l_i, O_i, warp, lane)
-            cuda.syncthreads()
+            cuda.syncthreads()  # the partial results are written
             write_piece(out, lse, o_acc, lse_acc, floats, wscale, split, req, slot, hk, m0,
                         q_rows, group, tid, status)
 
