@@ -69,7 +69,7 @@ Narrow variant: BLOCK_M <= NARROW_ROWS (2) query rows (h_q = 1 decode)
 
 Wide variant: BLOCK_M > 2 query rows (h_q >= 4 or s_q h_q >= 4)
     grid as above; block = THREADS = 256. All threads share each tile; every phase uses the
-    thread layout that suits it (``layout`` computes all of them):
+    thread layout that suits it (``wide_threads`` computes all of them):
 
     S = QK^T  thread = (row group, key group, d lane): a TM x TN register micro-tile of S over
               the 1 / DS slice ``pair = ds + DS * i`` of the head dim (TM = min(BLOCK_M, 8)
@@ -84,10 +84,12 @@ Wide variant: BLOCK_M > 2 query rows (h_q >= 4 or s_q h_q >= 4)
               ``lane + Co * j`` (consecutive threads, consecutive words: conflict-free V reads).
     Three ``syncthreads`` per tile (ring, S planes, P).
 
-Shared memory (dynamic; one buffer seen as storage elements, 32-bit words and float32)
+Shared memory (dynamic; one buffer seen as storage elements, 32-bit words and float32;
+``shared_layout`` describes it, in words, to the spec and to the kernel factories)
     narrow  ring   NSTAGES x BLOCK_N x HEAD_DIM storage elements
             at the start of a piece the last slot passes the float32 query rows to registers;
-            after the last tile of a piece, the ring holds the WARPS partial (m_i, l_i, O_i)
+            after the last tile of a piece, the buffer's start holds the WARPS partial (m_i,
+            l_i), then O_i (over the ring, or past it for a tile of few keys)
     wide    Q      BLOCK_M x HEAD_DIM storage elements
             ring   NSTAGES x BLOCK_N x KV_STRIDE (HEAD_DIM padded so that the key groups of a
                    warp read different banks)
@@ -124,6 +126,7 @@ from ...runtime.spec import SM80, SM90, Sample, Tiles
 
 from ..attention import DecodeSpec
 from ..common import constants, formats
+from ..common.layout import SharedLayout
 from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk
 from ..instructions import convert, memory, sync
 
@@ -131,7 +134,11 @@ SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes cons
 THREADS = 256  # per CTA on a GPU (the simulator runs fewer: see LAUNCH_THREADS)
 MAX_HEAD_DIM = 576
 NSTAGES = 3  # cache tiles in the shared ring: two in flight while one is computed
+WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
 NARROW_ROWS = 2  # BLOCK_M up to this runs the narrow (key-split) variant
+NEG_INF = constants.NEG_INF
+ZERO, ONE = float32(0.0), float32(1.0)
+shfl_xor = sync.shfl_xor
 
 
 def _log2(n):
@@ -141,6 +148,10 @@ def _log2(n):
 
 def _cdiv(a, b):
     return -(-a // b)
+
+
+def _item(FMT):
+    return 4 if FMT == "float32" else 2  # bytes of a stored element
 
 
 def _bank_stride(n, g):
@@ -153,31 +164,10 @@ def _bank_stride(n, g):
     return g * (m + 1 - m % 2)
 
 
-def layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS):
-    """Every compile-time constant of one configuration: thread layouts, shared offsets (storage
-    elements for the tiles, float32 words for the rest) and the shared ``bytes``."""
-    assert BLOCK_M & (BLOCK_M - 1) == 0 and 1 <= BLOCK_M <= 64, BLOCK_M
-    assert THREADS & (THREADS - 1) == 0 and THREADS >= max(32, BLOCK_M), THREADS
-    assert SCHED_BLOCK % BLOCK_N == 0 and BLOCK_N % (THREADS // 32) == 0, BLOCK_N
-    assert BLOCK_N <= THREADS
-    assert HEAD_DIM % 8 == 0 and HEAD_DIM <= MAX_HEAD_DIM and 1 <= HEAD_DIM_V <= HEAD_DIM
-    item = 4 if FMT == "float32" else 2
+def wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS=THREADS):
+    """The wide variant's thread layout of each phase, and the strides (KV row in storage
+    elements, P row and S plane in words) that keep the lanes of a warp on different banks."""
     DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
-    TPR = THREADS // BLOCK_N  # copy: threads per cache row
-    lay = dict(item=item, DP=DP, VP=VP, TPR=TPR, narrow=BLOCK_M <= NARROW_ROWS)
-    if lay["narrow"]:
-        WARPS = THREADS // 32
-        kv_stride = HEAD_DIM
-        ring = NSTAGES * BLOCK_N * kv_stride * item
-        # After the last tile: per warp and row (m_i, l_i), then O_i (2 VP floats).
-        o_stride = 2 * VP
-        stat_off = 0
-        o_off = stat_off + 2 * WARPS * BLOCK_M
-        words = o_off + WARPS * BLOCK_M * o_stride
-        assert BLOCK_N * item >= 4 * BLOCK_M  # the float32 query rows fit in one ring slot
-        return dict(lay, KPW=BLOCK_N // WARPS, kv_stride=kv_stride, ring_off=0,
-                    slot=BLOCK_N * kv_stride, stat_off=stat_off, o_off=o_off, o_stride=o_stride,
-                    bytes=max(ring, 4 * words))
     # S = Q K^T: R row groups x C key groups x DS d-lanes, each thread a TM x TN micro-tile.
     TM = min(BLOCK_M, 8)
     R = BLOCK_M // TM
@@ -195,50 +185,100 @@ def layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS):
     Ro = BLOCK_M // TMo
     Co = THREADS // Ro
     TDo = _cdiv(VP, Co)
-    # Strides that keep the lanes of a warp on different banks: the S phase reads DS words of
-    # each of 32 / DS KV rows and writes 32 / DS words of each of DS planes; the softmax reads SL
-    # words of each of 32 / SL rows of a plane. A KV row stays a multiple of 16 bytes (cp.async).
-    kv_stride = 2 * _bank_stride(DP, max(DS, 4))  # elements
+    # The S phase reads DS words of each of 32 / DS KV rows and writes 32 / DS words of each of
+    # DS planes; the softmax reads SL words of each of 32 / SL rows of a plane. A KV row stays a
+    # multiple of 16 bytes (cp.async).
+    kv_stride = 2 * _bank_stride(DP, max(DS, 4))
     p_stride = _bank_stride(BLOCK_N, SL)
     plane = _bank_stride(BLOCK_M * p_stride, 32 // DS)
-    q_off = 0
-    ring_off = q_off + BLOCK_M * HEAD_DIM
-    slot = BLOCK_N * kv_stride
-    p_off = (ring_off + NSTAGES * slot) * item // 4  # float32 words from here on
-    alpha_off = p_off + DS * plane
-    l_off = alpha_off + BLOCK_M
-    m_off = l_off + BLOCK_M
-    return dict(lay, TM=TM, R=R, TN=TN, C=C, DS=DS, SL=SL, TS=TS, TMo=TMo, Ro=Ro, Co=Co,
-                TDo=TDo, kv_stride=kv_stride, p_stride=p_stride, plane=plane, q_off=q_off,
-                ring_off=ring_off, slot=slot, p_off=p_off, alpha_off=alpha_off, l_off=l_off,
-                m_off=m_off, bytes=4 * (m_off + BLOCK_M))
+    return dict(TM=TM, R=R, TN=TN, C=C, DS=DS, SL=SL, TS=TS, TMo=TMo, Ro=Ro, Co=Co, TDo=TDo,
+                kv_stride=kv_stride, p_stride=p_stride, plane=plane)
+
+
+def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS):
+    """The dynamic shared memory of one configuration (module docstring), in 32-bit words: the
+    spec's shared bytes and the factory's offsets (a tile region's offset times 4 / item is its
+    offset in storage elements)."""
+    assert BLOCK_M & (BLOCK_M - 1) == 0 and 1 <= BLOCK_M <= 64, BLOCK_M
+    assert THREADS & (THREADS - 1) == 0 and THREADS >= max(32, BLOCK_M), THREADS
+    assert SCHED_BLOCK % BLOCK_N == 0 and BLOCK_N % (THREADS // 32) == 0, BLOCK_N
+    assert BLOCK_N <= THREADS
+    assert HEAD_DIM % 8 == 0 and HEAD_DIM <= MAX_HEAD_DIM and 1 <= HEAD_DIM_V <= HEAD_DIM
+    item = _item(FMT)
+    if BLOCK_M <= NARROW_ROWS:
+        WARPS = THREADS // 32
+        assert BLOCK_N * item >= 4 * BLOCK_M  # the float32 query rows fit in one ring slot
+        ring = NSTAGES * BLOCK_N * HEAD_DIM * item // 4
+        # After the last tile of a piece the buffer's start holds the warps' partial results:
+        # (m_i, l_i) per warp and row, then O_i (2 VP floats). The ring lies over them and, but
+        # for a tile of few keys, past them ("ring_end"): the larger of the two sets the size.
+        stat, o = 2 * WARPS * BLOCK_M, WARPS * BLOCK_M * 2 * _cdiv(HEAD_DIM_V, 2)
+        return SharedLayout(4, [("stat", stat), ("o", o), ("ring_end", max(0, ring - stat - o)),
+                                ("ring", ring, "stat")])
+    th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS)
+    return SharedLayout(4, [("q", BLOCK_M * HEAD_DIM * item // 4),
+                            ("ring", NSTAGES * BLOCK_N * th["kv_stride"] * item // 4),
+                            ("p", th["DS"] * th["plane"]),  # the S planes, then P over plane 0
+                            ("alpha", BLOCK_M), ("l", BLOCK_M), ("m", BLOCK_M)])
 
 
 @lru_cache(maxsize=None)
 def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
                            VEC=True):
-    """Python kernel function specialised for one configuration (``SPEC`` compiles it);
-    ``VEC``: the cache is 16-byte aligned (``arrays.rows_16_byte_aligned``)."""
-    lay = layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
-    WARPS = THREADS // 32
-    DP, VP, TPR = lay["DP"], lay["VP"], lay["TPR"]
-    KV_STRIDE, RING_OFF, SLOT = lay["kv_stride"], lay["ring_off"], lay["slot"]
+    """Python kernel function specialised for one configuration (``SPEC`` compiles it), of the
+    variant BLOCK_M selects; ``VEC``: the cache is 16-byte aligned
+    (``arrays.rows_16_byte_aligned``)."""
+    make = make_narrow_kernel if BLOCK_M <= NARROW_ROWS else make_wide_kernel
+    return make(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC)
+
+
+# ----------------------------------------------------------------------------- both variants
+
+def make_stream(HEAD_DIM, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRIDE):
+    """The device functions both variants share: the paged-KV walk (``paged_kv.py``), the cache
+    ring (slot ``s`` at storage element ``RING_OFF + s BLOCK_N KV_STRIDE``, a tile row every
+    KV_STRIDE elements) and the read of a pair from shared memory."""
+    TPR = THREADS // BLOCK_N  # copy: threads per cache row
+    SLOT = BLOCK_N * KV_STRIDE
     PACKED = FMT != "float32"  # a pair is one 32-bit word
-    WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
-    COLS = _cdiv(HEAD_DIM, 32)  # query columns a lane loads per row
-    COLS_EXACT = HEAD_DIM % 32 == 0
-    SCRATCH = sync.scratch_size(THREADS)
-    STORAGE = formats.storage_type(FMT)
-    ZERO_BITS = np.float32(0) if FMT == "float32" else np.uint16(0)  # +0.0 in every format
-    load = formats.loader(FMT)
     unpack = convert.unpack(FMT if PACKED else "bfloat16")  # (never called for float32)
-    shfl_xor = sync.shfl_xor
-    NEG_INF = constants.NEG_INF
-    ZERO, ONE = float32(0.0), float32(1.0)
     cta_work, piece_of, row_source, copy_row, put, put_lse = make_paged_kv_walk(
         HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
 
-    # ---- shared by both variants -----------------------------------------------------------
+    @cuda.jit(device=True, inline="always")
+    def ring_start(tile, k_cache, block_table, num_pages, req, hk, n_lo, n_hi, row, rl,
+                   page_size, status):
+        """Issue the piece's first NSTAGES - 1 tiles, one copy group each (empty past the piece);
+        return the source of this thread's row of the next tile."""
+        for st in range(NSTAGES - 1):
+            n0 = n_lo + st * BLOCK_N
+            if n0 < n_hi:
+                page, pslot, ok = row_source(block_table, num_pages, req, n0 + row, n_hi,
+                                             page_size, status)
+                copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk, page,
+                         pslot, ok, rl)
+            memory.cp_async_commit()
+        page, pslot, ok = row_source(block_table, num_pages, req,
+                                     n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi, page_size,
+                                     status)
+        return page, pslot, ok
+
+    @cuda.jit(device=True, inline="always")
+    def ring_next(tile, k_cache, block_table, num_pages, req, hk, n0, n_hi, rd, page, pslot, ok,
+                  row, rl, page_size, status):
+        """Wait for tile n0 (ring slot rd), then issue the tile NSTAGES - 1 ahead into the slot
+        the previous tile was computed in, from the row source fetched a tile ago; return the
+        source of the tile after it."""
+        memory.cp_async_wait(WAIT)
+        cuda.syncthreads()  # tile n0 has landed; the slot written next is no longer read
+        wr = rd - 1 if rd > 0 else NSTAGES - 1
+        if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:
+            copy_row(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, hk, page, pslot, ok,
+                     rl)
+        memory.cp_async_commit()
+        page, pslot, ok = row_source(block_table, num_pages, req, n0 + NSTAGES * BLOCK_N + row,
+                                     n_hi, page_size, status)
+        return page, pslot, ok
 
     @cuda.jit(device=True, inline="always")
     def pair(words, floats, p):
@@ -247,211 +287,406 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
             return unpack(words[uint64(p)])
         return floats[uint64(2 * p)], floats[uint64(2 * p + 1)]
 
-    # ---- narrow: the warps split the keys ---------------------------------------------------
+    return cta_work, piece_of, put, put_lse, ring_start, ring_next, pair
 
-    if lay["narrow"]:
-        KPW = lay["KPW"]
-        KBW = min(4 if BLOCK_M == 1 else 1, KPW)  # keys per batch (registers: see above)
-        BATCHES = KPW // KBW
-        NQ = _cdiv(DP, 32)  # pairs per lane of a key row
-        NV = _cdiv(VP, 32)  # ... of its value part
-        Q_EXACT, V_EXACT = DP % 32 == 0, VP % 32 == 0
-        STAT_OFF, O_OFF, O_STRIDE = lay["stat_off"], lay["o_off"], lay["o_stride"]
-        OUT_STEPS = _cdiv(HEAD_DIM_V, THREADS)
-        RING_P, SLOT_P, ROW_P = RING_OFF // 2, SLOT // 2, KV_STRIDE // 2  # in pairs
-        Q_STAGE = (RING_OFF + (NSTAGES - 1) * SLOT) * lay["item"] // 4  # float32 words
-        Q_STEPS, Q_STEPS_EXACT = _cdiv(HEAD_DIM, THREADS), HEAD_DIM % THREADS == 0
 
-        def mla_decode_narrow(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out,
-                              lse, o_acc, lse_acc, status, s_q, group, page_size, scale_log2):
-            tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
-            words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
-            floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
-            scratch = cuda.shared.array(SCRATCH, float32)
-            tid = cuda.threadIdx.x
-            warp = tid >> 5
-            lane = tid & 31
-            part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0], status)
-            if begin_req >= cache_seqlens.shape[0]:
-                return  # idle part
-            num_pages = k_cache.shape[0]
-            q_rows = s_q * group
-            row = tid // TPR  # copy: this thread's row of every tile,
-            rl = tid % TPR  # its lane in the row
+# ----------------------------------------------------------------------------- narrow
 
-            qv = cuda.local.array((BLOCK_M, NQ, 2), float32)
-            O_i = cuda.local.array((BLOCK_M, NV, 2), float32)
-            m_i = cuda.local.array(BLOCK_M, float32)
-            l_i = cuda.local.array(BLOCK_M, float32)
-            visible = cuda.local.array(BLOCK_M, np.int32)
-            S = cuda.local.array((BLOCK_M, KBW), float32)
-            wscale = cuda.local.array(WARPS, float32)
+def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, put,
+                           put_lse):
+    """The narrow variant's phases that open a piece (the query rows into registers) and close it
+    (the warps' partial results merged and written); ``put``, ``put_lse`` from the walk."""
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
+    WARPS = THREADS // 32
+    DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
+    NQ, NV = _cdiv(DP, 32), _cdiv(VP, 32)  # ... a lane holds
+    Q_EXACT, V_EXACT = DP % 32 == 0, VP % 32 == 0
+    Q_STEPS, Q_STEPS_EXACT = _cdiv(HEAD_DIM, THREADS), HEAD_DIM % THREADS == 0
+    OUT_STEPS = _cdiv(HEAD_DIM_V, THREADS)
+    # The ring's last slot, in words.
+    Q_STAGE = lay.ring + (NSTAGES - 1) * BLOCK_N * HEAD_DIM * _item(FMT) // 4
+    STAT_OFF, O_OFF, O_STRIDE = lay.stat, lay.o, 2 * VP
+    load = formats.loader(FMT)
 
-            for req in range(begin_req, end_req + 1):
-                n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits,
-                                                           part, req, begin_req, end_req, status)
-                cuda.syncthreads()  # the previous piece's partial results are read
-                for st in range(NSTAGES - 1):
-                    n0 = n_lo + st * BLOCK_N
-                    if n0 < n_hi:
-                        page, pslot, ok = row_source(block_table, num_pages, req, n0 + row,
-                                                     n_hi, page_size, status)
-                        copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk,
-                                 page, pslot, ok, rl)
-                    memory.cp_async_commit()
-                page, pslot, ok = row_source(block_table, num_pages, req,
-                                             n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi,
-                                             page_size, status)
-
-                # The query rows, pre-scaled so that S is in base-2 units, go through the ring's
-                # last slot (free until the first tile's barrier): loaded in consecutive columns
-                # per thread, read back as the pairs lane + 32 i. (Loaded as pairs directly, the
-                # lane's 2 NQ addresses, with the run-time stride of q, stay in registers for
-                # the whole kernel: ~36 of them, and spills on sm_80.)
-                for m in range(BLOCK_M):
-                    gr = m0 + m
-                    t = gr // group
-                    h = hk * group + gr - t * group
-                    if CAUSAL:
-                        visible[m] = min(seqlen - (s_q - 1 - t), seqlen)
-                    else:
-                        visible[m] = seqlen
-                    for j in range(Q_STEPS):
-                        d = tid + THREADS * j
-                        if Q_STEPS_EXACT or d < HEAD_DIM:
-                            x = ZERO
-                            if gr < q_rows:
-                                x = load(q[req, t, h, uint64(d)]) * scale_log2
-                            floats[uint64(Q_STAGE + HEAD_DIM * m + d)] = x
-                cuda.syncthreads()
-                for m in range(BLOCK_M):
-                    for i in range(NQ):
-                        p = lane + 32 * i
-                        for e in range(2):
-                            x = ZERO
-                            if Q_EXACT or p < DP:
-                                x = floats[uint64(Q_STAGE + HEAD_DIM * m + 2 * p + e)]
-                            qv[m, i, e] = x
-                    m_i[m] = NEG_INF
-                    l_i[m] = ZERO
-                    for i in range(NV):
-                        for e in range(2):
-                            O_i[m, i, e] = ZERO
-
-                rd = 0  # ring slot of the tile computed now
-                for n0 in range(n_lo, n_hi, BLOCK_N):
-                    memory.cp_async_wait(WAIT)
-                    cuda.syncthreads()  # tile n0 has landed; the slot written next is read
-                    wr = rd - 1 if rd > 0 else NSTAGES - 1
-                    if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:
-                        copy_row(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, hk,
-                                 page, pslot, ok, rl)
-                    memory.cp_async_commit()
-                    page, pslot, ok = row_source(block_table, num_pages, req,
-                                                 n0 + NSTAGES * BLOCK_N + row, n_hi, page_size,
-                                                 status)
-
-                    for b in range(BATCHES):
-                        key = warp * KPW + b * KBW  # first tile row of the batch
-                        # S: this lane's partial dot products, then the warp's butterfly.
-                        for m in range(BLOCK_M):
-                            for k in range(KBW):
-                                S[m, k] = ZERO
-                        for k in range(KBW):
-                            at = RING_P + rd * SLOT_P + (key + k) * ROW_P + lane
-                            for i in range(NQ):
-                                if Q_EXACT or lane + 32 * i < DP:
-                                    x0, x1 = pair(words, floats, at + 32 * i)
-                                    for m in range(BLOCK_M):  # two FMAs
-                                        S[m, k] += qv[m, i, 0] * x0
-                                        S[m, k] += qv[m, i, 1] * x1
-                        for m in range(BLOCK_M):
-                            for k in range(KBW):
-                                for j in range(5):
-                                    S[m, k] += shfl_xor(S[m, k], 1 << j, scratch, tid)
-                        # Online softmax of the warp's keys, row by row (every lane alike).
-                        for m in range(BLOCK_M):
-                            mx = NEG_INF
-                            for k in range(KBW):
-                                if n0 + key + k >= visible[m]:
-                                    S[m, k] = NEG_INF
-                                mx = max(mx, S[m, k])
-                            m_new = max(m_i[m], mx)
-                            base = m_new if m_new != NEG_INF else ZERO  # nothing visible yet
-                            alpha = math.exp2(m_i[m] - base)
-                            m_i[m] = m_new
-                            row_sum = ZERO
-                            for k in range(KBW):
-                                S[m, k] = math.exp2(S[m, k] - base)
-                                row_sum += S[m, k]
-                            l_i[m] = l_i[m] * alpha + row_sum
-                            for i in range(NV):
-                                for e in range(2):
-                                    O_i[m, i, e] *= alpha
-                        # O_i += P V from the same words.
-                        for k in range(KBW):
-                            at = RING_P + rd * SLOT_P + (key + k) * ROW_P + lane
-                            for i in range(NV):
-                                if V_EXACT or lane + 32 * i < VP:
-                                    x0, x1 = pair(words, floats, at + 32 * i)
-                                    for m in range(BLOCK_M):
-                                        O_i[m, i, 0] += S[m, k] * x0
-                                        O_i[m, i, 1] += S[m, k] * x1
-                    rd = rd + 1 if rd + 1 < NSTAGES else 0
-
-                # Merge the warps' partial results through the (now idle) ring.
-                memory.cp_async_wait_all()
-                cuda.syncthreads()
-                for m in range(BLOCK_M):
-                    at = (warp * BLOCK_M + m)
-                    if lane == 0:
-                        floats[uint64(STAT_OFF + 2 * at)] = m_i[m]
-                        floats[uint64(STAT_OFF + 2 * at + 1)] = l_i[m]
-                    for i in range(NV):
-                        p = lane + 32 * i
-                        if V_EXACT or p < VP:
-                            for e in range(2):
-                                floats[uint64(O_OFF + O_STRIDE * at + 2 * p + e)] = O_i[m, i, e]
-                cuda.syncthreads()
-                for m in range(BLOCK_M):
-                    gr = m0 + m
+    @cuda.jit(device=True, inline="always")
+    def stage_q(q, floats, visible, req, hk, m0, s_q, group, q_rows, seqlen, scale_log2, tid):
+        """The keys each row may see; the query rows, pre-scaled so that S is in base-2 units,
+        into the ring's last slot (free until the first tile's barrier) in consecutive columns
+        per thread. (Loaded as pairs directly, the lane's 2 NQ addresses, with the run-time
+        stride of q, stay in registers for the whole kernel: ~36 of them, and spills on sm_80.)"""
+        for m in range(BLOCK_M):
+            gr = m0 + m
+            t = gr // group
+            h = hk * group + gr - t * group
+            if CAUSAL:
+                visible[m] = min(seqlen - (s_q - 1 - t), seqlen)
+            else:
+                visible[m] = seqlen
+            for j in range(Q_STEPS):
+                d = tid + THREADS * j
+                if Q_STEPS_EXACT or d < HEAD_DIM:
+                    x = ZERO
                     if gr < q_rows:
-                        t = gr // group
-                        h = hk * group + gr - t * group
-                        mx = NEG_INF
+                        x = load(q[req, t, h, uint64(d)]) * scale_log2
+                    floats[uint64(Q_STAGE + HEAD_DIM * m + d)] = x
+
+    @cuda.jit(device=True, inline="always")
+    def start_rows(floats, qv, m_i, l_i, O_i, lane):
+        """The lane's pairs lane + 32 i of the staged query rows into registers; m_i, l_i, O_i
+        of a new piece."""
+        for m in range(BLOCK_M):
+            for i in range(NQ):
+                p = lane + 32 * i
+                for e in range(2):
+                    x = ZERO
+                    if Q_EXACT or p < DP:
+                        x = floats[uint64(Q_STAGE + HEAD_DIM * m + 2 * p + e)]
+                    qv[m, i, e] = x
+            m_i[m] = NEG_INF
+            l_i[m] = ZERO
+            for i in range(NV):
+                for e in range(2):
+                    O_i[m, i, e] = ZERO
+
+    @cuda.jit(device=True, inline="always")
+    def store_partials(floats, m_i, l_i, O_i, warp, lane):
+        """The warp's (m_i, l_i) and O_i of each row, into the idle ring."""
+        for m in range(BLOCK_M):
+            at = warp * BLOCK_M + m
+            if lane == 0:
+                floats[uint64(STAT_OFF + 2 * at)] = m_i[m]
+                floats[uint64(STAT_OFF + 2 * at + 1)] = l_i[m]
+            for i in range(NV):
+                p = lane + 32 * i
+                if V_EXACT or p < VP:
+                    for e in range(2):
+                        floats[uint64(O_OFF + O_STRIDE * at + 2 * p + e)] = O_i[m, i, e]
+
+    @cuda.jit(device=True, inline="always")
+    def write_piece(out, lse, o_acc, lse_acc, floats, wscale, split, req, slot, hk, m0, q_rows,
+                    group, tid, status):
+        """Merge the warps' partial results, as the combine merges splits, and write the rows."""
+        for m in range(BLOCK_M):
+            gr = m0 + m
+            if gr < q_rows:
+                t = gr // group
+                h = hk * group + gr - t * group
+                mx = NEG_INF
+                for w in range(WARPS):
+                    mx = max(mx, floats[uint64(STAT_OFF + 2 * (w * BLOCK_M + m))])
+                base = mx if mx != NEG_INF else ZERO
+                l = ZERO
+                for w in range(WARPS):
+                    at = STAT_OFF + 2 * (w * BLOCK_M + m)
+                    wscale[w] = math.exp2(floats[uint64(at)] - base)
+                    l += floats[uint64(at + 1)] * wscale[w]
+                inv = ONE / l if l > ZERO else ZERO
+                for j in range(OUT_STEPS):
+                    col = tid + THREADS * j
+                    if col < HEAD_DIM_V:
+                        o = ZERO
                         for w in range(WARPS):
-                            mx = max(mx, floats[uint64(STAT_OFF + 2 * (w * BLOCK_M + m))])
-                        base = mx if mx != NEG_INF else ZERO
-                        l = ZERO
-                        for w in range(WARPS):
-                            at = STAT_OFF + 2 * (w * BLOCK_M + m)
-                            wscale[w] = math.exp2(floats[uint64(at)] - base)
-                            l += floats[uint64(at + 1)] * wscale[w]
-                        inv = ONE / l if l > ZERO else ZERO
-                        for j in range(OUT_STEPS):
-                            col = tid + THREADS * j
-                            if col < HEAD_DIM_V:
-                                o = ZERO
-                                for w in range(WARPS):
-                                    o += floats[uint64(O_OFF + O_STRIDE * (w * BLOCK_M + m)
-                                                       + col)] * wscale[w]
-                                put(out, o_acc, split, req, slot, t, h, col, o * inv, status)
-                        if tid == 0:
-                            put_lse(lse, lse_acc, split, req, slot, t, h, mx, l, status)
+                            o += floats[uint64(O_OFF + O_STRIDE * (w * BLOCK_M + m)
+                                               + col)] * wscale[w]
+                        put(out, o_acc, split, req, slot, t, h, col, o * inv, status)
+                if tid == 0:
+                    put_lse(lse, lse_acc, split, req, slot, t, h, mx, l, status)
 
-        return mla_decode_narrow
+    return stage_q, start_rows, store_partials, write_piece
 
-    # ---- wide: all threads share each tile --------------------------------------------------
 
-    TM, TN, C, DS, SL, TS = (lay[k] for k in ("TM", "TN", "C", "DS", "SL", "TS"))
-    TMo, Co, TDo = lay["TMo"], lay["Co"], lay["TDo"]
-    LOG_DS, LOG_SL = _log2(DS), _log2(SL)
-    P_STRIDE, PLANE, Q_OFF = lay["p_stride"], lay["plane"], lay["q_off"]
-    P_OFF, ALPHA_OFF, L_OFF, M_OFF = lay["p_off"], lay["alpha_off"], lay["l_off"], lay["m_off"]
-    D_STEPS, D_TAIL = DP // DS, DP % DS  # pair slice of a thread: ds + DS * i
-    RING_P, SLOT_P, KV_PAIRS = RING_OFF // 2, SLOT // 2, KV_STRIDE // 2  # in pairs
-    VP_EXACT = VP % Co == 0
+def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC):
+    """The narrow variant (BLOCK_M <= NARROW_ROWS): the warps split the keys."""
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
+    WARPS = THREADS // 32
+    TPR = THREADS // BLOCK_N  # copy: threads per cache row
+    KPW = BLOCK_N // WARPS  # keys per warp of a tile
+    KBW = min(4 if BLOCK_M == 1 else 1, KPW)  # keys per batch (registers: see above)
+    BATCHES = KPW // KBW
+    DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
+    NQ, NV = _cdiv(DP, 32), _cdiv(VP, 32)  # ... a lane holds
+    Q_EXACT, V_EXACT = DP % 32 == 0, VP % 32 == 0
+    RING_OFF, SLOT = lay.ring * 4 // _item(FMT), BLOCK_N * HEAD_DIM  # storage elements
+    RING_P, SLOT_P, ROW_P = RING_OFF // 2, SLOT // 2, HEAD_DIM // 2  # in pairs
+    SCRATCH = sync.scratch_size(THREADS)
+    STORAGE = formats.storage_type(FMT)
+    cta_work, piece_of, put, put_lse, ring_start, ring_next, pair = make_stream(
+        HEAD_DIM, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, HEAD_DIM)
+    stage_q, start_rows, store_partials, write_piece = make_narrow_piece_ends(
+        HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, put, put_lse)
+
+    @cuda.jit(device=True, inline="always")
+    def score(words, floats, S, qv, rd, key, lane, scratch, tid):
+        """S of the batch's keys (tile rows key ..): this lane's partial dot products, then the
+        warp's butterfly."""
+        for m in range(BLOCK_M):
+            for k in range(KBW):
+                S[m, k] = ZERO
+        for k in range(KBW):
+            at = RING_P + rd * SLOT_P + (key + k) * ROW_P + lane
+            for i in range(NQ):
+                if Q_EXACT or lane + 32 * i < DP:
+                    x0, x1 = pair(words, floats, at + 32 * i)
+                    for m in range(BLOCK_M):  # two FMAs
+                        S[m, k] += qv[m, i, 0] * x0
+                        S[m, k] += qv[m, i, 1] * x1
+        for m in range(BLOCK_M):
+            for k in range(KBW):
+                for j in range(5):
+                    S[m, k] += shfl_xor(S[m, k], 1 << j, scratch, tid)
+
+    @cuda.jit(device=True, inline="always")
+    def update(S, m_i, l_i, O_i, visible, n0, key):
+        """Online softmax of the batch, row by row (every lane alike): S becomes P."""
+        for m in range(BLOCK_M):
+            mx = NEG_INF
+            for k in range(KBW):
+                if n0 + key + k >= visible[m]:
+                    S[m, k] = NEG_INF
+                mx = max(mx, S[m, k])
+            m_new = max(m_i[m], mx)
+            base = m_new if m_new != NEG_INF else ZERO  # nothing visible yet
+            alpha = math.exp2(m_i[m] - base)
+            m_i[m] = m_new
+            row_sum = ZERO
+            for k in range(KBW):
+                S[m, k] = math.exp2(S[m, k] - base)
+                row_sum += S[m, k]
+            l_i[m] = l_i[m] * alpha + row_sum
+            for i in range(NV):
+                for e in range(2):
+                    O_i[m, i, e] *= alpha
+
+    @cuda.jit(device=True, inline="always")
+    def accumulate(words, floats, S, O_i, rd, key, lane):
+        """O_i += P V, from the words the scores read."""
+        for k in range(KBW):
+            at = RING_P + rd * SLOT_P + (key + k) * ROW_P + lane
+            for i in range(NV):
+                if V_EXACT or lane + 32 * i < VP:
+                    x0, x1 = pair(words, floats, at + 32 * i)
+                    for m in range(BLOCK_M):
+                        O_i[m, i, 0] += S[m, k] * x0
+                        O_i[m, i, 1] += S[m, k] * x1
+
+    def mla_decode_narrow(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out,
+                          lse, o_acc, lse_acc, status, s_q, group, page_size, scale_log2):
+        tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
+        words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
+        floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
+        scratch = cuda.shared.array(SCRATCH, float32)
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0], status)
+        if begin_req >= cache_seqlens.shape[0]:
+            return  # idle part
+        num_pages = k_cache.shape[0]
+        q_rows = s_q * group
+        row = tid // TPR  # copy: this thread's row of every tile,
+        rl = tid % TPR  # its lane in the row
+
+        qv = cuda.local.array((BLOCK_M, NQ, 2), float32)
+        O_i = cuda.local.array((BLOCK_M, NV, 2), float32)
+        m_i = cuda.local.array(BLOCK_M, float32)
+        l_i = cuda.local.array(BLOCK_M, float32)
+        visible = cuda.local.array(BLOCK_M, np.int32)
+        S = cuda.local.array((BLOCK_M, KBW), float32)
+        wscale = cuda.local.array(WARPS, float32)
+
+        for req in range(begin_req, end_req + 1):
+            n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits,
+                                                       part, req, begin_req, end_req, status)
+            cuda.syncthreads()  # the previous piece's partial results are read
+            page, pslot, ok = ring_start(tile, k_cache, block_table, num_pages, req, hk, n_lo,
+                                         n_hi, row, rl, page_size, status)
+            stage_q(q, floats, visible, req, hk, m0, s_q, group, q_rows, seqlen, scale_log2, tid)
+            cuda.syncthreads()  # the staged query rows are written
+            start_rows(floats, qv, m_i, l_i, O_i, lane)
+
+            rd = 0  # ring slot of the tile computed now
+            for n0 in range(n_lo, n_hi, BLOCK_N):
+                page, pslot, ok = ring_next(tile, k_cache, block_table, num_pages, req, hk, n0,
+                                            n_hi, rd, page, pslot, ok, row, rl, page_size,
+                                            status)
+                for b in range(BATCHES):  # the warp's keys, KBW at a time
+                    key = warp * KPW + b * KBW  # first tile row of the batch
+                    score(words, floats, S, qv, rd, key, lane, scratch, tid)
+                    update(S, m_i, l_i, O_i, visible, n0, key)
+                    accumulate(words, floats, S, O_i, rd, key, lane)
+                rd = rd + 1 if rd + 1 < NSTAGES else 0
+
+            memory.cp_async_wait_all()
+            cuda.syncthreads()  # the ring is idle
+            store_partials(floats, m_i, l_i, O_i, warp, lane)
+            cuda.syncthreads()  # the partial results are written
+            write_piece(out, lse, o_acc, lse_acc, floats, wscale, split, req, slot, hk, m0,
+                        q_rows, group, tid, status)
+
+    return mla_decode_narrow
+
+
+# ----------------------------------------------------------------------------- wide
+
+def make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, put, put_lse):
+    """The wide variant's phases that open a piece (the query rows into shared memory) and close
+    it (the rows written); ``put``, ``put_lse`` from the walk."""
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
+    th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS)
+    SL, TMo, Co, TDo = th["SL"], th["TMo"], th["Co"], th["TDo"]
+    LOG_SL = _log2(SL)
+    WARPS = THREADS // 32
+    COLS, COLS_EXACT = _cdiv(HEAD_DIM, 32), HEAD_DIM % 32 == 0  # query columns per lane and row
     Q_ROWS_PER_WARP = _cdiv(BLOCK_M, WARPS)
+    Q_OFF = lay.q * 4 // _item(FMT)  # storage elements
+    L_OFF, M_OFF = lay.l, lay.m  # words
+    ZERO_BITS = np.float32(0) if FMT == "float32" else np.uint16(0)  # +0.0 in every format
+
+    @cuda.jit(device=True, inline="always")
+    def load_q(tile, q, req, hk, m0, group, q_rows, warp, lane):
+        """Q_i -> shared as storage bits; padding rows are zeros."""
+        for jr in range(Q_ROWS_PER_WARP):
+            r = warp + WARPS * jr
+            if r < BLOCK_M:
+                gr = m0 + r
+                t = gr // group
+                h = hk * group + gr - t * group
+                for ii in range(COLS):
+                    d = lane + 32 * ii
+                    if COLS_EXACT or d < HEAD_DIM:
+                        x = ZERO_BITS
+                        if gr < q_rows:
+                            x = q[req, t, h, uint64(d)]
+                        tile[uint64(Q_OFF + r * HEAD_DIM + d)] = x
+
+    @cuda.jit(device=True, inline="always")
+    def write_piece(out, lse, o_acc, lse_acc, floats, O_i, m_i, l_i, split, req, slot, hk, m0,
+                    q_rows, group, srow, sl, o_row0, co, scratch, tid, status):
+        """Full row sums, then O_i / l_i and the lse, final or partial."""
+        for k in range(LOG_SL):
+            l_i += shfl_xor(l_i, 1 << k, scratch, tid)
+        if srow < BLOCK_M and sl == 0:
+            floats[uint64(L_OFF + srow)] = l_i
+            floats[uint64(M_OFF + srow)] = m_i
+        cuda.syncthreads()
+        for im in range(TMo):
+            r = o_row0 + im
+            gr = m0 + r
+            if gr < q_rows:
+                t = gr // group
+                h = hk * group + gr - t * group
+                l = floats[uint64(L_OFF + r)]
+                inv = ONE / l if l > ZERO else ZERO
+                for jd in range(TDo):
+                    for e in range(2):
+                        col = 2 * (co + Co * jd) + e
+                        if col < HEAD_DIM_V:
+                            put(out, o_acc, split, req, slot, t, h, col, O_i[im, jd, e] * inv,
+                                status)
+                if co == 0:
+                    put_lse(lse, lse_acc, split, req, slot, t, h, floats[uint64(M_OFF + r)], l,
+                            status)
+
+    return load_q, write_piece
+
+
+def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC):
+    """The wide variant (BLOCK_M > NARROW_ROWS): all threads share each tile."""
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
+    th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS)
+    TM, TN, C, DS, SL, TS = (th[k] for k in ("TM", "TN", "C", "DS", "SL", "TS"))
+    TMo, Co, TDo = th["TMo"], th["Co"], th["TDo"]
+    LOG_DS, LOG_SL = _log2(DS), _log2(SL)
+    TPR = THREADS // BLOCK_N  # copy: threads per cache row
+    DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
+    D_STEPS, D_TAIL = DP // DS, DP % DS  # pair slice of a thread: ds + DS * i
+    VP_EXACT = VP % Co == 0
+    ELEMS = 4 // _item(FMT)  # storage elements per word
+    KV_STRIDE, P_STRIDE, PLANE = th["kv_stride"], th["p_stride"], th["plane"]
+    Q_OFF, RING_OFF, SLOT = lay.q * ELEMS, lay.ring * ELEMS, BLOCK_N * KV_STRIDE  # elements
+    RING_P, SLOT_P, KV_PAIRS = RING_OFF // 2, SLOT // 2, KV_STRIDE // 2  # in pairs
+    P_OFF, ALPHA_OFF = lay.p, lay.alpha  # words
+    SCRATCH = sync.scratch_size(THREADS)
+    STORAGE = formats.storage_type(FMT)
+    cta_work, piece_of, put, put_lse, ring_start, ring_next, pair = make_stream(
+        HEAD_DIM, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRIDE)
+    load_q, write_piece = make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS,
+                                               FMT, put, put_lse)
+
+    @cuda.jit(device=True, inline="always")
+    def score(words, floats, S, kv, kv_at, q_at, k_at, part_at, ds):
+        """S = Q K^T: the thread's micro-tile over its pair slice, one partial sum per d-lane ds,
+        written to plane ds (the softmax adds the DS planes up)."""
+        for im in range(TM):
+            for jn in range(TN):
+                S[im, jn] = ZERO
+        for i in range(D_STEPS + (1 if D_TAIL else 0)):
+            if i < D_STEPS or ds < D_TAIL:  # pair ds + DS * i
+                for jn in range(TN):
+                    kv[jn, 0], kv[jn, 1] = pair(words, floats,
+                                                kv_at + k_at + C * KV_PAIRS * jn + DS * i)
+                for im in range(TM):
+                    a0, a1 = pair(words, floats, q_at + DP * im + DS * i)
+                    for jn in range(TN):
+                        S[im, jn] += a0 * kv[jn, 0]  # two FMAs
+                        S[im, jn] += a1 * kv[jn, 1]
+        for im in range(TM):
+            for jn in range(TN):
+                floats[uint64(part_at + P_STRIDE * im + C * jn)] = S[im, jn]
+
+    @cuda.jit(device=True, inline="always")
+    def update(floats, sv, n0, visible, srow, sl, p_at, m_i, l_i, scale_log2, scratch, tid):
+        """Online softmax, SL lanes per row: the scores (scaled, masked), the new maximum,
+        P = exp2(S - m_new) (over plane 0) and the rescale factor alpha; the new m_i, l_i."""
+        mx = NEG_INF
+        for j in range(TS):
+            c = sl + SL * j
+            s = NEG_INF
+            if srow < BLOCK_M and c < BLOCK_N and n0 + c < visible:
+                s = ZERO
+                for plane in range(DS):
+                    s += floats[uint64(p_at + PLANE * plane + SL * j)]
+                s *= scale_log2
+            sv[j] = s
+            mx = max(mx, s)
+        for k in range(LOG_SL):
+            mx = max(mx, shfl_xor(mx, 1 << k, scratch, tid))
+        m_new = max(m_i, mx)
+        base = m_new if m_new != NEG_INF else ZERO  # a row with nothing visible yet
+        alpha = math.exp2(m_i - base)
+        m_i = m_new
+        row_sum = ZERO
+        for j in range(TS):
+            p = math.exp2(sv[j] - base)
+            row_sum += p
+            c = sl + SL * j
+            if srow < BLOCK_M and c < BLOCK_N:
+                floats[uint64(p_at + SL * j)] = p
+        l_i = l_i * alpha + row_sum
+        if srow < BLOCK_M and sl == 0:
+            floats[uint64(ALPHA_OFF + srow)] = alpha
+        return m_i, l_i
+
+    @cuda.jit(device=True, inline="always")
+    def accumulate(words, floats, O_i, vv, kv_at, o_row0, co):
+        """O_i = alpha O_i + P V, V being the first HEAD_DIM_V columns of the same tile."""
+        for im in range(TMo):
+            a = floats[uint64(ALPHA_OFF + o_row0 + im)]
+            for jd in range(TDo):
+                for e in range(2):
+                    O_i[im, jd, e] *= a
+        for c in range(BLOCK_N):
+            for jd in range(TDo):
+                u = co + Co * jd
+                vv[jd, 0] = ZERO
+                vv[jd, 1] = ZERO
+                if VP_EXACT or u < VP:
+                    vv[jd, 0], vv[jd, 1] = pair(words, floats, kv_at + c * KV_PAIRS + u)
+            for im in range(TMo):
+                p = floats[uint64(P_OFF + (o_row0 + im) * P_STRIDE + c)]
+                for jd in range(TDo):
+                    O_i[im, jd, 0] += p * vv[jd, 0]
+                    O_i[im, jd, 1] += p * vv[jd, 1]
 
     def mla_decode_wide(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
                         o_acc, lse_acc, status, s_q, group, page_size, scale_log2):
@@ -494,31 +729,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
             n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
                                                        req, begin_req, end_req, status)
             cuda.syncthreads()  # the previous piece's Q tile and row statistics are read
-            for st in range(NSTAGES - 1):
-                n0 = n_lo + st * BLOCK_N
-                if n0 < n_hi:
-                    page, pslot, ok = row_source(block_table, num_pages, req, n0 + row, n_hi,
-                                                 page_size, status)
-                    copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk, page,
-                             pslot, ok, rl)
-                memory.cp_async_commit()
-            page, pslot, ok = row_source(block_table, num_pages, req,
-                                         n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi, page_size,
-                                         status)
-            # Q_i -> shared as storage bits; padding rows are zeros.
-            for jr in range(Q_ROWS_PER_WARP):
-                r = warp + WARPS * jr
-                if r < BLOCK_M:
-                    gr = m0 + r
-                    t = gr // group
-                    h = hk * group + gr - t * group
-                    for ii in range(COLS):
-                        d = lane + 32 * ii
-                        if COLS_EXACT or d < HEAD_DIM:
-                            x = ZERO_BITS
-                            if gr < q_rows:
-                                x = q[req, t, h, uint64(d)]
-                            tile[uint64(Q_OFF + r * HEAD_DIM + d)] = x
+            page, pslot, ok = ring_start(tile, k_cache, block_table, num_pages, req, hk, n_lo,
+                                         n_hi, row, rl, page_size, status)
+            load_q(tile, q, req, hk, m0, group, q_rows, warp, lane)
 
             # Keys the softmax row may see: all, or (causal) those before its token's diagonal.
             visible = seqlen
@@ -533,112 +746,21 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
-                memory.cp_async_wait(WAIT)
-                cuda.syncthreads()  # tile n0 has landed; the slot written next, P, are read
-                wr = rd - 1 if rd > 0 else NSTAGES - 1
-                if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:
-                    copy_row(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, hk, page,
-                             pslot, ok, rl)
-                memory.cp_async_commit()
-                page, pslot, ok = row_source(block_table, num_pages, req,
-                                             n0 + NSTAGES * BLOCK_N + row, n_hi, page_size, status)
+                # Tile n0 lands (the barrier also ends the previous tile's reads of P, alpha).
+                page, pslot, ok = ring_next(tile, k_cache, block_table, num_pages, req, hk, n0,
+                                            n_hi, rd, page, pslot, ok, row, rl, page_size,
+                                            status)
                 kv_at = RING_P + rd * SLOT_P  # the tile's first pair
-
-                # S = Q K^T: each thread the micro-tile over its pair slice, one partial sum per
-                # d-lane ds, written to plane ds (the softmax adds the DS planes up).
-                for im in range(TM):
-                    for jn in range(TN):
-                        S[im, jn] = ZERO
-                for i in range(D_STEPS + (1 if D_TAIL else 0)):
-                    if i < D_STEPS or ds < D_TAIL:  # pair ds + DS * i
-                        for jn in range(TN):
-                            kv[jn, 0], kv[jn, 1] = pair(words, floats,
-                                                        kv_at + k_at + C * KV_PAIRS * jn + DS * i)
-                        for im in range(TM):
-                            a0, a1 = pair(words, floats, q_at + DP * im + DS * i)
-                            for jn in range(TN):
-                                S[im, jn] += a0 * kv[jn, 0]  # two FMAs
-                                S[im, jn] += a1 * kv[jn, 1]
-                for im in range(TM):
-                    for jn in range(TN):
-                        floats[uint64(part_at + P_STRIDE * im + C * jn)] = S[im, jn]
-                cuda.syncthreads()
-
-                # Online softmax, SL lanes per row: the scores (scaled, masked), the new maximum,
-                # P = exp2(S - m_new) (over plane 0) and the rescale factor alpha.
-                mx = NEG_INF
-                for j in range(TS):
-                    c = sl + SL * j
-                    s = NEG_INF
-                    if srow < BLOCK_M and c < BLOCK_N and n0 + c < visible:
-                        s = ZERO
-                        for plane in range(DS):
-                            s += floats[uint64(p_at + PLANE * plane + SL * j)]
-                        s *= scale_log2
-                    sv[j] = s
-                    mx = max(mx, s)
-                for k in range(LOG_SL):
-                    mx = max(mx, shfl_xor(mx, 1 << k, scratch, tid))
-                m_new = max(m_i, mx)
-                base = m_new if m_new != NEG_INF else ZERO  # a row with nothing visible yet
-                alpha = math.exp2(m_i - base)
-                m_i = m_new
-                row_sum = ZERO
-                for j in range(TS):
-                    p = math.exp2(sv[j] - base)
-                    row_sum += p
-                    c = sl + SL * j
-                    if srow < BLOCK_M and c < BLOCK_N:
-                        floats[uint64(p_at + SL * j)] = p
-                l_i = l_i * alpha + row_sum
-                if srow < BLOCK_M and sl == 0:
-                    floats[uint64(ALPHA_OFF + srow)] = alpha
-                cuda.syncthreads()
-
-                # O_i = alpha O_i + P V, V being the first HEAD_DIM_V columns of the same tile.
-                for im in range(TMo):
-                    a = floats[uint64(ALPHA_OFF + o_row0 + im)]
-                    for jd in range(TDo):
-                        for e in range(2):
-                            O_i[im, jd, e] *= a
-                for c in range(BLOCK_N):
-                    for jd in range(TDo):
-                        u = co + Co * jd
-                        vv[jd, 0] = ZERO
-                        vv[jd, 1] = ZERO
-                        if VP_EXACT or u < VP:
-                            vv[jd, 0], vv[jd, 1] = pair(words, floats, kv_at + c * KV_PAIRS + u)
-                    for im in range(TMo):
-                        p = floats[uint64(P_OFF + (o_row0 + im) * P_STRIDE + c)]
-                        for jd in range(TDo):
-                            O_i[im, jd, 0] += p * vv[jd, 0]
-                            O_i[im, jd, 1] += p * vv[jd, 1]
+                score(words, floats, S, kv, kv_at, q_at, k_at, part_at, ds)
+                cuda.syncthreads()  # the S planes are written
+                m_i, l_i = update(floats, sv, n0, visible, srow, sl, p_at, m_i, l_i, scale_log2,
+                                  scratch, tid)
+                cuda.syncthreads()  # P and alpha are written
+                accumulate(words, floats, O_i, vv, kv_at, o_row0, co)
                 rd = rd + 1 if rd + 1 < NSTAGES else 0
 
-            # Epilogue: full row sums, then O_i / l_i and the lse, final or partial.
-            for k in range(LOG_SL):
-                l_i += shfl_xor(l_i, 1 << k, scratch, tid)
-            if srow < BLOCK_M and sl == 0:
-                floats[uint64(L_OFF + srow)] = l_i
-                floats[uint64(M_OFF + srow)] = m_i
-            cuda.syncthreads()
-            for im in range(TMo):
-                r = o_row0 + im
-                gr = m0 + r
-                if gr < q_rows:
-                    t = gr // group
-                    h = hk * group + gr - t * group
-                    l = floats[uint64(L_OFF + r)]
-                    inv = ONE / l if l > ZERO else ZERO
-                    for jd in range(TDo):
-                        for e in range(2):
-                            col = 2 * (co + Co * jd) + e
-                            if col < HEAD_DIM_V:
-                                put(out, o_acc, split, req, slot, t, h, col, O_i[im, jd, e] * inv,
-                                    status)
-                    if co == 0:
-                        put_lse(lse, lse_acc, split, req, slot, t, h,
-                                floats[uint64(M_OFF + r)], l, status)
+            write_piece(out, lse, o_acc, lse_acc, floats, O_i, m_i, l_i, split, req, slot, hk,
+                        m0, q_rows, group, srow, sl, o_row0, co, scratch, tid, status)
 
     return mla_decode_wide
 
@@ -667,8 +789,8 @@ class Spec(DecodeSpec):
     def entry(self, config, device):
         """(BLOCK_M, BLOCK_N, threads): see BLOCK_N_BY_ROWS."""
         def nbytes(bm, bn):
-            return layout(bm, bn, config.head_dim, config.head_dim_v, config.fmt,
-                          LAUNCH_THREADS)["bytes"]
+            return shared_layout(bm, bn, config.head_dim, config.head_dim_v, config.fmt,
+                                 LAUNCH_THREADS).bytes
 
         limit = device.shared_per_block
         bm = min(BLOCK_N_BY_ROWS[-1][0], 1 << (config.q_rows - 1).bit_length())
@@ -683,8 +805,8 @@ class Spec(DecodeSpec):
 
     def tiles(self, config, entry):
         bm, bn, threads = entry
-        return Tiles(bm, bn, threads, layout(bm, bn, config.head_dim, config.head_dim_v,
-                                             config.fmt, threads)["bytes"])
+        return Tiles(bm, bn, threads, shared_layout(bm, bn, config.head_dim, config.head_dim_v,
+                                                    config.fmt, threads).bytes)
 
     def make(self, config, tiles):
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, tiles.BLOCK_M,
