@@ -57,21 +57,24 @@ from ..attention import ForwardSpec, sample
 from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
+from ..common.layout import SharedLayout
 from ..common.masks import make_kv_end, make_needs_mask
 from ..instructions import sync
-from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, place,
-                    row_pad)
+from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
+
+
+def strides(BLOCK_M, BLOCK_N):
+    """Row strides (float32 words) of the shared Q^T, K^T and P tiles."""
+    # P_PAD puts the four row groups of a warp on different banks: the P reads of PV are then
+    # free of bank conflicts.
+    return BLOCK_M + 1, BLOCK_N + 1, BLOCK_N + row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
 
 
 def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
-    """Offsets (in float32 words) of the four shared tiles and the total size in words."""
-    # P_PAD puts the four row groups of a warp on different banks: the P reads of PV are then
-    # free of bank conflicts.
-    q_stride, k_stride = BLOCK_M + 1, BLOCK_N + 1
-    p_stride = BLOCK_N + row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
-    return dict(place(q=HEAD_DIM * q_stride, k=HEAD_DIM * k_stride, v=BLOCK_N * HEAD_DIM,
-                      p=BLOCK_M * p_stride),
-                q_stride=q_stride, k_stride=k_stride, p_stride=p_stride)
+    """The four shared tiles, in float32 words (the module's "Shared memory")."""
+    q_stride, k_stride, p_stride = strides(BLOCK_M, BLOCK_N)
+    return SharedLayout(4, [("q", HEAD_DIM * q_stride), ("k", HEAD_DIM * k_stride),
+                            ("v", BLOCK_N * HEAD_DIM), ("p", BLOCK_M * p_stride)])
 
 
 @lru_cache(maxsize=None)
@@ -82,8 +85,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     TN = BLOCK_N // LANES_PER_ROW
     TD = HEAD_DIM // LANES_PER_ROW
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
-    Q_OFF, K_OFF, V_OFF, P_OFF = lay["q_off"], lay["k_off"], lay["v_off"], lay["p_off"]
-    Q_STRIDE, K_STRIDE, P_STRIDE = lay["q_stride"], lay["k_stride"], lay["p_stride"]
+    Q_OFF, K_OFF, V_OFF, P_OFF = lay.q, lay.k, lay.v, lay.p
+    Q_STRIDE, K_STRIDE, P_STRIDE = strides(BLOCK_M, BLOCK_N)
     SCRATCH = sync.scratch_size(THREADS)
     load_qt = make_tile_loader(BLOCK_M, HEAD_DIM, 1, Q_STRIDE, FMT)  # Q^T: row stride 1
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
@@ -218,7 +221,7 @@ class Spec(ForwardSpec):
 
     def tiles(self, config, entry):
         bm, bn = entry
-        return Tiles(bm, bn, THREADS, 4 * shared_layout(bm, bn, config.head_dim)["words"])
+        return Tiles(bm, bn, THREADS, shared_layout(bm, bn, config.head_dim).bytes)
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
