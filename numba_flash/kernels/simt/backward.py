@@ -73,7 +73,7 @@ from ..attention import DkdvSpec, DqSpec, PreprocessSpec, sample
 from ..common import constants, formats
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_q_begin
+from ..common.masks import make_kv_end, make_q_begin, seqlen_info
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
 
@@ -220,7 +220,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 dV_j[i, jd] = ZERO
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         m_begin = q_begin(n0, diag)
         ragged = n0 + BLOCK_N > seqlen_k
         for h in range(hk * group, hk * group + group):
@@ -336,7 +336,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 dQ_i[i, jd] = ZERO
 
         # Keys these queries may see: all, or (causal) up to the diagonal (as in the forward).
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # the previous tile's K, V, dS are no longer read
             load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, ONE, tid)

@@ -58,7 +58,7 @@ from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_needs_mask
+from ..common.masks import make_kv_end, make_mask, make_needs_mask, seqlen_info
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
 
@@ -91,6 +91,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     load_qt = make_tile_loader(BLOCK_M, HEAD_DIM, 1, Q_STRIDE, FMT)  # Q^T: row stride 1
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
+    masked_out = make_mask(CAUSAL)
     load, store = formats.loader(FMT), formats.storer(FMT)
     shfl_xor = sync.shfl_xor
     NEG_INF = constants.NEG_INF
@@ -125,7 +126,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 O_i[i, jd] = ZERO
 
         # Keys this tile of queries may see: all of them, or (causal) up to the diagonal.
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # the previous tile's K, V, P are no longer read
             # K_j (transposed) and V_j -> shared; rows past the end are zeros. One pass for both
@@ -155,8 +156,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             if needs_mask(n0, m0, diag, seqlen_k):  # the tile crosses the ragged end or diagonal
                 for i in range(TM):
                     for j in range(TN):
-                        col = n0 + lane + LANES_PER_ROW * j
-                        if col >= seqlen_k or (CAUSAL and col > m0 + row0 + i + diag):
+                        if masked_out(m0 + row0 + i, n0 + lane + LANES_PER_ROW * j, diag,
+                                      seqlen_k):
                             S[i, j] = NEG_INF
 
             # Online softmax: new row maxima, rescale the old state, P_ij = exp2(S - m_new).

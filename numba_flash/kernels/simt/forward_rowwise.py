@@ -65,7 +65,7 @@ from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end
+from ..common.masks import make_kv_end, seqlen_info
 from .tiles import THREADS, make_tile_loader
 
 BLOCK_M = THREADS  # one thread per query row (make_tile_loader strides by THREADS)
@@ -120,7 +120,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_N, CAUSAL, FMT):
         for d in range(HEAD_DIM):
             O_i[d] = ZERO
 
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # everyone is done with the previous K_j, V_j
             for idx in range(tid, BLOCK_N * HEAD_DIM, BLOCK_M):

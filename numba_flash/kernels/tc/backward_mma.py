@@ -54,7 +54,7 @@ from ..common import backward
 from ..common.copies import make_tile_copy
 from ..common.epilogue import make_fragment_store
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_q_begin
+from ..common.masks import make_kv_end, make_q_begin, seqlen_info
 from ..instructions import convert, memory
 from ..instructions import mma as mma_sync
 
@@ -172,7 +172,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         b = cuda.blockIdx.x // n_heads_k
         hk = cuda.blockIdx.x - b * n_heads_k
         n0 = cuda.blockIdx.y * BLOCK_N
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
@@ -274,7 +274,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         hk = h // group
         # Causal: the longest query tiles first (the grid's last CTAs are then the short ones).
         m0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y if CAUSAL else cuda.blockIdx.y) * BLOCK_M
-        diag = seqlen_k - seqlen_q
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 

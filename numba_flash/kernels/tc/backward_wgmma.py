@@ -69,7 +69,7 @@ from ..common.copies import make_swizzled_copy
 from ..common.epilogue import make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_q_begin
+from ..common.masks import make_kv_end, make_q_begin, seqlen_info
 from ..instructions import convert, memory, sync, wgmma
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -161,7 +161,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         b = int32(convert.div_u32(bh, n_heads_k))
         hk = bh - b * n_heads_k
         n0 = cuda.blockIdx.x * BLOCK_N
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
@@ -318,7 +318,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         hk = int32(convert.div_u32(h, group))
         # Causal: the longest query tiles first (the grid's last CTAs are then the short ones).
         m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
-        diag = seqlen_k - seqlen_q
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 

@@ -57,7 +57,7 @@ from ..common.copies import make_swizzled_copy
 from ..common.epilogue import lse_of, make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end
+from ..common.masks import make_kv_end, seqlen_info
 from ..common.softmax import make_softmax_step
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -133,7 +133,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         h = bh - b * n_heads_q
         hk = int32(convert.div_u32(h, group))
 
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
