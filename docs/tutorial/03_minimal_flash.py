@@ -69,8 +69,7 @@ def main(argv=None):
     for d in head_dims:
         t = rw.SPEC.choose(rw.SPEC.Config(d, False, "float16"), None)
         lay = rw.shared_layout(t.BLOCK_N, d)
-        parts = [4 * (lay[b] - lay[a]) for a, b in (("q_off", "k_off"), ("k_off", "v_off"),
-                                                   ("v_off", "s_off"), ("s_off", "words"))]
+        parts = [lay.unit * lay.sizes[name] for name in ("q", "k", "v", "s")]
         budget[d] = parts
         simt = forward.SPEC.choose(forward.SPEC.Config(d, False, "float16"), None).shared_bytes
         print(f"{d:>4} {t.BLOCK_N:>8} " + " ".join(f"{x:>7}" for x in parts) +

@@ -72,29 +72,37 @@ from ...runtime.spec import Sample, Tiles
 from ..attention import DkdvSpec, DqSpec, PreprocessSpec, sample
 from ..common import constants, formats
 from ..common.grid import folded_row
-from ..common.masks import make_kv_end, make_q_begin
+from ..common.layout import SharedLayout
+from ..common.masks import make_kv_end, make_q_begin, seqlen_info
 from ..instructions import sync
-from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, place,
-                    row_pad)
+from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
+
+
+def dkdv_strides(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """Row strides (float32 words) of the dK/dV kernel's Q, dO, K, V tiles and of P^T, dS^T."""
+    return HEAD_DIM + 1, BLOCK_M + row_pad(BLOCK_N // ROW_GROUPS, BLOCK_M)
 
 
 def dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
-    """Offsets (float32 words) of the dK/dV kernel's shared tiles and the total size."""
-    stride = HEAD_DIM + 1
-    p_stride = BLOCK_M + row_pad(BLOCK_N // ROW_GROUPS, BLOCK_M)
-    return dict(place(k=BLOCK_N * stride, v=BLOCK_N * stride, q=BLOCK_M * stride,
-                      do=BLOCK_M * stride, p=BLOCK_N * p_stride, ds=BLOCK_N * p_stride,
-                      lse=BLOCK_M, delta=BLOCK_M),
-                stride=stride, p_stride=p_stride)
+    """The dK/dV kernel's shared tiles, in float32 words."""
+    stride, p_stride = dkdv_strides(BLOCK_M, BLOCK_N, HEAD_DIM)
+    return SharedLayout(4, [("k", BLOCK_N * stride), ("v", BLOCK_N * stride),
+                            ("q", BLOCK_M * stride), ("do", BLOCK_M * stride),
+                            ("p", BLOCK_N * p_stride), ("ds", BLOCK_N * p_stride),
+                            ("lse", BLOCK_M), ("delta", BLOCK_M)])
+
+
+def dq_strides(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """Row strides (float32 words) of the dQ kernel's Q, dO, K, V tiles and of dS."""
+    return HEAD_DIM + 1, BLOCK_N + row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
 
 
 def dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
-    """Offsets (float32 words) of the dQ kernel's shared tiles and the total size."""
-    stride = HEAD_DIM + 1
-    ds_stride = BLOCK_N + row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
-    return dict(place(q=BLOCK_M * stride, do=BLOCK_M * stride, k=BLOCK_N * stride,
-                      v=BLOCK_N * stride, ds=BLOCK_M * ds_stride),
-                stride=stride, ds_stride=ds_stride)
+    """The dQ kernel's shared tiles, in float32 words."""
+    stride, ds_stride = dq_strides(BLOCK_M, BLOCK_N, HEAD_DIM)
+    return SharedLayout(4, [("q", BLOCK_M * stride), ("do", BLOCK_M * stride),
+                            ("k", BLOCK_N * stride), ("v", BLOCK_N * stride),
+                            ("ds", BLOCK_M * ds_stride)])
 
 
 def _make_score_products(ROWS, COLS, HEAD_DIM, STRIDE):
@@ -175,10 +183,9 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     TM = BLOCK_M // LANES_PER_ROW    # query columns per thread in S^T, dP^T
     TD = HEAD_DIM // LANES_PER_ROW   # head-dim columns per thread in dK, dV
     lay = dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
-    K_OFF, V_OFF, Q_OFF, DO_OFF = lay["k_off"], lay["v_off"], lay["q_off"], lay["do_off"]
-    P_OFF, DS_OFF = lay["p_off"], lay["ds_off"]
-    LSE_OFF, DELTA_OFF = lay["lse_off"], lay["delta_off"]
-    STRIDE, P_STRIDE = lay["stride"], lay["p_stride"]
+    K_OFF, V_OFF, Q_OFF, DO_OFF = lay.k, lay.v, lay.q, lay.do
+    P_OFF, DS_OFF, LSE_OFF, DELTA_OFF = lay.p, lay.ds, lay.lse, lay.delta
+    STRIDE, P_STRIDE = dkdv_strides(BLOCK_M, BLOCK_N, HEAD_DIM)
     load_kv = make_tile_loader(BLOCK_N, HEAD_DIM, STRIDE, 1, FMT)
     load_q = make_tile_loader(BLOCK_M, HEAD_DIM, STRIDE, 1, FMT)
     score_products = _make_score_products(TN, TM, HEAD_DIM, STRIDE)
@@ -213,7 +220,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 dV_j[i, jd] = ZERO
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         m_begin = q_begin(n0, diag)
         ragged = n0 + BLOCK_N > seqlen_k
         for h in range(hk * group, hk * group + group):
@@ -286,9 +293,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     TN = BLOCK_N // LANES_PER_ROW    # key columns per thread in S, dP
     TD = HEAD_DIM // LANES_PER_ROW   # head-dim columns per thread in dQ
     lay = dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
-    Q_OFF, DO_OFF, K_OFF, V_OFF, DS_OFF = (lay[x] for x in ("q_off", "do_off", "k_off", "v_off",
-                                                             "ds_off"))
-    STRIDE, DS_STRIDE = lay["stride"], lay["ds_stride"]
+    Q_OFF, DO_OFF, K_OFF, V_OFF, DS_OFF = lay.q, lay.do, lay.k, lay.v, lay.ds
+    STRIDE, DS_STRIDE = dq_strides(BLOCK_M, BLOCK_N, HEAD_DIM)
     load_q = make_tile_loader(BLOCK_M, HEAD_DIM, STRIDE, 1, FMT)
     load_kv = make_tile_loader(BLOCK_N, HEAD_DIM, STRIDE, 1, FMT)
     score_products = _make_score_products(TM, TN, HEAD_DIM, STRIDE)
@@ -330,7 +336,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 dQ_i[i, jd] = ZERO
 
         # Keys these queries may see: all, or (causal) up to the diagonal (as in the forward).
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # the previous tile's K, V, dS are no longer read
             load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, ONE, tid)
@@ -416,7 +422,7 @@ class Dkdv(DkdvSpec):
 
     def tiles(self, config, entry):
         bm, bn = entry
-        return Tiles(bm, bn, THREADS, 4 * dkdv_shared_layout(bm, bn, config.head_dim)["words"])
+        return Tiles(bm, bn, THREADS, dkdv_shared_layout(bm, bn, config.head_dim).bytes)
 
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
@@ -434,7 +440,7 @@ class Dq(DqSpec):
 
     def tiles(self, config, entry):
         bm, bn = entry
-        return Tiles(bm, bn, THREADS, 4 * dq_shared_layout(bm, bn, config.head_dim)["words"])
+        return Tiles(bm, bn, THREADS, dq_shared_layout(bm, bn, config.head_dim).bytes)
 
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,

@@ -57,21 +57,24 @@ from ..attention import ForwardSpec, sample
 from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
-from ..common.masks import make_kv_end, make_needs_mask
+from ..common.layout import SharedLayout
+from ..common.masks import make_kv_end, make_mask, make_needs_mask, seqlen_info
 from ..instructions import sync
-from .tiles import (LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, place,
-                    row_pad)
+from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
+
+
+def strides(BLOCK_M, BLOCK_N):
+    """Row strides (float32 words) of the shared Q^T, K^T and P tiles."""
+    # P_PAD puts the four row groups of a warp on different banks: the P reads of PV are then
+    # free of bank conflicts.
+    return BLOCK_M + 1, BLOCK_N + 1, BLOCK_N + row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
 
 
 def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
-    """Offsets (in float32 words) of the four shared tiles and the total size in words."""
-    # P_PAD puts the four row groups of a warp on different banks: the P reads of PV are then
-    # free of bank conflicts.
-    q_stride, k_stride = BLOCK_M + 1, BLOCK_N + 1
-    p_stride = BLOCK_N + row_pad(BLOCK_M // ROW_GROUPS, BLOCK_N)
-    return dict(place(q=HEAD_DIM * q_stride, k=HEAD_DIM * k_stride, v=BLOCK_N * HEAD_DIM,
-                      p=BLOCK_M * p_stride),
-                q_stride=q_stride, k_stride=k_stride, p_stride=p_stride)
+    """The four shared tiles, in float32 words (the module's "Shared memory")."""
+    q_stride, k_stride, p_stride = strides(BLOCK_M, BLOCK_N)
+    return SharedLayout(4, [("q", HEAD_DIM * q_stride), ("k", HEAD_DIM * k_stride),
+                            ("v", BLOCK_N * HEAD_DIM), ("p", BLOCK_M * p_stride)])
 
 
 @lru_cache(maxsize=None)
@@ -82,12 +85,13 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     TN = BLOCK_N // LANES_PER_ROW
     TD = HEAD_DIM // LANES_PER_ROW
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
-    Q_OFF, K_OFF, V_OFF, P_OFF = lay["q_off"], lay["k_off"], lay["v_off"], lay["p_off"]
-    Q_STRIDE, K_STRIDE, P_STRIDE = lay["q_stride"], lay["k_stride"], lay["p_stride"]
+    Q_OFF, K_OFF, V_OFF, P_OFF = lay.q, lay.k, lay.v, lay.p
+    Q_STRIDE, K_STRIDE, P_STRIDE = strides(BLOCK_M, BLOCK_N)
     SCRATCH = sync.scratch_size(THREADS)
     load_qt = make_tile_loader(BLOCK_M, HEAD_DIM, 1, Q_STRIDE, FMT)  # Q^T: row stride 1
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
+    masked_out = make_mask(CAUSAL)
     load, store = formats.loader(FMT), formats.storer(FMT)
     shfl_xor = sync.shfl_xor
     NEG_INF = constants.NEG_INF
@@ -122,7 +126,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 O_i[i, jd] = ZERO
 
         # Keys this tile of queries may see: all of them, or (causal) up to the diagonal.
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # the previous tile's K, V, P are no longer read
             # K_j (transposed) and V_j -> shared; rows past the end are zeros. One pass for both
@@ -152,8 +156,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             if needs_mask(n0, m0, diag, seqlen_k):  # the tile crosses the ragged end or diagonal
                 for i in range(TM):
                     for j in range(TN):
-                        col = n0 + lane + LANES_PER_ROW * j
-                        if col >= seqlen_k or (CAUSAL and col > m0 + row0 + i + diag):
+                        if masked_out(m0 + row0 + i, n0 + lane + LANES_PER_ROW * j, diag,
+                                      seqlen_k):
                             S[i, j] = NEG_INF
 
             # Online softmax: new row maxima, rescale the old state, P_ij = exp2(S - m_new).
@@ -218,7 +222,7 @@ class Spec(ForwardSpec):
 
     def tiles(self, config, entry):
         bm, bn = entry
-        return Tiles(bm, bn, THREADS, 4 * shared_layout(bm, bn, config.head_dim)["words"])
+        return Tiles(bm, bn, THREADS, shared_layout(bm, bn, config.head_dim).bytes)
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,

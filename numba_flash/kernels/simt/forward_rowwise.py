@@ -64,19 +64,24 @@ from ..attention import ForwardSpec, sample
 from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
-from ..common.masks import make_kv_end
-from .tiles import THREADS, make_tile_loader, place
+from ..common.layout import SharedLayout
+from ..common.masks import make_kv_end, seqlen_info
+from .tiles import THREADS, make_tile_loader
 
 BLOCK_M = THREADS  # one thread per query row (make_tile_loader strides by THREADS)
 MAX_HEAD_DIM = 128
 
 
+def strides(BLOCK_N, HEAD_DIM):
+    """Row strides (float32 words) of the shared Q and score tiles."""
+    return HEAD_DIM + 1, BLOCK_N + 1
+
+
 def shared_layout(BLOCK_N, HEAD_DIM):
-    """Offsets (in float32 words) of the Q, K, V and score tiles and the total size in words."""
-    q_stride, s_stride = HEAD_DIM + 1, BLOCK_N + 1
-    return dict(place(q=BLOCK_M * q_stride, k=BLOCK_N * HEAD_DIM, v=BLOCK_N * HEAD_DIM,
-                      s=BLOCK_M * s_stride),
-                q_stride=q_stride, s_stride=s_stride)
+    """The Q, K, V and score tiles, in float32 words (the module's "Shared memory")."""
+    q_stride, s_stride = strides(BLOCK_N, HEAD_DIM)
+    return SharedLayout(4, [("q", BLOCK_M * q_stride), ("k", BLOCK_N * HEAD_DIM),
+                            ("v", BLOCK_N * HEAD_DIM), ("s", BLOCK_M * s_stride)])
 
 
 @lru_cache(maxsize=None)
@@ -84,8 +89,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_N, CAUSAL, FMT):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
     assert HEAD_DIM % 8 == 0 and HEAD_DIM <= MAX_HEAD_DIM
     lay = shared_layout(BLOCK_N, HEAD_DIM)
-    Q_OFF, K_OFF, V_OFF, S_OFF = lay["q_off"], lay["k_off"], lay["v_off"], lay["s_off"]
-    Q_STRIDE, S_STRIDE = lay["q_stride"], lay["s_stride"]
+    Q_OFF, K_OFF, V_OFF, S_OFF = lay.q, lay.k, lay.v, lay.s
+    Q_STRIDE, S_STRIDE = strides(BLOCK_N, HEAD_DIM)
     load_q = make_tile_loader(BLOCK_M, HEAD_DIM, Q_STRIDE, 1, FMT)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     load, store = formats.loader(FMT), formats.storer(FMT)
@@ -115,7 +120,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_N, CAUSAL, FMT):
         for d in range(HEAD_DIM):
             O_i[d] = ZERO
 
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # everyone is done with the previous K_j, V_j
             for idx in range(tid, BLOCK_N * HEAD_DIM, BLOCK_M):
@@ -184,7 +189,7 @@ class Spec(ForwardSpec):
         raise ValueError(f"{self.name}: head_dim {config.head_dim} > {MAX_HEAD_DIM}")
 
     def tiles(self, config, entry):
-        return Tiles(BLOCK_M, entry, BLOCK_M, 4 * shared_layout(entry, config.head_dim)["words"])
+        return Tiles(BLOCK_M, entry, BLOCK_M, shared_layout(entry, config.head_dim).bytes)
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_N, config.causal, config.fmt)

@@ -32,17 +32,6 @@ def row_pad(rows_per_group, width):
     return next(p for p in range(32) if (rows_per_group * (width + p)) % 32 == 8)
 
 
-def place(**words):
-    """Lay tiles out one after another in a dynamic shared array: ``place(q=.., k=..)`` (sizes
-    in words, in order) -> ``{"q_off": 0, "k_off": .., "words": total}``."""
-    offsets, end = {}, 0
-    for name, size in words.items():
-        offsets[name + "_off"] = end
-        end += size
-    offsets["words"] = end
-    return offsets
-
-
 def make_tile_loader(ROWS, HEAD_DIM, ROW_STRIDE, COL_STRIDE, FMT):
     """Device function ``load_tile(smem, offset, x, b, row0, h, seqlen, scale, tid)``: element
     ``(r, d)`` of ``x[b, row0:row0 + ROWS, h, :]``, times ``scale``, goes to ``smem[offset + r *

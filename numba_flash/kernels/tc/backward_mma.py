@@ -53,7 +53,8 @@ from ..attention import HALF_FORMATS, DkdvSpec, DqSpec, sample
 from ..common import backward
 from ..common.copies import make_tile_copy
 from ..common.epilogue import make_fragment_store
-from ..common.masks import make_kv_end, make_q_begin
+from ..common.layout import SharedLayout
+from ..common.masks import make_kv_end, make_q_begin, seqlen_info
 from ..instructions import convert, memory
 from ..instructions import mma as mma_sync
 
@@ -66,14 +67,20 @@ def padded_head_dim(head_dim, dsplit=1):
     return -(-head_dim // (16 * dsplit)) * 16 * dsplit
 
 
-def dkdv_shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, NWARPS):
+def dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, NWARPS):
+    """The dK/dV kernel's tiles, in 16-bit elements: K, V, the Q and dO double buffers, then
+    lse_i log2 e and D_i of each buffer (4 BLOCK_M float32)."""
     stride = padded_head_dim(HEAD_DIM, 16 * NWARPS // BLOCK_N) + PAD
-    return 2 * (2 * BLOCK_N + 4 * BLOCK_M) * stride + 4 * 4 * BLOCK_M
+    return SharedLayout(2, [("k", BLOCK_N * stride), ("v", BLOCK_N * stride),
+                            ("q", 2 * BLOCK_M * stride), ("do", 2 * BLOCK_M * stride),
+                            ("rows", 2 * 4 * BLOCK_M)])
 
 
-def dq_shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM):
+def dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """The dQ kernel's tiles, in 16-bit elements: Q, dO, then the K and V double buffers."""
     stride = padded_head_dim(HEAD_DIM) + PAD
-    return 2 * (2 * BLOCK_M + 4 * BLOCK_N) * stride
+    return SharedLayout(2, [("q", BLOCK_M * stride), ("do", BLOCK_M * stride),
+                            ("k", 2 * BLOCK_N * stride), ("v", 2 * BLOCK_N * stride)])
 
 
 def _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS):
@@ -136,12 +143,10 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     STRIDE = DPAD + PAD
     D_W = DPAD // DSPLIT                      # head-dim columns of a warp's dK, dV
     KSTEPS, NT, DT = DPAD // 16, BLOCK_M // 8, D_W // 8
-    K_OFF = 0
-    V_OFF = BLOCK_N * STRIDE
-    Q_OFF = 2 * BLOCK_N * STRIDE              # two buffers of Q, then two of dO
-    DO_OFF = Q_OFF + 2 * BLOCK_M * STRIDE
+    lay = dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, NWARPS)
+    K_OFF, V_OFF, Q_OFF, DO_OFF = lay.k, lay.v, lay.q, lay.do
     TILE = BLOCK_M * STRIDE                   # elements of one Q (or dO) buffer
-    ROWS_OFF = (DO_OFF + 2 * TILE) // 2       # float32 words: lse_i log2 e, D_i per buffer
+    ROWS_OFF = lay.rows // 2                  # float32 words: lse_i log2 e, D_i per buffer
     SCRATCH = mma_sync.scratch_size(THREADS)
     scores, accumulate = _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS)
     copy_slot, copy_rows = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
@@ -167,7 +172,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         b = cuda.blockIdx.x // n_heads_k
         hk = cuda.blockIdx.x - b * n_heads_k
         n0 = cuda.blockIdx.y * BLOCK_N
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
@@ -240,11 +245,9 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     DPAD = padded_head_dim(HEAD_DIM)
     STRIDE = DPAD + PAD
     KSTEPS, NT, DT = DPAD // 16, BLOCK_N // 8, DPAD // 8
-    Q_OFF = 0
-    DO_OFF = BLOCK_M * STRIDE
-    K_OFF = 2 * BLOCK_M * STRIDE             # two buffers of K, then two of V
-    V_OFF = K_OFF + 2 * BLOCK_N * STRIDE
-    TILE = BLOCK_N * STRIDE
+    lay = dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
+    Q_OFF, DO_OFF, K_OFF, V_OFF = lay.q, lay.do, lay.k, lay.v
+    TILE = BLOCK_N * STRIDE                  # elements of one K (or V) buffer
     SCRATCH = mma_sync.scratch_size(THREADS)
     scores, accumulate = _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS)
     copy_slot, copy_rows = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
@@ -271,7 +274,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         hk = h // group
         # Causal: the longest query tiles first (the grid's last CTAs are then the short ones).
         m0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y if CAUSAL else cuda.blockIdx.y) * BLOCK_M
-        diag = seqlen_k - seqlen_q
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -373,7 +376,8 @@ class Dkdv(DkdvSpec):
 
     def tiles(self, config, entry):
         bm, bn, warps = entry
-        return Tiles(bm, bn, 32 * warps, dkdv_shared_bytes(bm, bn, config.head_dim, warps))
+        return Tiles(bm, bn, 32 * warps,
+                     dkdv_shared_layout(bm, bn, config.head_dim, warps).bytes)
 
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
@@ -396,7 +400,7 @@ class Dq(DqSpec):
 
     def tiles(self, config, entry):
         bm, bn, warps = entry
-        return Tiles(bm, bn, 32 * warps, dq_shared_bytes(bm, bn, config.head_dim))
+        return Tiles(bm, bn, 32 * warps, dq_shared_layout(bm, bn, config.head_dim).bytes)
 
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,

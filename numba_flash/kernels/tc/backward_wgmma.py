@@ -68,7 +68,8 @@ from ..common import backward
 from ..common.copies import make_swizzled_copy
 from ..common.epilogue import make_row_writer
 from ..common.grid import folded_row
-from ..common.masks import make_kv_end, make_q_begin
+from ..common.layout import SharedLayout
+from ..common.masks import make_kv_end, make_q_begin, seqlen_info
 from ..instructions import convert, memory, sync, wgmma
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -76,13 +77,25 @@ WARPGROUP = wgmma.WARPGROUP
 MAX_HEAD_DIM = 128
 
 
-def dkdv_shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM):
-    return 2 * (2 * BLOCK_N + 4 * BLOCK_M) * wgmma.padded_cols(HEAD_DIM) + 16 * BLOCK_M \
-        + wgmma.TILE_ALIGN
+def dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """The dK/dV kernel's tiles, in 16-bit elements from the aligned base: K, V, the Q and dO
+    double buffers, lse_i log2 e and D_i of each buffer (4 BLOCK_M float32); the epilogue stages
+    dK and dV over K and V."""
+    dpad = wgmma.padded_cols(HEAD_DIM)
+    return SharedLayout(2, [("k", BLOCK_N * dpad), ("v", BLOCK_N * dpad),
+                            ("q", 2 * BLOCK_M * dpad), ("do", 2 * BLOCK_M * dpad),
+                            ("rows", 2 * 4 * BLOCK_M), ("dk", BLOCK_N * dpad, "k"),
+                            ("dv", BLOCK_N * dpad, "v")], reserve=wgmma.TILE_ALIGN)
 
 
-def dq_shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM):
-    return 2 * (3 * BLOCK_M + 4 * BLOCK_N) * wgmma.padded_cols(HEAD_DIM) + wgmma.TILE_ALIGN
+def dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """The dQ kernel's tiles, in 16-bit elements from the aligned base: Q, dO, the K and V
+    double buffers, O (for D_i); the epilogue stages dQ over Q."""
+    dpad = wgmma.padded_cols(HEAD_DIM)
+    return SharedLayout(2, [("q", BLOCK_M * dpad), ("do", BLOCK_M * dpad),
+                            ("k", 2 * BLOCK_N * dpad), ("v", 2 * BLOCK_N * dpad),
+                            ("o", BLOCK_M * dpad), ("dq", BLOCK_M * dpad, "q")],
+                        reserve=wgmma.TILE_ALIGN)
 
 
 @lru_cache(maxsize=None)
@@ -108,12 +121,11 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     DPAD = wgmma.padded_cols(HEAD_DIM)
     KSTEPS, MT, DT = DPAD // 16, BLOCK_M // 8, DPAD // 8
     S_REGS, D_REGS = 4 * MT, 4 * DT
-    K_OFF = 0
-    V_OFF = BLOCK_N * DPAD
-    Q_OFF = 2 * BLOCK_N * DPAD               # two buffers of Q, then two of dO
+    lay = dkdv_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
+    K_OFF, V_OFF, Q_OFF, DO_OFF = lay.k, lay.v, lay.q, lay.do
+    DK_OFF, DV_OFF = lay.dk, lay.dv
     TILE = BLOCK_M * DPAD                    # elements of one Q (or dO) buffer
-    DO_OFF = Q_OFF + 2 * TILE
-    ROWS_OFF = (DO_OFF + 2 * TILE) // 2      # float32 words: lse_i log2 e, D_i per buffer
+    ROWS_OFF = lay.rows // 2                 # float32 words: lse_i log2 e, D_i per buffer
     SCRATCH = wgmma.scratch_size(THREADS)
     mma_t = wgmma.mma_ss(FMT, BLOCK_M, 0)    # S^T = K Q^T, dP^T = V dO^T: Q, dO read K-major
     mma_g = wgmma.mma_rs(FMT, DPAD, 1)       # dV += P^T dO, dK += dS^T Q: dO, Q read MN-major
@@ -149,7 +161,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         b = int32(convert.div_u32(bh, n_heads_k))
         hk = bh - b * n_heads_k
         n0 = cuda.blockIdx.x * BLOCK_N
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
@@ -246,13 +258,13 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             row = 16 * warp + g + 8 * half
             for dt in range(DT):
                 at = wgmma.tile_offset(row, 8 * dt + t2, BLOCK_N)
-                words_u[uint32(base + K_OFF + at) >> 1] = pack(dK[dt, 2 * half] * scale,
-                                                               dK[dt, 2 * half + 1] * scale)
-                words_u[uint32(base + V_OFF + at) >> 1] = pack(dV[dt, 2 * half],
-                                                               dV[dt, 2 * half + 1])
+                words_u[uint32(base + DK_OFF + at) >> 1] = pack(dK[dt, 2 * half] * scale,
+                                                                dK[dt, 2 * half + 1] * scale)
+                words_u[uint32(base + DV_OFF + at) >> 1] = pack(dV[dt, 2 * half],
+                                                                dV[dt, 2 * half + 1])
         cuda.syncthreads()  # a warp reads only its own rows; the simulator has no syncwarp
-        write_rows(dk, b, n0 + 16 * warp, hk, seqlen_k, smem, base + K_OFF, 16 * warp, lane)
-        write_rows(dv, b, n0 + 16 * warp, hk, seqlen_k, smem, base + V_OFF, 16 * warp, lane)
+        write_rows(dk, b, n0 + 16 * warp, hk, seqlen_k, smem, base + DK_OFF, 16 * warp, lane)
+        write_rows(dv, b, n0 + 16 * warp, hk, seqlen_k, smem, base + DV_OFF, 16 * warp, lane)
 
     return flash_bwd_dkdv_wgmma
 
@@ -265,12 +277,9 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     DPAD = wgmma.padded_cols(HEAD_DIM)
     KSTEPS, NT, DT = DPAD // 16, BLOCK_N // 8, DPAD // 8
     S_REGS, D_REGS = 4 * NT, 4 * DT
-    Q_OFF = 0
-    DO_OFF = BLOCK_M * DPAD
-    K_OFF = 2 * BLOCK_M * DPAD               # two buffers of K, then two of V
-    TILE = BLOCK_N * DPAD
-    V_OFF = K_OFF + 2 * TILE
-    O_OFF = V_OFF + 2 * TILE                 # O_i, for D_i
+    lay = dq_shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
+    Q_OFF, DO_OFF, K_OFF, V_OFF, O_OFF, DQ_OFF = lay.q, lay.do, lay.k, lay.v, lay.o, lay.dq
+    TILE = BLOCK_N * DPAD                    # elements of one K (or V) buffer
     SCRATCH = wgmma.scratch_size(THREADS)
     SHFL_SCRATCH = sync.scratch_size(THREADS)
     mma_s = wgmma.mma_ss(FMT, BLOCK_N, 0)    # S = Q K^T, dP = dO V^T: K, V read K-major
@@ -309,7 +318,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         hk = int32(convert.div_u32(h, group))
         # Causal: the longest query tiles first (the grid's last CTAs are then the short ones).
         m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
-        diag = seqlen_k - seqlen_q
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -396,12 +405,12 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         for half in range(2):
             row = 16 * warp + g + 8 * half
             for dt in range(DT):
-                words[uint32(base + Q_OFF + wgmma.tile_offset(row, 8 * dt + t2, BLOCK_M)) >> 1] = \
+                words[uint32(base + DQ_OFF + wgmma.tile_offset(row, 8 * dt + t2, BLOCK_M)) >> 1] = \
                     pack(dQ[dt, 2 * half] * scale, dQ[dt, 2 * half + 1] * scale)
             if t2 == 0 and row_g + 8 * half < seqlen_q:
                 delta[b, h, row_g + 8 * half] = D_r[half]
         cuda.syncthreads()  # a warp reads only its own rows; the simulator has no syncwarp
-        write_rows(dq, b, m0 + 16 * warp, h, seqlen_q, smem, base + Q_OFF, 16 * warp, lane)
+        write_rows(dq, b, m0 + 16 * warp, h, seqlen_q, smem, base + DQ_OFF, 16 * warp, lane)
 
     return flash_bwd_dq_wgmma
 
@@ -436,9 +445,9 @@ def _samples(kernel, column):
             for row in TILES for causal in (False, True) for fmt in HALF_FORMATS]
 
 
-def _tiles(entry, threads_of, shared_bytes, head_dim):
+def _tiles(entry, threads_of, shared_layout, head_dim):
     bm, bn, regs = (*entry, 0)[:3]
-    return Tiles(bm, bn, threads_of(bm, bn), shared_bytes(bm, bn, head_dim), regs)
+    return Tiles(bm, bn, threads_of(bm, bn), shared_layout(bm, bn, head_dim).bytes, regs)
 
 
 class Dkdv(DkdvSpec):
@@ -449,7 +458,7 @@ class Dkdv(DkdvSpec):
         return _entry(config, 1)
 
     def tiles(self, config, entry):
-        return _tiles(entry, lambda bm, bn: bn // 64 * WARPGROUP, dkdv_shared_bytes,
+        return _tiles(entry, lambda bm, bn: bn // 64 * WARPGROUP, dkdv_shared_layout,
                       config.head_dim)
 
     def make(self, config, tiles):
@@ -468,7 +477,7 @@ class Dq(DqDeltaSpec):
         return _entry(config, 2)
 
     def tiles(self, config, entry):
-        return _tiles(entry, lambda bm, bn: bm // 64 * WARPGROUP, dq_shared_bytes,
+        return _tiles(entry, lambda bm, bn: bm // 64 * WARPGROUP, dq_shared_layout,
                       config.head_dim)
 
     def make(self, config, tiles):

@@ -70,7 +70,8 @@ from ..instructions import mma as mma_sync
 from ..common.copies import make_tile_copy
 from ..common.epilogue import lse_of, store_chunk
 from ..common.grid import folded_row
-from ..common.masks import make_kv_end
+from ..common.layout import SharedLayout
+from ..common.masks import make_kv_end, seqlen_info
 from ..common.softmax import make_softmax_step
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -82,10 +83,76 @@ def padded_head_dim(head_dim):
     return -(-head_dim // 16) * 16
 
 
-def shared_elements(BLOCK_M, BLOCK_N, HEAD_DIM):
-    """16-bit elements of shared memory the kernel uses."""
+def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """Q and the K, V double buffers, in 16-bit elements (the module's "Shared memory"); the
+    epilogue stages O over Q."""
     stride = padded_head_dim(HEAD_DIM) + PAD
-    return (BLOCK_M + 4 * BLOCK_N) * stride
+    return SharedLayout(2, [("q", BLOCK_M * stride), ("k", 2 * BLOCK_N * stride),
+                            ("v", 2 * BLOCK_N * stride), ("o", BLOCK_M * stride, "q")])
+
+
+def _make_products(MT, NT, DT, KSTEPS, STRIDE, FMT):
+    """The two products of a key tile, for a warp's MT m16 tiles of query rows (ldmatrix lane
+    addresses into shared memory, rows [row][d]):
+
+    ``scores(S, q_frag, q_lane, k_tile, smem, scratch, tid)``: S (MT, NT, 4) = Q_i K_j^T, Q_i
+    at ``q_lane`` and K_j at ``k_tile``; q_frag (MT, 4) holds the A fragments of one k-step;
+    ``accumulate(O_i, S, v_tile, smem, scratch, tid)``: O_i (MT, DT, 4) += P_ij V_j, P_ij the
+    fragments of S rounded to 16 bits (the A operand) and V_j at ``v_tile`` through
+    ``ldmatrix.trans``."""
+    mma, pack = mma_sync.mma(FMT), convert.pack(FMT)
+    ldsm_x4, ldsm_x4_t = mma_sync.ldmatrix_x4, mma_sync.ldmatrix_x4_trans
+    ZERO = float32(0.0)
+
+    @cuda.jit(device=True, inline="always")
+    def mma_pair(a, b0, b1, b2, b3, C, mt, t, scratch, tid):
+        """C[mt, t] += a (b0, b1) and C[mt, t + 1] += a (b2, b3): the two 8-column tiles that
+        one ldmatrix.x4 of the B operand feeds."""
+        c0 = mma(a, (b0, b1), (C[mt, t, 0], C[mt, t, 1], C[mt, t, 2], C[mt, t, 3]), scratch, tid)
+        c1 = mma(a, (b2, b3), (C[mt, t + 1, 0], C[mt, t + 1, 1], C[mt, t + 1, 2],
+                               C[mt, t + 1, 3]), scratch, tid)
+        for e in range(4):
+            C[mt, t, e] = c0[e]
+            C[mt, t + 1, e] = c1[e]
+
+    @cuda.jit(device=True, inline="always")
+    def scores(S, q_frag, q_lane, k_tile, smem, scratch, tid):
+        # One ldmatrix.x4 of K gives two 8-column tiles, used by every m-tile.
+        for mt in range(MT):
+            for nt in range(NT):
+                for e in range(4):
+                    S[mt, nt, e] = ZERO
+        # Unrolled (like every loop here), ptxas issues the next k-step's ldmatrix under
+        # this one's mma.
+        for ks in range(KSTEPS):
+            for mt in range(MT):
+                r0, r1, r2, r3 = ldsm_x4(smem, q_lane + 16 * mt * STRIDE + 16 * ks,
+                                         scratch, tid)
+                q_frag[mt, 0] = r0
+                q_frag[mt, 1] = r1
+                q_frag[mt, 2] = r2
+                q_frag[mt, 3] = r3
+            for np2 in range(NT // 2):
+                k0, k1, k2, k3 = ldsm_x4(smem, k_tile + 16 * np2 * STRIDE + 16 * ks,
+                                         scratch, tid)
+                for mt in range(MT):
+                    qa = (q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3])
+                    mma_pair(qa, k0, k1, k2, k3, S, mt, 2 * np2, scratch, tid)
+
+    @cuda.jit(device=True, inline="always")
+    def accumulate(O_i, S, v_tile, smem, scratch, tid):
+        # P straight from registers, each V fragment used by every m-tile.
+        for kk in range(NT // 2):
+            for dp in range(DT // 2):
+                v0, v1, v2, v3 = ldsm_x4_t(smem, v_tile + 16 * kk * STRIDE + 16 * dp,
+                                           scratch, tid)
+                for mt in range(MT):
+                    n_a, n_b = 2 * kk, 2 * kk + 1
+                    pa = (pack(S[mt, n_a, 0], S[mt, n_a, 1]), pack(S[mt, n_a, 2], S[mt, n_a, 3]),
+                          pack(S[mt, n_b, 0], S[mt, n_b, 1]), pack(S[mt, n_b, 2], S[mt, n_b, 3]))
+                    mma_pair(pa, v0, v1, v2, v3, O_i, mt, 2 * dp, scratch, tid)
+
+    return scores, accumulate
 
 
 @lru_cache(maxsize=None)
@@ -101,15 +168,14 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     KSTEPS = DPAD // 16          # k-steps of Q K^T
     NT = BLOCK_N // 8            # 8-column tiles of S
     DT = DPAD // 8               # 8-column tiles of O
-    Q_OFF = 0
-    K_OFF = BLOCK_M * STRIDE
-    V_OFF = K_OFF + 2 * BLOCK_N * STRIDE
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
+    Q_OFF, K_OFF, V_OFF, O_OFF = lay.q, lay.k, lay.v, lay.o
     TILE = BLOCK_N * STRIDE      # elements of one K (or V) buffer
     SCRATCH = mma_sync.scratch_size(THREADS)  # words the emulated warp instructions exchange
     SHFL_SCRATCH = sync.scratch_size(THREADS)  # floats the emulated shuffles exchange
-    mma, pack = mma_sync.mma(FMT), convert.pack(FMT)
-    ldsm_x4, ldsm_x4_t = mma_sync.ldmatrix_x4, mma_sync.ldmatrix_x4_trans
+    pack = convert.pack(FMT)
     shfl_xor = sync.shfl_xor
+    scores, accumulate = _make_products(MT, NT, DT, KSTEPS, STRIDE, FMT)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL)
     NEG_INF = constants.NEG_INF
@@ -121,17 +187,6 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     # Q, K, V tiles global -> shared: each thread always copies the same 16-byte chunk column,
     # so only the row offset changes from copy to copy (common/copies.py).
     copy_slot, load_tile = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
-
-    @cuda.jit(device=True, inline="always")
-    def mma_pair(a, b0, b1, b2, b3, C, mt, t, scratch, tid):
-        """C[mt, t] += a (b0, b1) and C[mt, t + 1] += a (b2, b3): the two 8-column tiles that
-        one ldmatrix.x4 of the B operand feeds."""
-        c0 = mma(a, (b0, b1), (C[mt, t, 0], C[mt, t, 1], C[mt, t, 2], C[mt, t, 3]), scratch, tid)
-        c1 = mma(a, (b2, b3), (C[mt, t + 1, 0], C[mt, t + 1, 1], C[mt, t + 1, 2],
-                               C[mt, t + 1, 3]), scratch, tid)
-        for e in range(4):
-            C[mt, t, e] = c0[e]
-            C[mt, t + 1, e] = c1[e]
 
     def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
@@ -158,7 +213,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         h = bh - b * n_heads_q
         hk = h // group
 
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -204,27 +259,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
             k_tile = k_lane + buf
             v_tile = v_lane + buf
 
-            # S_ij = Q_i K_j^T: one ldmatrix.x4 of K gives two 8-column tiles, used by every m-tile.
-            for mt in range(MT):
-                for nt in range(NT):
-                    for e in range(4):
-                        S[mt, nt, e] = ZERO
-            # Unrolled (like every loop here), ptxas issues the next k-step's ldmatrix under
-            # this one's mma.
-            for ks in range(KSTEPS):
-                for mt in range(MT):
-                    r0, r1, r2, r3 = ldsm_x4(smem, q_lane + 16 * mt * STRIDE + 16 * ks,
-                                             scratch, tid)
-                    q_frag[mt, 0] = r0
-                    q_frag[mt, 1] = r1
-                    q_frag[mt, 2] = r2
-                    q_frag[mt, 3] = r3
-                for np2 in range(NT // 2):
-                    k0, k1, k2, k3 = ldsm_x4(smem, k_tile + 16 * np2 * STRIDE + 16 * ks,
-                                             scratch, tid)
-                    for mt in range(MT):
-                        qa = (q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3])
-                        mma_pair(qa, k0, k1, k2, k3, S, mt, 2 * np2, scratch, tid)
+            # S_ij = Q_i K_j^T.
+            scores(S, q_frag, q_lane, k_tile, smem, scratch, tid)
 
             # Mask (only tiles that cross the ragged end or the causal diagonal), then the online
             # softmax: S becomes P, m_i / l_i / O_i move (make_softmax_step).
@@ -232,16 +268,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
                          shfl_scratch, tid)
 
             # O_i += P_ij V_j: P straight from registers as the A operand, V through
-            # ldmatrix.trans, each V fragment used by every m-tile.
-            for kk in range(NT // 2):
-                for dp in range(DT // 2):
-                    v0, v1, v2, v3 = ldsm_x4_t(smem, v_tile + 16 * kk * STRIDE + 16 * dp,
-                                               scratch, tid)
-                    for mt in range(MT):
-                        n_a, n_b = 2 * kk, 2 * kk + 1
-                        pa = (pack(S[mt, n_a, 0], S[mt, n_a, 1]), pack(S[mt, n_a, 2], S[mt, n_a, 3]),
-                              pack(S[mt, n_b, 0], S[mt, n_b, 1]), pack(S[mt, n_b, 2], S[mt, n_b, 3]))
-                        mma_pair(pa, v0, v1, v2, v3, O_i, mt, 2 * dp, scratch, tid)
+            # ldmatrix.trans.
+            accumulate(O_i, S, v_tile, smem, scratch, tid)
 
         # Epilogue: full row sums over the quad, O_i / l_i and lse_i (natural log). The output
         # goes through the Q tile's shared memory (each warp its own 16 MT rows): a thread's two
@@ -257,7 +285,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
             for mt in range(MT):
                 for half in range(2):
                     l_i[mt, half] += shfl_xor(l_i[mt, half], mask, shfl_scratch, tid)
-        w_row = Q_OFF + 16 * MT * warp * STRIDE
+        w_row = O_OFF + 16 * MT * warp * STRIDE
         o_word0 = uint32((w_row + g * STRIDE + t2) >> 1)  # all even
         for mt in range(MT):
             for half in range(2):
@@ -333,7 +361,7 @@ class Spec(ForwardSpec):
 
     def tiles(self, config, entry):
         bm, bn, warps, regs = entry
-        return Tiles(bm, bn, 32 * warps, 2 * shared_elements(bm, bn, config.head_dim), regs)
+        return Tiles(bm, bn, 32 * warps, shared_layout(bm, bn, config.head_dim).bytes, regs)
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,

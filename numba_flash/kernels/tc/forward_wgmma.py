@@ -56,7 +56,8 @@ from ..instructions import convert, memory, sync, wgmma
 from ..common.copies import make_swizzled_copy
 from ..common.epilogue import lse_of, make_row_writer
 from ..common.grid import folded_row
-from ..common.masks import make_kv_end
+from ..common.layout import SharedLayout
+from ..common.masks import make_kv_end, seqlen_info
 from ..common.softmax import make_softmax_step
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -68,9 +69,13 @@ def padded_head_dim(head_dim):
     return wgmma.padded_cols(head_dim)
 
 
-def shared_elements(BLOCK_M, BLOCK_N, HEAD_DIM):
-    """16-bit elements of shared memory the kernel uses (with the alignment reserve)."""
-    return (BLOCK_M + 4 * BLOCK_N) * padded_head_dim(HEAD_DIM) + wgmma.TILE_ALIGN // 2
+def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
+    """Q and the K, V double buffers, in 16-bit elements from the aligned base, with the
+    alignment reserve (the module's "Shared memory"); the epilogue stages O over Q."""
+    dpad = padded_head_dim(HEAD_DIM)
+    return SharedLayout(2, [("q", BLOCK_M * dpad), ("k", 2 * BLOCK_N * dpad),
+                            ("v", 2 * BLOCK_N * dpad), ("o", BLOCK_M * dpad, "q")],
+                        reserve=wgmma.TILE_ALIGN)
 
 
 @lru_cache(maxsize=None)
@@ -84,9 +89,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     NT = BLOCK_N // 8            # 8-column tiles of S
     DT = DPAD // 8               # 8-column tiles of O
     S_REGS, O_REGS = 4 * NT, 4 * DT  # accumulator registers per thread (constants for fences)
-    Q_OFF = 0
-    K_OFF = BLOCK_M * DPAD
-    V_OFF = K_OFF + 2 * BLOCK_N * DPAD
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
+    Q_OFF, K_OFF, V_OFF, O_OFF = lay.q, lay.k, lay.v, lay.o
     TILE = BLOCK_N * DPAD        # elements of one K (or V) buffer
     SCRATCH = wgmma.scratch_size(THREADS)
     SHFL_SCRATCH = sync.scratch_size(THREADS)
@@ -129,7 +133,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         h = bh - b * n_heads_q
         hk = int32(convert.div_u32(h, group))
 
-        diag = seqlen_k - seqlen_q  # query r sees keys j <= r + diag
+        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -209,7 +213,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             inv = ONE / l if l > ZERO else ZERO
             row = 16 * warp + g + 8 * half
             for dt in range(DT):
-                word = uint32(base + Q_OFF + wgmma.tile_offset(row, 8 * dt + t2, BLOCK_M)) >> 1
+                word = uint32(base + O_OFF + wgmma.tile_offset(row, 8 * dt + t2, BLOCK_M)) >> 1
                 smem_words[word] = pack(O_i[0, dt, 2 * half] * inv, O_i[0, dt, 2 * half + 1] * inv)
         if t2 == 0:
             for half in range(2):
@@ -218,7 +222,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 if row < seqlen_q:
                     lse[b, h, row] = lse_of(m_i[0, half] * scale_log2, l)
         cuda.syncthreads()  # a warp reads only its own rows; the simulator has no syncwarp
-        write_rows(out, b, m0 + 16 * warp, h, seqlen_q, smem, base + Q_OFF, 16 * warp, lane)
+        write_rows(out, b, m0 + 16 * warp, h, seqlen_q, smem, base + O_OFF, 16 * warp, lane)
 
     return flash_fwd_wgmma
 
@@ -250,7 +254,7 @@ class Spec(ForwardSpec):
 
     def tiles(self, config, entry):
         bm, bn, warps, regs = entry
-        return Tiles(bm, bn, 32 * warps, 2 * shared_elements(bm, bn, config.head_dim), regs)
+        return Tiles(bm, bn, 32 * warps, shared_layout(bm, bn, config.head_dim).bytes, regs)
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,

@@ -1,11 +1,13 @@
-"""kernels/common/masks.py against the bottom-right causal rule written out in NumPy: where a query
-tile's keys end, and which key tiles need a mask at all."""
+"""kernels/common/masks.py against the bottom-right causal rule written out in NumPy: a batch
+entry's bounds, which keys a query row sees, where a query tile's keys end, and which key tiles
+need a mask at all."""
 
 import numpy as np
 import pytest
 from numba import cuda
 
-from numba_flash.kernels.common.masks import make_kv_end, make_needs_mask, make_q_begin
+from numba_flash.kernels.common.masks import (make_kv_end, make_mask, make_needs_mask, make_q_begin,
+                                              seqlen_info)
 
 BLOCK_M, BLOCK_N = 16, 8
 
@@ -80,3 +82,35 @@ def test_q_begin_is_the_tile_of_the_first_row_that_sees_the_keys(causal, seqlen_
         first = np.flatnonzero(visible[:, j * BLOCK_N:].any(axis=1))[0]  # the last row sees all
         # no row before q_begin sees a key of the tile (or later), and its tile holds the first
         assert begins[j] % BLOCK_M == 0 and begins[j] <= first < begins[j] + BLOCK_M, j
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(40, 40), (17, 45), (45, 17)])
+def test_seqlen_info_gives_the_lengths_and_the_causal_offset(seqlen_q, seqlen_k):
+    @cuda.jit
+    def probe(seqlen_q, seqlen_k, got):
+        b = cuda.threadIdx.x
+        got[b, 0], got[b, 1], got[b, 2] = seqlen_info(b, seqlen_q, seqlen_k)
+
+    got = np.full((3, 3), -1, np.int64)
+    probe[1, 3](seqlen_q, seqlen_k, got)
+    # dense: every batch entry has the kernel's lengths; query r sees keys j <= r + diag
+    assert (got == [seqlen_q, seqlen_k, seqlen_k - seqlen_q]).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(20, 20), (9, 23), (23, 9)])
+def test_mask_hides_keys_past_the_end_and_above_the_diagonal(causal, seqlen_q, seqlen_k):
+    masked_out = make_mask(causal)
+
+    @cuda.jit
+    def probe(seqlen_q, seqlen_k, hidden):
+        r, j = cuda.blockIdx.x, cuda.threadIdx.x
+        hidden[r, j] = masked_out(r, j, seqlen_k - seqlen_q, seqlen_k)
+
+    rows, cols = seqlen_q, seqlen_k + 5  # keys past the end too
+    hidden = np.full((rows, cols), 7, np.int64)
+    probe[rows, cols](seqlen_q, seqlen_k, hidden)
+    for r in range(rows):
+        for j in range(cols):
+            sees = j < seqlen_k and (not causal or j <= r + seqlen_k - seqlen_q)
+            assert hidden[r, j] == (not sees), (r, j)
