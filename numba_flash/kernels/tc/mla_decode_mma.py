@@ -71,6 +71,7 @@ from numba import cuda, float32, int32, uint16, uint32
 
 from ...runtime.spec import SM80, Sample, Tiles
 from ..attention import TC_DECODE_SAMPLES, DecodeSpec
+from ..common.layout import SharedLayout
 from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_row_keys
 from ..common.softmax import make_online_update, make_row_max
 from ..instructions import convert, memory, sync
@@ -102,10 +103,13 @@ def row_stride(head_dim, head_dim_v, cols):
     return max(head_dim, cols * value_cols(head_dim_v, cols)) + PAD
 
 
-def shared_bytes(block_m, block_n, cols, head_dim, head_dim_v):
-    """Dynamic shared memory of one CTA."""
+def shared_layout(block_m, block_n, cols, head_dim, head_dim_v):
+    """The CTA's dynamic shared memory: Q, the two cache tiles, P (rows of ``row_stride`` and
+    BLOCK_N + PAD elements), and the epilogue's staged O_i columns (float32) over Q and K."""
     stride = row_stride(head_dim, head_dim_v, cols)
-    return 2 * ((block_m + 2 * block_n) * stride + block_m * (block_n + PAD))
+    stage = block_m * (value_cols(head_dim_v, cols) + 4) * 2  # STAGE_STRIDE floats a row
+    return SharedLayout(2, [("q", block_m * stride), ("k", 2 * block_n * stride),
+                            ("stage", stage, "q"), ("p", block_m * (block_n + PAD))])
 
 
 def static_bytes(block_m, cols):
@@ -130,10 +134,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, 
     KSTEPS = HEAD_DIM // 16      # k-steps of Q K^T
     NT = KEYS // 8               # 8-column tiles of a warp's S
     DT = VH // 8                 # 8-column tiles of its O_i
-    Q_OFF = 0
-    K_OFF = BLOCK_M * STRIDE
+    LAYOUT = shared_layout(BLOCK_M, BLOCK_N, COLS, HEAD_DIM, HEAD_DIM_V)
+    Q_OFF, K_OFF, P_OFF = LAYOUT.q, LAYOUT.k, LAYOUT.p
     TILE = BLOCK_N * STRIDE      # elements of one cache tile
-    P_OFF = K_OFF + 2 * TILE
     XCHG = COLS * BLOCK_M        # floats: a row statistic of each column group
     STAGE_STRIDE = VH + 4        # floats per staged output row (fewer bank conflicts)
     STORE_COLS = -(-VH // THREADS)  # stored columns per thread and half
@@ -355,7 +358,7 @@ class Spec(DecodeSpec):
     def tiles(self, config, entry):
         bm, bn, cols, regs = entry
         return Tiles(bm, bn, 32 * (bm // 16) * cols,
-                     shared_bytes(bm, bn, cols, config.head_dim, config.head_dim_v), regs)
+                     shared_layout(bm, bn, cols, config.head_dim, config.head_dim_v).bytes, regs)
 
     def make(self, config, tiles):
         cols = tiles.threads // (32 * (tiles.BLOCK_M // 16))

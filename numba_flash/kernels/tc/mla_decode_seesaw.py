@@ -54,7 +54,7 @@ Memory pipeline
     ones. Rows past the piece end are zeroed in the V columns by the scoring warpgroup before its
     barrier hands the tile on.
 
-Shared memory: that of ``mla_decode_wgmma.py`` (Q, two cache tiles, one P tile: 225 KiB at
+Shared memory: the layout of ``decode_tiles.py`` (Q, two cache tiles, one P tile: 225 KiB at
     576 / 512), P_b in Q's rope block; 448 static floats for the maxima, scale factors and
     sums, and one mbarrier per box of each buffer (18 at 576).
 
@@ -71,16 +71,14 @@ from ...runtime import tma as tma_maps
 from ...runtime.spec import SM90A, Sample, Tiles
 from ..attention import TC_DECODE_SAMPLES, DecodeSpec
 from ..common import constants
-from ..common.paged_kv import make_paged_kv_walk, make_piece_out, make_row_keys
-from ..common.softmax import RESCALE_LOG2, make_row_max
-from ..common.status import BAD_TABLE_ENTRY, PAST_TABLE, report
+from ..common.paged_kv import make_page_lookup, make_paged_kv_walk, make_piece_out, make_row_keys
+from ..common.softmax import make_moving_max, make_row_max
 from ..instructions import convert, memory, sync, tma, wgmma
-from .mla_decode_wgmma import BLOCK_M, BLOCK_N, shared_bytes, tile_cols, value_cols
+from . import decode_tiles
+from .decode_tiles import (BLOCK_M, BLOCK_N, THREADS, TPR, WARPGROUP, shared_layout, tile_cols,
+                           value_cols)
 
 SHARED_ALIGN = memory.SHARED_ALIGN
-WARPGROUP = wgmma.WARPGROUP
-THREADS = 2 * WARPGROUP
-TPR = THREADS // BLOCK_N
 # Named barriers (0 is syncthreads'): the four hand-offs between the warpgroups, one that
 # frees P_a's tile for the next pair (PA_FREE), and one per warpgroup (OWN + wg) before a buffer
 # half its products read is refilled (a warp's wgmma.wait covers its own part of the product
@@ -91,7 +89,7 @@ SCALE0, SCALE1, P_A, P_B, PA_FREE, OWN = 1, 2, 3, 4, 5, 6
 def supports(head_dim, head_dim_v):
     """Whether the seesaw takes these head dims: Q's last column block is not V."""
     qw, _ = tile_cols(head_dim, head_dim_v)
-    return (head_dim % 16 == 0 and head_dim <= 576 and head_dim_v <= 512
+    return (decode_tiles.supports(head_dim, head_dim_v)
             and qw - wgmma.BLOCK_COLS >= 2 * value_cols(head_dim_v))
 
 
@@ -106,11 +104,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     BOXES = QW // wgmma.BLOCK_COLS
     VB = VH // wgmma.BLOCK_COLS          # boxes of O_L's V columns: buffer half 0
     N_BARS = 2 * BOXES                   # one mbarrier per box of each cache buffer
-    Q_OFF = 0
+    LAYOUT = shared_layout(HEAD_DIM, HEAD_DIM_V)
+    Q_OFF, K_OFF, P_OFF = LAYOUT.q, LAYOUT.k, LAYOUT.p  # P_OFF: P_a's tile
     ROPE = Q_OFF + (BOXES - 1) * BLOCK_M * wgmma.BLOCK_COLS  # Q's last block: P_b's home
-    K_OFF = BLOCK_M * QW
     TILE = BLOCK_N * KW
-    P_OFF = K_OFF + 2 * TILE             # P_a
     BOX = BLOCK_N * wgmma.BLOCK_COLS
     CHUNKS = HEAD_DIM // 8
     CPT = -(-CHUNKS // TPR)
@@ -123,19 +120,18 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     mma_o = wgmma.mma_ss(FMT, VH, 1)            # O += P V, P from shared memory
     mma_o_regs = wgmma.mma_rs(FMT, VH, 1)       # O += P V, P from registers
     pack = convert.pack(FMT)
-    exp2 = convert.exp2_approx
     copy16 = memory.cp_async_16_zfill
     shfl_xor = sync.shfl_xor
     named_sync, named_arrive = sync.named_sync, sync.named_arrive
     row_max = make_row_max(1, NT)
+    moved_max, rescale, exponentiate = make_moving_max(NT, DT)
     cta_work, piece_of, _, _, _, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, True)
     start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
     stage, write = make_piece_out(HEAD_DIM_V, VH, BLOCK_M, THREADS // 32, FMT)
-    assert BLOCK_M * 2 * VH * 4 <= 2 * P_OFF  # the staged float32 O_i fits below P_a
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
-    RESCALE = float32(RESCALE_LOG2)
-    NO_PAGE = int32(-1)
+    NO_PAGE = int32(-1)  # page -1: TMA boxes of zeros
+    table_entry, page_of, _ = make_page_lookup(NO_PAGE)
     V_STEP, k_step, desc = wgmma.MN_K_STEP, wgmma.k_step, wgmma.descriptor_join
     operand_low = wgmma.operand_low
     V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
@@ -143,31 +139,21 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     V_COLS_STEP = VH * BLOCK_N * 2 // 16  # O_R's V columns: VH columns on
 
     @cuda.jit(device=True, inline="always")
-    def table_entry(block_table, req, n0, page_size):
+    def entry_of(block_table, req, n0, page_size):
         """The block-table entry of the page that holds key n0 as it is stored (``load_half``
-        checks it), -1 past the table's columns. Read well before its use: a test of the
-        loaded value here would wait for the load."""
-        blk = int32(convert.div_u32(n0, page_size))
-        entry = NO_PAGE
-        if blk < block_table.shape[1]:
-            entry = block_table[uint64(req), uint64(blk)]  # both >= 0: no wraparound code
-        return entry
+        checks it). Read well before its use: a test of the loaded value here would wait for
+        the load."""
+        return table_entry(block_table, req, int32(convert.div_u32(n0, page_size)))
 
     @cuda.jit(device=True, inline="always")
     def load_half(smem, base, buf, tmap, k_cache, bars, block_table, entry, num_pages, n0, hk,
                   page_size, status, half):
         """(One thread) half ``half`` of the tile of keys n0 .. n0 + 63 into cache buffer ``buf``
         (``half_boxes``), box c completing on its own mbarrier (buf BOXES + c) so that an S chain
-        can start on the first box to land; ``entry``: its ``table_entry``, which if bad reads
+        can start on the first box to land; ``entry``: its ``entry_of``, which if bad reads
         page -1 (zeros)."""
         blk = int32(convert.div_u32(n0, page_size))
-        page = NO_PAGE
-        if blk >= block_table.shape[1]:
-            report(status, PAST_TABLE)
-        elif entry >= 0 and entry < num_pages:
-            page = entry
-        else:
-            report(status, BAD_TABLE_ENTRY)
+        page, _ = page_of(entry, blk, block_table, num_pages, status)
         for i in range(half_boxes(half)):
             c = half_box(half, i)
             bar = buf * BOXES + c
@@ -272,41 +258,6 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
         next_phase = phase ^ 1
         zero_tail(smem_words, base, tile, n_lo, n_hi, lt, wg, tid)
         return next_phase
-
-    @cuda.jit(device=True, inline="always")
-    def rescale(O_i, l_i, scale):
-        """O_i and l_i times ``scale`` (per row), skipped where both factors are 1: the maxima
-        move lazily (``moved_max``), so after the first tiles they seldom do."""
-        if scale[0] != ONE or scale[1] != ONE:
-            for half in range(2):
-                sc = scale[half]
-                l_i[half] *= sc
-                for dt in range(DT):
-                    O_i[0, dt, 2 * half] *= sc
-                    O_i[0, dt, 2 * half + 1] *= sc
-
-    @cuda.jit(device=True, inline="always")
-    def moved_max(mo, mt, scale_log2):
-        """A row's shared maximum after a tile whose maximum is ``mt``: it moves only when the
-        tile's exceeds it by more than RESCALE_LOG2 (base 2), as in common/softmax.py, so P
-        stays below 2^8; returns (new maximum, factor O_i moves by)."""
-        if (mt - mo) * scale_log2 > RESCALE:  # false while both are -inf
-            return mt, exp2((mo - mt) * scale_log2)
-        return mo, ONE
-
-    @cuda.jit(device=True, inline="always")
-    def exponentiate(S, m_new, l_i, scale_log2):
-        """Rows r_lo, r_lo + 8: S -> P = exp2((S - m_new) scale_log2), its row sums into l_i."""
-        for half in range(2):
-            m = m_new[half]
-            base = m * scale_log2 if m != NEG_INF else ZERO
-            row_sum = ZERO
-            for nt in range(NT):
-                for e in range(2 * half, 2 * half + 2):
-                    p = exp2(S[0, nt, e] * scale_log2 - base)
-                    S[0, nt, e] = p
-                    row_sum += p
-            l_i[half] += row_sum
 
     @cuda.jit(device=True, inline="always")
     def store_p(smem_words, at, S, r_lo, t2):
@@ -420,7 +371,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
             memory.cp_async_commit()
             if tid == 0:
                 for t in range(min(n_tiles, 2)):
-                    entry = table_entry(block_table, req, n_lo + t * BLOCK_N, page_size)
+                    entry = entry_of(block_table, req, n_lo + t * BLOCK_N, page_size)
                     for half in range(2):
                         load_half(smem, base, t, tmap, k_cache, bars, block_table, entry,
                                   num_pages, n_lo + t * BLOCK_N, hk, page_size, status, half)
@@ -457,10 +408,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
                 entry_a, entry_b = NO_PAGE, NO_PAGE
                 if lt == 0:
                     if next_a:
-                        entry_a = table_entry(block_table, req, int32(n_lo + (a + 2) * BLOCK_N),
+                        entry_a = entry_of(block_table, req, int32(n_lo + (a + 2) * BLOCK_N),
                                               page_size)
                     if next_b:
-                        entry_b = table_entry(block_table, req, int32(n_lo + (a + 3) * BLOCK_N),
+                        entry_b = entry_of(block_table, req, int32(n_lo + (a + 3) * BLOCK_N),
                                               page_size)
                 if wg == 0:
                     # Softmax of tile a from warpgroup 1's last maximum.
@@ -634,7 +585,8 @@ class Spec(DecodeSpec):
         return ()
 
     def tiles(self, config, entry):
-        return Tiles(BLOCK_M, BLOCK_N, THREADS, shared_bytes(config.head_dim, config.head_dim_v))
+        return Tiles(BLOCK_M, BLOCK_N, THREADS,
+                     shared_layout(config.head_dim, config.head_dim_v).bytes)
 
     def signature(self, config):
         return types.void(*super().signature(config).args, types.Array(types.uint64, 1, "A"))

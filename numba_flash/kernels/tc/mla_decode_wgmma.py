@@ -52,12 +52,12 @@ Memory pipeline
     zeroed rows) is published by wait -> ``proxy_fence`` -> barrier.
 
 Shared memory (16-bit elements, every tile in ``ptx/wgmma.py``'s 128-byte swizzle)
-    Q   64 x QW          QW = HEAD_DIM rounded up to 64 columns
-    K   2 x 64 x KW      KW = max(QW, 2 VH): double buffer; V is its first 2 VH columns
-    P   64 x 64
-    + 1 KiB to put the tiles on a 1024-byte boundary, and 512 bytes (static) for the exchange
-    of row maxima and sums, 16 bytes for the two mbarriers. HEAD_DIM 576, HEAD_DIM_V 512: 72 + 144 + 8 + 1 KiB = 225 KiB, one
-    CTA per SM (an H100 / H200 gives a block up to 227 KiB).
+    The layout of ``decode_tiles.py``, shared with the seesaw: Q (64 x QW, QW = HEAD_DIM rounded
+    up to 64 columns), the two cache tiles (64 x KW each, KW = max(QW, 2 VH); V is the first 2
+    VH columns of each), the P tile (64 x 64) and 1 KiB to put the tiles on a 1024-byte
+    boundary; 512 bytes (static) for the exchange of row maxima and sums, 16 bytes for the two
+    mbarriers. HEAD_DIM 576, HEAD_DIM_V 512: 225 KiB, one CTA per SM (an H100 / H200 gives a
+    block up to 227 KiB).
 
 Limits
     float16 / bfloat16; HEAD_DIM a multiple of 16 up to 576, HEAD_DIM_V up to 512 (VH <= 256,
@@ -74,43 +74,15 @@ from numba import cuda, float32, int32, types, uint16, uint32, uint64
 from ...runtime import tma as tma_maps
 from ...runtime.spec import SM90A, Sample, Tiles
 from ..attention import TC_DECODE_SAMPLES, DecodeSpec
-from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_piece_out, make_row_keys
+from ..common.paged_kv import make_page_lookup, make_paged_kv_walk, make_piece_out, make_row_keys
 from ..common.softmax import make_online_update, make_row_max
-from ..common.status import BAD_TABLE_ENTRY, PAST_TABLE, report
 from ..instructions import convert, memory, sync, tma, wgmma
+from .decode_tiles import (BLOCK_M, BLOCK_N, THREADS, TPR, shared_layout, supports, tile_cols,
+                           value_cols)
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
-WARPGROUP = wgmma.WARPGROUP
-THREADS = 2 * WARPGROUP
-BLOCK_M = 64                # packed query rows per CTA: one wgmma M
-BLOCK_N = SCHED_BLOCK       # cache rows per tile (64): a tile never straddles two pieces
 KEYS = BLOCK_N // 2         # keys of S per warpgroup
-TPR = THREADS // BLOCK_N    # copy: threads per cache row
-MAX_HEAD_DIM, MAX_HEAD_DIM_V = 576, 512
 XCHG = 2 * BLOCK_M          # floats: a row statistic of each warpgroup
-
-
-def value_cols(head_dim_v):
-    """O_i columns per warpgroup: half of HEAD_DIM_V rounded up to whole 64-column blocks (a
-    warpgroup's V operand starts on a block of the swizzled tile)."""
-    return wgmma.padded_cols(-(-head_dim_v // 2))
-
-
-def supports(head_dim, head_dim_v):
-    """Whether this kernel takes the head dims (other ones run the simt decode)."""
-    return head_dim % 16 == 0 and head_dim <= MAX_HEAD_DIM and head_dim_v <= MAX_HEAD_DIM_V
-
-
-def tile_cols(head_dim, head_dim_v):
-    """(QW, KW): columns of the Q tile and of a cache tile."""
-    qw = wgmma.padded_cols(head_dim)
-    return qw, max(qw, 2 * value_cols(head_dim_v))
-
-
-def shared_bytes(head_dim, head_dim_v):
-    """Dynamic shared memory of one CTA (with the alignment reserve)."""
-    qw, kw = tile_cols(head_dim, head_dim_v)
-    return 2 * (BLOCK_M * qw + 2 * BLOCK_N * kw + BLOCK_M * BLOCK_N) + wgmma.TILE_ALIGN
 
 
 @lru_cache(maxsize=None)
@@ -123,10 +95,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
     NT = KEYS // 8               # 8-column tiles of a warpgroup's S
     DT = VH // 8                 # 8-column tiles of its O_i
     S_REGS, O_REGS = 4 * NT, 4 * DT
-    Q_OFF = 0
-    K_OFF = BLOCK_M * QW
+    LAYOUT = shared_layout(HEAD_DIM, HEAD_DIM_V)
+    Q_OFF, K_OFF, P_OFF = LAYOUT.q, LAYOUT.k, LAYOUT.p
     TILE = BLOCK_N * KW          # elements of one cache tile
-    P_OFF = K_OFF + 2 * TILE
     CHUNKS = HEAD_DIM // 8       # 16-byte chunks of a row
     CPT = -(-CHUNKS // TPR)      # ... per copying thread
     CHUNKS_EXACT = CHUNKS % TPR == 0
@@ -147,9 +118,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
         HEAD_DIM, BLOCK_M, TPR, FMT, True)
     start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
     stage, write = make_piece_out(HEAD_DIM_V, VH, BLOCK_M, THREADS // 32, FMT)
-    assert BLOCK_M * 2 * VH * 4 <= 2 * P_OFF  # the staged float32 O_i fits below the P tile
     ZERO, ONE = float32(0.0), float32(1.0)
-    NO_PAGE = int32(-1)
+    _, _, lookup = make_page_lookup(int32(-1))  # page -1: TMA boxes of zeros
 
     # Descriptor arithmetic in 16-byte units (ptx/wgmma.py, "Shared-memory operands";
     # wgmma.k_step for K-major k-steps): V's 64-column blocks are BLOCK_N rows of 128 bytes
@@ -182,15 +152,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
         """(Thread 0, TMA) The tile of keys n0 .. n0 + 63 into the buffer at ``at``, completing
         on barrier ``b``: one page, rows n0 % page_size on, one box per 64 columns."""
         blk = int32(convert.div_u32(n0, page_size))
-        page = NO_PAGE
-        if blk < block_table.shape[1]:
-            entry = block_table[req, blk]
-            if entry >= 0 and entry < num_pages:
-                page = entry
-            else:
-                report(status, BAD_TABLE_ENTRY)
-        else:
-            report(status, PAST_TABLE)
+        page, _ = lookup(block_table, num_pages, req, blk, status)
         tma.expect_tx(bars, b, TILE_BYTES)
         for c in range(BOXES):
             tma.load_box_4d(smem, at + c * BOX, tmap, k_cache,
@@ -397,7 +359,8 @@ class Spec(DecodeSpec):
         return ()  # one tile shape: BLOCK_M = BLOCK_N = 64, two warpgroups
 
     def tiles(self, config, entry):
-        return Tiles(BLOCK_M, BLOCK_N, THREADS, shared_bytes(config.head_dim, config.head_dim_v))
+        return Tiles(BLOCK_M, BLOCK_N, THREADS,
+                     shared_layout(config.head_dim, config.head_dim_v).bytes)
 
     def signature(self, config):
         return types.void(*super().signature(config).args, types.Array(types.uint64, 1, "A"))
