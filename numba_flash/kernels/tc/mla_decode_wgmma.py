@@ -86,49 +86,25 @@ XCHG = 2 * BLOCK_M          # floats: a row statistic of each warpgroup
 
 
 @lru_cache(maxsize=None)
-def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
-    """Python kernel function for one configuration (``SPEC`` compiles it, for sm_90a)."""
-    assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)
-    QW, KW = tile_cols(HEAD_DIM, HEAD_DIM_V)
-    VH = value_cols(HEAD_DIM_V)
-    KSTEPS = HEAD_DIM // 16      # k-steps of Q K^T
-    NT = KEYS // 8               # 8-column tiles of a warpgroup's S
-    DT = VH // 8                 # 8-column tiles of its O_i
-    S_REGS, O_REGS = 4 * NT, 4 * DT
-    LAYOUT = shared_layout(HEAD_DIM, HEAD_DIM_V)
-    Q_OFF, K_OFF, P_OFF = LAYOUT.q, LAYOUT.k, LAYOUT.p
-    TILE = BLOCK_N * KW          # elements of one cache tile
+def make_tile_copies(HEAD_DIM, HEAD_DIM_V):
+    """The copies into the swizzled tiles ("Memory pipeline"):
+
+        chunk_at(i, rows, even, odd)       a thread's chunk i of a row, in a tile of ``rows``
+        copy_cache_row(smem, at, k_cache, hk, page, slot, ok, even, odd, rl)   (cp.async)
+        load_tile(smem, at, tmap, k_cache, bars, b, block_table, num_pages, req, n0, hk,
+                  page_size, status)       (thread 0, TMA) a whole tile
+        zero_rows_past(smem_words, at, valid, tid)   V rows past the piece end
+    """
+    QW, _ = tile_cols(HEAD_DIM, HEAD_DIM_V)
     CHUNKS = HEAD_DIM // 8       # 16-byte chunks of a row
     CPT = -(-CHUNKS // TPR)      # ... per copying thread
     CHUNKS_EXACT = CHUNKS % TPR == 0
     BOXES = QW // wgmma.BLOCK_COLS   # TMA boxes (64 columns) of a tile: HEAD_DIM's
     BOX = BLOCK_N * wgmma.BLOCK_COLS
     TILE_BYTES = 2 * BOXES * BOX
-    V_WORDS = VH                     # 32-bit words of a row's 2 VH V columns
-    SCRATCH = wgmma.scratch_size(THREADS)
-    SHFL_SCRATCH = sync.scratch_size(THREADS)
-    mma_s = wgmma.mma_ss(FMT, KEYS, 0)    # S = Q K^T, K read K-major
-    mma_o = wgmma.mma_ss(FMT, VH, 1)      # O += P V, V read MN-major
-    pack = convert.pack(FMT)
+    V_WORDS = value_cols(HEAD_DIM_V)  # 32-bit words of a row's 2 VH V columns
     copy16 = memory.cp_async_16_zfill
-    shfl_xor = sync.shfl_xor
-    row_max = make_row_max(1, NT)
-    update = make_online_update(1, NT, DT)
-    cta_work, piece_of, row_source, _, _, put_lse = make_paged_kv_walk(
-        HEAD_DIM, BLOCK_M, TPR, FMT, True)
-    start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
-    stage, write = make_piece_out(HEAD_DIM_V, VH, BLOCK_M, THREADS // 32, FMT)
-    ZERO, ONE = float32(0.0), float32(1.0)
     _, _, lookup = make_page_lookup(int32(-1))  # page -1: TMA boxes of zeros
-
-    # Descriptor arithmetic in 16-byte units (ptx/wgmma.py, "Shared-memory operands";
-    # wgmma.k_step for K-major k-steps): V's 64-column blocks are BLOCK_N rows of 128 bytes
-    # apart, the second cache buffer is TILE elements on.
-    SBO, V_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
-    V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
-    BUF_STEP = TILE * 2 // 16
-    KEYS_STEP = KEYS * wgmma.SWIZZLE_BYTES // 16     # warpgroup 1's keys: rows 32 .. 63
-    V_COLS_STEP = VH * BLOCK_N * 2 // 16             # warpgroup 1's V: VH columns on
 
     @cuda.jit(device=True, inline="always")
     def chunk_at(i, rows, even, odd):
@@ -167,6 +143,88 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
             r = valid + w // V_WORDS
             col = 2 * (w - (r - valid) * V_WORDS)
             smem_words[uint32(at + wgmma.tile_offset(r, col, BLOCK_N)) >> 1] = uint32(0)
+
+    return chunk_at, copy_cache_row, load_tile, zero_rows_past
+
+
+@lru_cache(maxsize=None)
+def make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT):
+    """``finish_piece``: the row sums of both warpgroups, then O_i / l_i staged over the tiles
+    (nothing is in flight there now) and copied out by rows; the lse (final or partial)."""
+    VH = value_cols(HEAD_DIM_V)
+    shfl_xor = sync.shfl_xor
+    _, _, _, _, _, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, True)
+    stage, write = make_piece_out(HEAD_DIM_V, VH, BLOCK_M, THREADS // 32, FMT)
+    ZERO, ONE = float32(0.0), float32(1.0)
+
+    @cuda.jit(device=True, inline="always")
+    def finish_piece(out, lse, o_acc, lse_acc, smem, smem_words, smem_f32, xchg, shfl_scratch,
+                     O_i, m_i, l_i, req, split, slot, base, q_rows, group, m0, hk, scale_log2, wg,
+                     warp, lane, r_lo, t2, status, tid):
+        memory.cp_async_wait(0)  # Q's copy, where the piece had no tile to wait for it
+        for mask in (1, 2):
+            for half in range(2):
+                l_i[0, half] += shfl_xor(l_i[0, half], mask, shfl_scratch, tid)
+        if t2 == 0:  # (every thread read the last maxima before the last P barrier)
+            for half in range(2):
+                xchg[BLOCK_M * wg + r_lo + 8 * half] = l_i[0, half]
+        cuda.syncthreads()  # ... and every warpgroup's wgmma reads of the tiles are done
+        for half in range(2):
+            r = r_lo + 8 * half
+            l = xchg[r] + xchg[BLOCK_M + r]
+            inv = ONE / l if l > ZERO else ZERO
+            stage(smem_words, smem_f32, base >> 1, O_i, VH * wg, r, half, t2, inv, split)
+            gr = m0 + r
+            if wg == 0 and t2 == 0 and gr < q_rows:
+                t = int32(convert.div_u32(gr, group))
+                put_lse(lse, lse_acc, split, req, slot, t, hk * group + gr - t * group,
+                        m_i[0, half] * scale_log2, l, status)
+        cuda.syncthreads()
+        write(out, o_acc, smem, smem_f32, base >> 1, split, req, slot, m0, q_rows, group, hk,
+              warp, lane, status)
+        sync.proxy_fence()  # these reads before the next piece's copies into the tiles
+
+    return finish_piece
+
+
+@lru_cache(maxsize=None)
+def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
+    """Python kernel function for one configuration (``SPEC`` compiles it, for sm_90a)."""
+    assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)
+    QW, KW = tile_cols(HEAD_DIM, HEAD_DIM_V)
+    VH = value_cols(HEAD_DIM_V)
+    KSTEPS = HEAD_DIM // 16      # k-steps of Q K^T
+    NT = KEYS // 8               # 8-column tiles of a warpgroup's S
+    DT = VH // 8                 # 8-column tiles of its O_i
+    S_REGS, O_REGS = 4 * NT, 4 * DT
+    LAYOUT = shared_layout(HEAD_DIM, HEAD_DIM_V)
+    Q_OFF, K_OFF, P_OFF = LAYOUT.q, LAYOUT.k, LAYOUT.p
+    TILE = BLOCK_N * KW          # elements of one cache tile
+    CHUNKS = HEAD_DIM // 8       # 16-byte chunks of a row
+    CPT = -(-CHUNKS // TPR)      # ... per copying thread
+    CHUNKS_EXACT = CHUNKS % TPR == 0
+    SCRATCH = wgmma.scratch_size(THREADS)
+    SHFL_SCRATCH = sync.scratch_size(THREADS)
+    mma_s = wgmma.mma_ss(FMT, KEYS, 0)    # S = Q K^T, K read K-major
+    mma_o = wgmma.mma_ss(FMT, VH, 1)      # O += P V, V read MN-major
+    pack = convert.pack(FMT)
+    copy16 = memory.cp_async_16_zfill
+    row_max = make_row_max(1, NT)
+    update = make_online_update(1, NT, DT)
+    cta_work, piece_of, row_source, _, _, _ = make_paged_kv_walk(
+        HEAD_DIM, BLOCK_M, TPR, FMT, True)
+    start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
+    chunk_at, copy_cache_row, load_tile, zero_rows_past = make_tile_copies(HEAD_DIM, HEAD_DIM_V)
+    finish_piece = make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT)
+
+    # Descriptor arithmetic in 16-byte units (ptx/wgmma.py, "Shared-memory operands";
+    # wgmma.k_step for K-major k-steps): V's 64-column blocks are BLOCK_N rows of 128 bytes
+    # apart, the second cache buffer is TILE elements on.
+    SBO, V_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
+    V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
+    BUF_STEP = TILE * 2 // 16
+    KEYS_STEP = KEYS * wgmma.SWIZZLE_BYTES // 16     # warpgroup 1's keys: rows 32 .. 63
+    V_COLS_STEP = VH * BLOCK_N * 2 // 16             # warpgroup 1's V: VH columns on
 
     def mla_decode_wgmma(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
                          o_acc, lse_acc, status, s_q, group, page_size, scale_log2, tmap):
@@ -320,30 +378,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
                 wgmma.wait(0)
                 wgmma.fence_operands(O_i, O_REGS)
 
-            # Epilogue: the row sums of both warpgroups, then O_i / l_i staged over the tiles
-            # (nothing is in flight there now) and copied out by rows; the lse (final or partial).
-            memory.cp_async_wait(0)  # Q's copy, where the piece had no tile to wait for it
-            for mask in (1, 2):
-                for half in range(2):
-                    l_i[0, half] += shfl_xor(l_i[0, half], mask, shfl_scratch, tid)
-            if t2 == 0:  # (every thread read the last maxima before the last P barrier)
-                for half in range(2):
-                    xchg[BLOCK_M * wg + r_lo + 8 * half] = l_i[0, half]
-            cuda.syncthreads()  # ... and every warpgroup's wgmma reads of the tiles are done
-            for half in range(2):
-                r = r_lo + 8 * half
-                l = xchg[r] + xchg[BLOCK_M + r]
-                inv = ONE / l if l > ZERO else ZERO
-                stage(smem_words, smem_f32, base >> 1, O_i, VH * wg, r, half, t2, inv, split)
-                gr = m0 + r
-                if wg == 0 and t2 == 0 and gr < q_rows:
-                    t = int32(convert.div_u32(gr, group))
-                    put_lse(lse, lse_acc, split, req, slot, t, hk * group + gr - t * group,
-                            m_i[0, half] * scale_log2, l, status)
-            cuda.syncthreads()
-            write(out, o_acc, smem, smem_f32, base >> 1, split, req, slot, m0, q_rows, group, hk,
-                  warp, lane, status)
-            sync.proxy_fence()  # these reads before the next piece's copies into the tiles
+            finish_piece(out, lse, o_acc, lse_acc, smem, smem_words, smem_f32, xchg, shfl_scratch,
+                         O_i, m_i, l_i, req, split, slot, base, q_rows, group, m0, hk,
+                         scale_log2, wg, warp, lane, r_lo, t2, status, tid)
 
     return mla_decode_wgmma
 
