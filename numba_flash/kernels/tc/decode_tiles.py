@@ -21,12 +21,7 @@ THREADS = 2 * WARPGROUP
 BLOCK_M = 64                # packed query rows per CTA: one wgmma M
 BLOCK_N = SCHED_BLOCK       # cache rows per tile (64): a tile never straddles two pieces
 TPR = THREADS // BLOCK_N    # copy: threads per cache row
-MAX_HEAD_DIM, MAX_HEAD_DIM_V = 576, 512
-
-
-def supports(head_dim, head_dim_v):
-    """Whether the geometry takes the head dims: VH <= 256 (wgmma's largest N)."""
-    return head_dim % 16 == 0 and head_dim <= MAX_HEAD_DIM and head_dim_v <= MAX_HEAD_DIM_V
+MAX_HEAD_DIM, MAX_HEAD_DIM_V = 576, 512  # VH <= 256: wgmma's largest N
 
 
 def value_cols(head_dim_v):

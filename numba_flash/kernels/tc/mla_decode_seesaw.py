@@ -74,9 +74,8 @@ from ..common import constants
 from ..common.paged_kv import make_page_lookup, make_paged_kv_walk, make_piece_out, make_row_keys
 from ..common.softmax import make_moving_max, make_row_max
 from ..instructions import convert, memory, sync, tma, wgmma
-from . import decode_tiles
-from .decode_tiles import (BLOCK_M, BLOCK_N, THREADS, TPR, WARPGROUP, shared_layout, tile_cols,
-                           value_cols)
+from .decode_tiles import (BLOCK_M, BLOCK_N, MAX_HEAD_DIM, MAX_HEAD_DIM_V, THREADS, TPR,
+                           WARPGROUP, shared_layout, tile_cols, value_cols)
 
 SHARED_ALIGN = memory.SHARED_ALIGN
 # Named barriers (0 is syncthreads'): the four hand-offs between the warpgroups, one that
@@ -89,7 +88,7 @@ SCALE0, SCALE1, P_A, P_B, PA_FREE, OWN = 1, 2, 3, 4, 5, 6
 def supports(head_dim, head_dim_v):
     """Whether the seesaw takes these head dims: Q's last column block is not V."""
     qw, _ = tile_cols(head_dim, head_dim_v)
-    return (decode_tiles.supports(head_dim, head_dim_v)
+    return (head_dim % 16 == 0 and head_dim <= MAX_HEAD_DIM and head_dim_v <= MAX_HEAD_DIM_V
             and qw - wgmma.BLOCK_COLS >= 2 * value_cols(head_dim_v))
 
 

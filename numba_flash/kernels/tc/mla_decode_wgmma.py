@@ -77,12 +77,17 @@ from ..attention import TC_DECODE_SAMPLES, DecodeSpec
 from ..common.paged_kv import make_page_lookup, make_paged_kv_walk, make_piece_out, make_row_keys
 from ..common.softmax import make_online_update, make_row_max
 from ..instructions import convert, memory, sync, tma, wgmma
-from .decode_tiles import (BLOCK_M, BLOCK_N, THREADS, TPR, shared_layout, supports, tile_cols,
-                           value_cols)
+from .decode_tiles import (BLOCK_M, BLOCK_N, MAX_HEAD_DIM, MAX_HEAD_DIM_V, THREADS, TPR,
+                           shared_layout, tile_cols, value_cols)
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 KEYS = BLOCK_N // 2         # keys of S per warpgroup
 XCHG = 2 * BLOCK_M          # floats: a row statistic of each warpgroup
+
+
+def supports(head_dim, head_dim_v):
+    """Whether this kernel takes the head dims (other ones run the simt decode)."""
+    return head_dim % 16 == 0 and head_dim <= MAX_HEAD_DIM and head_dim_v <= MAX_HEAD_DIM_V
 
 
 @lru_cache(maxsize=None)
