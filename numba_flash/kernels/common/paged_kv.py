@@ -22,6 +22,10 @@ which the combine kernel merges.
     put(out, o_acc, split, req, slot, t, h, col, x, status)  (one output element)
     put_lse(lse, lse_acc, split, req, slot, t, h, m, l, status)  (a row's lse from m_i, l_i)
 
+``make_page_lookup`` returns the block-table lookup every decode goes through (``row_source``
+above, the TMA tiles of the Hopper decodes): a table entry to a page of the cache, bounded, with
+its status bit on a bad one.
+
 ``make_piece_out`` returns how the tensor-core decodes write a finished piece's O_i: through
 shared memory, so that whole rows leave as 16-byte stores. Written straight from the fragments,
 one element per thread and column, the epilogue was about 5,900 instructions run once per piece:
@@ -64,6 +68,50 @@ from .status import (BAD_METADATA, BAD_SPLITS, BAD_TABLE_ENTRY, NEGATIVE_LENGTH,
 SCHED_BLOCK = scheduler.BLOCK_N  # keys per scheduling block (64)
 
 
+def make_page_lookup(NO_PAGE):
+    """(table_entry, page_of, lookup): the page behind block ``blk`` of request ``req``, the one
+    bounds check of every decode's block-table reads. A block past the table's width or an
+    entry that is not a page of the cache gives (NO_PAGE, False) and sets its status bit.
+
+        table_entry(block_table, req, blk)  -> the entry as stored, NO_PAGE past the width
+        page_of(entry, blk, block_table, num_pages, status)  -> (page, valid) from that entry
+        lookup(block_table, num_pages, req, blk, status)     -> (page, valid): both in one
+
+    ``table_entry`` lets a caller read the entry well before its use (a test of the loaded value
+    waits for the load); it indexes with uint64, as both indices are never negative. ``lookup``
+    reads with the caller's own index types."""
+
+    @cuda.jit(device=True, inline="always")
+    def table_entry(block_table, req, blk):
+        entry = NO_PAGE
+        if blk < block_table.shape[1]:
+            entry = block_table[uint64(req), uint64(blk)]  # both >= 0: no wraparound code
+        return entry
+
+    @cuda.jit(device=True, inline="always")
+    def page_of(entry, blk, block_table, num_pages, status):
+        page = NO_PAGE
+        valid = blk < block_table.shape[1]
+        if valid:
+            valid = entry >= 0 and entry < num_pages
+            if valid:
+                page = entry
+            else:
+                report(status, BAD_TABLE_ENTRY)
+        else:
+            report(status, PAST_TABLE)
+        return page, valid
+
+    @cuda.jit(device=True, inline="always")
+    def lookup(block_table, num_pages, req, blk, status):
+        entry = NO_PAGE
+        if blk < block_table.shape[1]:
+            entry = block_table[req, blk]
+        return page_of(entry, blk, block_table, num_pages, status)
+
+    return table_entry, page_of, lookup
+
+
 def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
     """The walk's device functions for tiles of BLOCK_M packed query rows, TPR threads per
     copied cache row (``VEC``: 16-byte cp.async chunks, else element copies)."""
@@ -81,6 +129,7 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
                                                   scheduler.BEGIN_BLOCK, scheduler.END_BLOCK)
     BEGIN_SPLIT, FIRST_SPLIT, LAST_SPLIT = (scheduler.BEGIN_SPLIT, scheduler.FIRST_SPLIT,
                                             scheduler.LAST_SPLIT)
+    _, _, lookup = make_page_lookup(int32(0))
 
     @cuda.jit(device=True, inline="always")
     def cta_work(metadata, batch, status):
@@ -119,26 +168,17 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
     @cuda.jit(device=True, inline="always")
     def row_source(block_table, num_pages, req, pos, n_end, page_size, status):
         """(page, slot, valid) of cache row ``pos``; a row at or past n_end reads no table
-        entry, and one whose block is past the table or whose entry is not a page of the
-        cache is not valid either: each gets page 0, slot 0 (an address inside the cache,
-        never read)."""
+        entry, and one that ``lookup`` cannot place is not valid either: each gets page 0,
+        slot 0 (an address inside the cache, never read)."""
         page = int32(0)
         slot = int32(0)
         valid = pos < n_end
         if valid:  # 32-bit division (a 64-bit one is a subroutine call)
             pos32 = int32(pos)
             blk = int32(convert.div_u32(pos32, page_size))
-            valid = blk < block_table.shape[1]
+            page, valid = lookup(block_table, num_pages, req, blk, status)
             if valid:
-                entry = block_table[req, blk]
-                valid = entry >= 0 and entry < num_pages
-                if valid:
-                    page = entry
-                    slot = pos32 - blk * page_size
-                else:
-                    report(status, BAD_TABLE_ENTRY)
-            else:
-                report(status, PAST_TABLE)
+                slot = pos32 - blk * page_size
         return page, slot, valid
 
     @cuda.jit(device=True, inline="always")

@@ -131,3 +131,55 @@ def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL):
         update(S, m_i, l_i, O_i, m_tile, scale_log2)
 
     return softmax_step
+
+
+def make_moving_max(NT, DT):
+    """The lazy rescale of ``make_online_update`` cut at the point where two warpgroups that
+    share a row hand its maximum to each other (``tc/mla_decode_seesaw.py``): the new maximum
+    and its factor are computed by one, applied by both. For one thread's two C-fragment rows,
+    S (1, NT, 4), O_i (1, DT, 4), l_i, the maxima and the factors (2,):
+
+        moved_max(m_old, m_tile, scale_log2) -> (m_new, factor)   one row, lazily (RESCALE_LOG2)
+        rescale(O_i, l_i, factor)           O_i and l_i times their rows' factors
+        exponentiate(S, m_new, l_i, scale_log2)   S -> P at m_new, its row sums into l_i
+    """
+    exp2 = convert.exp2_approx
+    NEG_INF = constants.NEG_INF
+    ZERO, ONE = float32(0.0), float32(1.0)
+    RESCALE = float32(RESCALE_LOG2)
+
+    @cuda.jit(device=True, inline="always")
+    def moved_max(m_old, m_tile, scale_log2):
+        """The row's maximum moves only when the tile's exceeds it by more than RESCALE_LOG2
+        (base 2), so P stays below 2^8; else the factor is 1."""
+        if (m_tile - m_old) * scale_log2 > RESCALE:  # false while both are -inf
+            return m_tile, exp2((m_old - m_tile) * scale_log2)
+        return m_old, ONE
+
+    @cuda.jit(device=True, inline="always")
+    def rescale(O_i, l_i, factor):
+        """Skipped where both factors are 1: the maxima move lazily, so after the first tiles
+        they seldom do."""
+        if factor[0] != ONE or factor[1] != ONE:
+            for half in range(2):
+                sc = factor[half]
+                l_i[half] *= sc
+                for dt in range(DT):
+                    O_i[0, dt, 2 * half] *= sc
+                    O_i[0, dt, 2 * half + 1] *= sc
+
+    @cuda.jit(device=True, inline="always")
+    def exponentiate(S, m_new, l_i, scale_log2):
+        """P = exp2(S scale_log2 - m_new scale_log2), as ``make_online_update`` computes it."""
+        for half in range(2):
+            m = m_new[half]
+            base = m * scale_log2 if m != NEG_INF else ZERO  # nothing visible yet
+            row_sum = ZERO
+            for nt in range(NT):
+                for e in range(2 * half, 2 * half + 2):
+                    p = exp2(S[0, nt, e] * scale_log2 - base)
+                    S[0, nt, e] = p
+                    row_sum += p
+            l_i[half] += row_sum
+
+    return moved_max, rescale, exponentiate

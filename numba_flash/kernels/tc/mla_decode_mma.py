@@ -71,6 +71,7 @@ from numba import cuda, float32, int32, uint16, uint32
 
 from ...runtime.spec import SM80, Sample, Tiles
 from ..attention import TC_DECODE_SAMPLES, DecodeSpec
+from ..common.layout import SharedLayout
 from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_row_keys
 from ..common.softmax import make_online_update, make_row_max
 from ..instructions import convert, memory, sync
@@ -102,15 +103,87 @@ def row_stride(head_dim, head_dim_v, cols):
     return max(head_dim, cols * value_cols(head_dim_v, cols)) + PAD
 
 
-def shared_bytes(block_m, block_n, cols, head_dim, head_dim_v):
-    """Dynamic shared memory of one CTA."""
+def stage_stride(head_dim_v, cols):
+    """Floats per staged output row of the epilogue (4 more than VH: fewer bank conflicts)."""
+    return value_cols(head_dim_v, cols) + 4
+
+
+def shared_layout(block_m, block_n, cols, head_dim, head_dim_v):
+    """The CTA's dynamic shared memory: Q, the two cache tiles, P (rows of ``row_stride`` and
+    BLOCK_N + PAD elements), and the epilogue's staged O_i columns (float32) over Q and K."""
     stride = row_stride(head_dim, head_dim_v, cols)
-    return 2 * ((block_m + 2 * block_n) * stride + block_m * (block_n + PAD))
+    stage = block_m * stage_stride(head_dim_v, cols) * 2  # float32 words in 16-bit elements
+    return SharedLayout(2, [("q", block_m * stride), ("k", 2 * block_n * stride),
+                            ("stage", stage, "q"), ("p", block_m * (block_n + PAD))])
 
 
 def static_bytes(block_m, cols):
     """Static shared memory of one CTA on a GPU: the row exchange and two one-word scratches."""
     return 4 * cols * block_m + 8
+
+
+@lru_cache(maxsize=None)
+def make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT, BLOCK_M, BLOCK_N, COLS):
+    """``finish_piece``: the row sums of all groups, then O_i / l_i through shared memory (the
+    tiles are free after the barrier), one column group at a time, stored along rows:
+    consecutive threads write consecutive columns, and each thread's few columns keep the
+    address arithmetic it holds small (straight from the fragments, the 2 VH / 8 column offsets
+    of every thread would be live through the whole kernel)."""
+    THREADS = 32 * (BLOCK_M // 16) * COLS
+    VH = value_cols(HEAD_DIM_V, COLS)
+    DT = VH // 8
+    STAGE_STRIDE = stage_stride(HEAD_DIM_V, COLS)
+    STORE_COLS = -(-VH // THREADS)  # stored columns per thread and half
+    shfl_xor = sync.shfl_xor
+    _, _, _, _, put, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, THREADS // BLOCK_N, FMT, True)
+    ZERO, ONE = float32(0.0), float32(1.0)
+
+    @cuda.jit(device=True, inline="always")
+    def finish_piece(out, lse, o_acc, lse_acc, stage, xchg, shfl_scratch, O_i, m_i, l_i, req,
+                     split, slot, q_rows, rows, group, m0, hk, scale_log2, grp, x_row, s_row,
+                     r_lo, t2, status, tid):
+        memory.cp_async_wait(0)  # Q's copy, where the piece had no tile to wait for it
+        for mask in (1, 2):
+            for h2 in range(2):
+                l_i[0, h2] += shfl_xor(l_i[0, h2], mask, shfl_scratch, tid)
+        if t2 == 0:  # (every thread read the last maxima before the last P barrier)
+            for h2 in range(2):
+                xchg[x_row + 8 * h2] = l_i[0, h2]
+        cuda.syncthreads()
+        for h2 in range(2):
+            r = uint32(r_lo + 8 * h2)
+            l = xchg[r]
+            for c in range(1, COLS):
+                l += xchg[BLOCK_M * c + r]
+            inv = ONE / l if l > ZERO else ZERO
+            for dt in range(DT):
+                for e in range(2):
+                    O_i[0, dt, 2 * h2 + e] *= inv
+            gr = m0 + r
+            if grp == 0 and t2 == 0 and gr < q_rows:
+                t = int32(convert.div_u32(gr, group))
+                put_lse(lse, lse_acc, split, req, slot, t, hk * group + gr - t * group,
+                        m_i[0, h2] * scale_log2, l, status)
+        for gg in range(COLS):
+            if grp == gg:
+                for h2 in range(2):
+                    for dt in range(DT):
+                        for e in range(2):
+                            stage[s_row + (8 * h2 * STAGE_STRIDE + 8 * dt + e)] = O_i[
+                                0, dt, 2 * h2 + e]
+            cuda.syncthreads()
+            for k in range(STORE_COLS):
+                c = tid + THREADS * k
+                col = VH * gg + c
+                if (VH % THREADS == 0 or c < VH) and col < HEAD_DIM_V:
+                    for r in range(rows):  # a loop at run time: no per-row invariants
+                        gr = m0 + r
+                        t = int32(convert.div_u32(gr, group))
+                        put(out, o_acc, split, req, slot, t, hk * group + gr - t * group,
+                            col, stage[uint32(r * STAGE_STRIDE + c)], status)
+            cuda.syncthreads()  # the stage is read before the next group (or piece) writes
+
+    return finish_piece
 
 
 @lru_cache(maxsize=None)
@@ -130,25 +203,23 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, 
     KSTEPS = HEAD_DIM // 16      # k-steps of Q K^T
     NT = KEYS // 8               # 8-column tiles of a warp's S
     DT = VH // 8                 # 8-column tiles of its O_i
-    Q_OFF = 0
-    K_OFF = BLOCK_M * STRIDE
+    LAYOUT = shared_layout(BLOCK_M, BLOCK_N, COLS, HEAD_DIM, HEAD_DIM_V)
+    Q_OFF, K_OFF, P_OFF = LAYOUT.q, LAYOUT.k, LAYOUT.p
     TILE = BLOCK_N * STRIDE      # elements of one cache tile
-    P_OFF = K_OFF + 2 * TILE
     XCHG = COLS * BLOCK_M        # floats: a row statistic of each column group
-    STAGE_STRIDE = VH + 4        # floats per staged output row (fewer bank conflicts)
-    STORE_COLS = -(-VH // THREADS)  # stored columns per thread and half
+    STAGE_STRIDE = stage_stride(HEAD_DIM_V, COLS)
     SCRATCH = mma_sync.scratch_size(THREADS)
     SHFL_SCRATCH = sync.scratch_size(THREADS)
     mma, pack = mma_sync.mma(FMT), convert.pack(FMT)
     ldsm_x4, ldsm_x4_t, ldsm_x2 = (mma_sync.ldmatrix_x4, mma_sync.ldmatrix_x4_trans,
                                    mma_sync.ldmatrix_x2)
-    shfl_xor = sync.shfl_xor
     row_max = make_row_max(1, NT)
     update = make_online_update(1, NT, DT)
-    cta_work, piece_of, row_source, copy_row, put, put_lse = make_paged_kv_walk(
+    cta_work, piece_of, row_source, copy_row, _, _ = make_paged_kv_walk(
         HEAD_DIM, BLOCK_M, TPR, FMT, True)
+    finish_piece = make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT, BLOCK_M, BLOCK_N, COLS)
     start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
-    ZERO, ONE = float32(0.0), float32(1.0)
+    ZERO = float32(0.0)
 
     @cuda.jit(device=True, inline="always")
     def mma_into(a, b0, b1, C, t, scratch, tid):
@@ -291,51 +362,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, 
                         mma_into(pa, v0, v1, O_i, 2 * dp, scratch, tid)
                         mma_into(pa, v2, v3, O_i, 2 * dp + 1, scratch, tid)
 
-            # Epilogue: the row sums of all groups, then O_i / l_i through shared memory (the
-            # tiles are free after the barrier), one column group at a time, stored along rows:
-            # consecutive threads write consecutive columns, and each thread's few columns keep
-            # the address arithmetic it holds small (straight from the fragments, the 2 VH / 8
-            # column offsets of every thread would be live through the whole kernel).
-            memory.cp_async_wait(0)  # Q's copy, where the piece had no tile to wait for it
-            for mask in (1, 2):
-                for h2 in range(2):
-                    l_i[0, h2] += shfl_xor(l_i[0, h2], mask, shfl_scratch, tid)
-            if t2 == 0:  # (every thread read the last maxima before the last P barrier)
-                for h2 in range(2):
-                    xchg[x_row + 8 * h2] = l_i[0, h2]
-            cuda.syncthreads()
-            for h2 in range(2):
-                r = uint32(r_lo + 8 * h2)
-                l = xchg[r]
-                for c in range(1, COLS):
-                    l += xchg[BLOCK_M * c + r]
-                inv = ONE / l if l > ZERO else ZERO
-                for dt in range(DT):
-                    for e in range(2):
-                        O_i[0, dt, 2 * h2 + e] *= inv
-                gr = m0 + r
-                if grp == 0 and t2 == 0 and gr < q_rows:
-                    t = int32(convert.div_u32(gr, group))
-                    put_lse(lse, lse_acc, split, req, slot, t, hk * group + gr - t * group,
-                            m_i[0, h2] * scale_log2, l, status)
-            for gg in range(COLS):
-                if grp == gg:
-                    for h2 in range(2):
-                        for dt in range(DT):
-                            for e in range(2):
-                                stage[s_row + (8 * h2 * STAGE_STRIDE + 8 * dt + e)] = O_i[
-                                    0, dt, 2 * h2 + e]
-                cuda.syncthreads()
-                for k in range(STORE_COLS):
-                    c = tid + THREADS * k
-                    col = VH * gg + c
-                    if (VH % THREADS == 0 or c < VH) and col < HEAD_DIM_V:
-                        for r in range(rows):  # a loop at run time: no per-row invariants
-                            gr = m0 + r
-                            t = int32(convert.div_u32(gr, group))
-                            put(out, o_acc, split, req, slot, t, hk * group + gr - t * group,
-                                col, stage[uint32(r * STAGE_STRIDE + c)], status)
-                cuda.syncthreads()  # the stage is read before the next group (or piece) writes
+            finish_piece(out, lse, o_acc, lse_acc, stage, xchg, shfl_scratch, O_i, m_i, l_i, req,
+                         split, slot, q_rows, rows, group, m0, hk, scale_log2, grp, x_row, s_row,
+                         r_lo, t2, status, tid)
 
     return mla_decode_mma
 
@@ -355,7 +384,7 @@ class Spec(DecodeSpec):
     def tiles(self, config, entry):
         bm, bn, cols, regs = entry
         return Tiles(bm, bn, 32 * (bm // 16) * cols,
-                     shared_bytes(bm, bn, cols, config.head_dim, config.head_dim_v), regs)
+                     shared_layout(bm, bn, cols, config.head_dim, config.head_dim_v).bytes, regs)
 
     def make(self, config, tiles):
         cols = tiles.threads // (32 * (tiles.BLOCK_M // 16))

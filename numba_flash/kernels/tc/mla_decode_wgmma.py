@@ -52,12 +52,12 @@ Memory pipeline
     zeroed rows) is published by wait -> ``proxy_fence`` -> barrier.
 
 Shared memory (16-bit elements, every tile in ``ptx/wgmma.py``'s 128-byte swizzle)
-    Q   64 x QW          QW = HEAD_DIM rounded up to 64 columns
-    K   2 x 64 x KW      KW = max(QW, 2 VH): double buffer; V is its first 2 VH columns
-    P   64 x 64
-    + 1 KiB to put the tiles on a 1024-byte boundary, and 512 bytes (static) for the exchange
-    of row maxima and sums, 16 bytes for the two mbarriers. HEAD_DIM 576, HEAD_DIM_V 512: 72 + 144 + 8 + 1 KiB = 225 KiB, one
-    CTA per SM (an H100 / H200 gives a block up to 227 KiB).
+    The layout of ``decode_tiles.py``, shared with the seesaw: Q (64 x QW, QW = HEAD_DIM rounded
+    up to 64 columns), the two cache tiles (64 x KW each, KW = max(QW, 2 VH); V is the first 2
+    VH columns of each), the P tile (64 x 64) and 1 KiB to put the tiles on a 1024-byte
+    boundary; 512 bytes (static) for the exchange of row maxima and sums, 16 bytes for the two
+    mbarriers. HEAD_DIM 576, HEAD_DIM_V 512: 225 KiB, one CTA per SM (an H100 / H200 gives a
+    block up to 227 KiB).
 
 Limits
     float16 / bfloat16; HEAD_DIM a multiple of 16 up to 576, HEAD_DIM_V up to 512 (VH <= 256,
@@ -74,26 +74,15 @@ from numba import cuda, float32, int32, types, uint16, uint32, uint64
 from ...runtime import tma as tma_maps
 from ...runtime.spec import SM90A, Sample, Tiles
 from ..attention import TC_DECODE_SAMPLES, DecodeSpec
-from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_piece_out, make_row_keys
+from ..common.paged_kv import make_page_lookup, make_paged_kv_walk, make_piece_out, make_row_keys
 from ..common.softmax import make_online_update, make_row_max
-from ..common.status import BAD_TABLE_ENTRY, PAST_TABLE, report
 from ..instructions import convert, memory, sync, tma, wgmma
+from .decode_tiles import (BLOCK_M, BLOCK_N, MAX_HEAD_DIM, MAX_HEAD_DIM_V, THREADS, TPR,
+                           shared_layout, tile_cols, value_cols)
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
-WARPGROUP = wgmma.WARPGROUP
-THREADS = 2 * WARPGROUP
-BLOCK_M = 64                # packed query rows per CTA: one wgmma M
-BLOCK_N = SCHED_BLOCK       # cache rows per tile (64): a tile never straddles two pieces
 KEYS = BLOCK_N // 2         # keys of S per warpgroup
-TPR = THREADS // BLOCK_N    # copy: threads per cache row
-MAX_HEAD_DIM, MAX_HEAD_DIM_V = 576, 512
 XCHG = 2 * BLOCK_M          # floats: a row statistic of each warpgroup
-
-
-def value_cols(head_dim_v):
-    """O_i columns per warpgroup: half of HEAD_DIM_V rounded up to whole 64-column blocks (a
-    warpgroup's V operand starts on a block of the swizzled tile)."""
-    return wgmma.padded_cols(-(-head_dim_v // 2))
 
 
 def supports(head_dim, head_dim_v):
@@ -101,64 +90,26 @@ def supports(head_dim, head_dim_v):
     return head_dim % 16 == 0 and head_dim <= MAX_HEAD_DIM and head_dim_v <= MAX_HEAD_DIM_V
 
 
-def tile_cols(head_dim, head_dim_v):
-    """(QW, KW): columns of the Q tile and of a cache tile."""
-    qw = wgmma.padded_cols(head_dim)
-    return qw, max(qw, 2 * value_cols(head_dim_v))
-
-
-def shared_bytes(head_dim, head_dim_v):
-    """Dynamic shared memory of one CTA (with the alignment reserve)."""
-    qw, kw = tile_cols(head_dim, head_dim_v)
-    return 2 * (BLOCK_M * qw + 2 * BLOCK_N * kw + BLOCK_M * BLOCK_N) + wgmma.TILE_ALIGN
-
-
 @lru_cache(maxsize=None)
-def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
-    """Python kernel function for one configuration (``SPEC`` compiles it, for sm_90a)."""
-    assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)
-    QW, KW = tile_cols(HEAD_DIM, HEAD_DIM_V)
-    VH = value_cols(HEAD_DIM_V)
-    KSTEPS = HEAD_DIM // 16      # k-steps of Q K^T
-    NT = KEYS // 8               # 8-column tiles of a warpgroup's S
-    DT = VH // 8                 # 8-column tiles of its O_i
-    S_REGS, O_REGS = 4 * NT, 4 * DT
-    Q_OFF = 0
-    K_OFF = BLOCK_M * QW
-    TILE = BLOCK_N * KW          # elements of one cache tile
-    P_OFF = K_OFF + 2 * TILE
+def make_tile_copies(HEAD_DIM, HEAD_DIM_V):
+    """The copies into the swizzled tiles ("Memory pipeline"):
+
+        chunk_at(i, rows, even, odd)       a thread's chunk i of a row, in a tile of ``rows``
+        copy_cache_row(smem, at, k_cache, hk, page, slot, ok, even, odd, rl)   (cp.async)
+        load_tile(smem, at, tmap, k_cache, bars, b, block_table, num_pages, req, n0, hk,
+                  page_size, status)       (thread 0, TMA) a whole tile
+        zero_rows_past(smem_words, at, valid, tid)   V rows past the piece end
+    """
+    QW, _ = tile_cols(HEAD_DIM, HEAD_DIM_V)
     CHUNKS = HEAD_DIM // 8       # 16-byte chunks of a row
     CPT = -(-CHUNKS // TPR)      # ... per copying thread
     CHUNKS_EXACT = CHUNKS % TPR == 0
     BOXES = QW // wgmma.BLOCK_COLS   # TMA boxes (64 columns) of a tile: HEAD_DIM's
     BOX = BLOCK_N * wgmma.BLOCK_COLS
     TILE_BYTES = 2 * BOXES * BOX
-    V_WORDS = VH                     # 32-bit words of a row's 2 VH V columns
-    SCRATCH = wgmma.scratch_size(THREADS)
-    SHFL_SCRATCH = sync.scratch_size(THREADS)
-    mma_s = wgmma.mma_ss(FMT, KEYS, 0)    # S = Q K^T, K read K-major
-    mma_o = wgmma.mma_ss(FMT, VH, 1)      # O += P V, V read MN-major
-    pack = convert.pack(FMT)
+    V_WORDS = value_cols(HEAD_DIM_V)  # 32-bit words of a row's 2 VH V columns
     copy16 = memory.cp_async_16_zfill
-    shfl_xor = sync.shfl_xor
-    row_max = make_row_max(1, NT)
-    update = make_online_update(1, NT, DT)
-    cta_work, piece_of, row_source, _, _, put_lse = make_paged_kv_walk(
-        HEAD_DIM, BLOCK_M, TPR, FMT, True)
-    start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
-    stage, write = make_piece_out(HEAD_DIM_V, VH, BLOCK_M, THREADS // 32, FMT)
-    assert BLOCK_M * 2 * VH * 4 <= 2 * P_OFF  # the staged float32 O_i fits below the P tile
-    ZERO, ONE = float32(0.0), float32(1.0)
-    NO_PAGE = int32(-1)
-
-    # Descriptor arithmetic in 16-byte units (ptx/wgmma.py, "Shared-memory operands";
-    # wgmma.k_step for K-major k-steps): V's 64-column blocks are BLOCK_N rows of 128 bytes
-    # apart, the second cache buffer is TILE elements on.
-    SBO, V_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
-    V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
-    BUF_STEP = TILE * 2 // 16
-    KEYS_STEP = KEYS * wgmma.SWIZZLE_BYTES // 16     # warpgroup 1's keys: rows 32 .. 63
-    V_COLS_STEP = VH * BLOCK_N * 2 // 16             # warpgroup 1's V: VH columns on
+    _, _, lookup = make_page_lookup(int32(-1))  # page -1: TMA boxes of zeros
 
     @cuda.jit(device=True, inline="always")
     def chunk_at(i, rows, even, odd):
@@ -182,15 +133,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
         """(Thread 0, TMA) The tile of keys n0 .. n0 + 63 into the buffer at ``at``, completing
         on barrier ``b``: one page, rows n0 % page_size on, one box per 64 columns."""
         blk = int32(convert.div_u32(n0, page_size))
-        page = NO_PAGE
-        if blk < block_table.shape[1]:
-            entry = block_table[req, blk]
-            if entry >= 0 and entry < num_pages:
-                page = entry
-            else:
-                report(status, BAD_TABLE_ENTRY)
-        else:
-            report(status, PAST_TABLE)
+        page, _ = lookup(block_table, num_pages, req, blk, status)
         tma.expect_tx(bars, b, TILE_BYTES)
         for c in range(BOXES):
             tma.load_box_4d(smem, at + c * BOX, tmap, k_cache,
@@ -205,6 +148,88 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
             r = valid + w // V_WORDS
             col = 2 * (w - (r - valid) * V_WORDS)
             smem_words[uint32(at + wgmma.tile_offset(r, col, BLOCK_N)) >> 1] = uint32(0)
+
+    return chunk_at, copy_cache_row, load_tile, zero_rows_past
+
+
+@lru_cache(maxsize=None)
+def make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT):
+    """``finish_piece``: the row sums of both warpgroups, then O_i / l_i staged over the tiles
+    (nothing is in flight there now) and copied out by rows; the lse (final or partial)."""
+    VH = value_cols(HEAD_DIM_V)
+    shfl_xor = sync.shfl_xor
+    _, _, _, _, _, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, True)
+    stage, write = make_piece_out(HEAD_DIM_V, VH, BLOCK_M, THREADS // 32, FMT)
+    ZERO, ONE = float32(0.0), float32(1.0)
+
+    @cuda.jit(device=True, inline="always")
+    def finish_piece(out, lse, o_acc, lse_acc, smem, smem_words, smem_f32, xchg, shfl_scratch,
+                     O_i, m_i, l_i, req, split, slot, base, q_rows, group, m0, hk, scale_log2, wg,
+                     warp, lane, r_lo, t2, status, tid):
+        memory.cp_async_wait(0)  # Q's copy, where the piece had no tile to wait for it
+        for mask in (1, 2):
+            for half in range(2):
+                l_i[0, half] += shfl_xor(l_i[0, half], mask, shfl_scratch, tid)
+        if t2 == 0:  # (every thread read the last maxima before the last P barrier)
+            for half in range(2):
+                xchg[BLOCK_M * wg + r_lo + 8 * half] = l_i[0, half]
+        cuda.syncthreads()  # ... and every warpgroup's wgmma reads of the tiles are done
+        for half in range(2):
+            r = r_lo + 8 * half
+            l = xchg[r] + xchg[BLOCK_M + r]
+            inv = ONE / l if l > ZERO else ZERO
+            stage(smem_words, smem_f32, base >> 1, O_i, VH * wg, r, half, t2, inv, split)
+            gr = m0 + r
+            if wg == 0 and t2 == 0 and gr < q_rows:
+                t = int32(convert.div_u32(gr, group))
+                put_lse(lse, lse_acc, split, req, slot, t, hk * group + gr - t * group,
+                        m_i[0, half] * scale_log2, l, status)
+        cuda.syncthreads()
+        write(out, o_acc, smem, smem_f32, base >> 1, split, req, slot, m0, q_rows, group, hk,
+              warp, lane, status)
+        sync.proxy_fence()  # these reads before the next piece's copies into the tiles
+
+    return finish_piece
+
+
+@lru_cache(maxsize=None)
+def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
+    """Python kernel function for one configuration (``SPEC`` compiles it, for sm_90a)."""
+    assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)
+    QW, KW = tile_cols(HEAD_DIM, HEAD_DIM_V)
+    VH = value_cols(HEAD_DIM_V)
+    KSTEPS = HEAD_DIM // 16      # k-steps of Q K^T
+    NT = KEYS // 8               # 8-column tiles of a warpgroup's S
+    DT = VH // 8                 # 8-column tiles of its O_i
+    S_REGS, O_REGS = 4 * NT, 4 * DT
+    LAYOUT = shared_layout(HEAD_DIM, HEAD_DIM_V)
+    Q_OFF, K_OFF, P_OFF = LAYOUT.q, LAYOUT.k, LAYOUT.p
+    TILE = BLOCK_N * KW          # elements of one cache tile
+    CHUNKS = HEAD_DIM // 8       # 16-byte chunks of a row
+    CPT = -(-CHUNKS // TPR)      # ... per copying thread
+    CHUNKS_EXACT = CHUNKS % TPR == 0
+    SCRATCH = wgmma.scratch_size(THREADS)
+    SHFL_SCRATCH = sync.scratch_size(THREADS)
+    mma_s = wgmma.mma_ss(FMT, KEYS, 0)    # S = Q K^T, K read K-major
+    mma_o = wgmma.mma_ss(FMT, VH, 1)      # O += P V, V read MN-major
+    pack = convert.pack(FMT)
+    copy16 = memory.cp_async_16_zfill
+    row_max = make_row_max(1, NT)
+    update = make_online_update(1, NT, DT)
+    cta_work, piece_of, row_source, _, _, _ = make_paged_kv_walk(
+        HEAD_DIM, BLOCK_M, TPR, FMT, True)
+    start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
+    chunk_at, copy_cache_row, load_tile, zero_rows_past = make_tile_copies(HEAD_DIM, HEAD_DIM_V)
+    finish_piece = make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT)
+
+    # Descriptor arithmetic in 16-byte units (ptx/wgmma.py, "Shared-memory operands";
+    # wgmma.k_step for K-major k-steps): V's 64-column blocks are BLOCK_N rows of 128 bytes
+    # apart, the second cache buffer is TILE elements on.
+    SBO, V_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
+    V_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES
+    BUF_STEP = TILE * 2 // 16
+    KEYS_STEP = KEYS * wgmma.SWIZZLE_BYTES // 16     # warpgroup 1's keys: rows 32 .. 63
+    V_COLS_STEP = VH * BLOCK_N * 2 // 16             # warpgroup 1's V: VH columns on
 
     def mla_decode_wgmma(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
                          o_acc, lse_acc, status, s_q, group, page_size, scale_log2, tmap):
@@ -358,30 +383,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
                 wgmma.wait(0)
                 wgmma.fence_operands(O_i, O_REGS)
 
-            # Epilogue: the row sums of both warpgroups, then O_i / l_i staged over the tiles
-            # (nothing is in flight there now) and copied out by rows; the lse (final or partial).
-            memory.cp_async_wait(0)  # Q's copy, where the piece had no tile to wait for it
-            for mask in (1, 2):
-                for half in range(2):
-                    l_i[0, half] += shfl_xor(l_i[0, half], mask, shfl_scratch, tid)
-            if t2 == 0:  # (every thread read the last maxima before the last P barrier)
-                for half in range(2):
-                    xchg[BLOCK_M * wg + r_lo + 8 * half] = l_i[0, half]
-            cuda.syncthreads()  # ... and every warpgroup's wgmma reads of the tiles are done
-            for half in range(2):
-                r = r_lo + 8 * half
-                l = xchg[r] + xchg[BLOCK_M + r]
-                inv = ONE / l if l > ZERO else ZERO
-                stage(smem_words, smem_f32, base >> 1, O_i, VH * wg, r, half, t2, inv, split)
-                gr = m0 + r
-                if wg == 0 and t2 == 0 and gr < q_rows:
-                    t = int32(convert.div_u32(gr, group))
-                    put_lse(lse, lse_acc, split, req, slot, t, hk * group + gr - t * group,
-                            m_i[0, half] * scale_log2, l, status)
-            cuda.syncthreads()
-            write(out, o_acc, smem, smem_f32, base >> 1, split, req, slot, m0, q_rows, group, hk,
-                  warp, lane, status)
-            sync.proxy_fence()  # these reads before the next piece's copies into the tiles
+            finish_piece(out, lse, o_acc, lse_acc, smem, smem_words, smem_f32, xchg, shfl_scratch,
+                         O_i, m_i, l_i, req, split, slot, base, q_rows, group, m0, hk,
+                         scale_log2, wg, warp, lane, r_lo, t2, status, tid)
 
     return mla_decode_wgmma
 
@@ -397,7 +401,8 @@ class Spec(DecodeSpec):
         return ()  # one tile shape: BLOCK_M = BLOCK_N = 64, two warpgroups
 
     def tiles(self, config, entry):
-        return Tiles(BLOCK_M, BLOCK_N, THREADS, shared_bytes(config.head_dim, config.head_dim_v))
+        return Tiles(BLOCK_M, BLOCK_N, THREADS,
+                     shared_layout(config.head_dim, config.head_dim_v).bytes)
 
     def signature(self, config):
         return types.void(*super().signature(config).args, types.Array(types.uint64, 1, "A"))

@@ -2,15 +2,18 @@
 written out in NumPy (packed query row r is token r // group of s_q, it sees the piece's keys
 below n_hi and, causal, those below seqlen - (s_q - 1 - token)); the pieces of a plan
 (``piece_of``) against ``scheduler.part_pieces``; the staged output of a piece
-(``make_piece_out``) against the rows its fragments hold."""
+(``make_piece_out``) against the rows its fragments hold; the block-table lookup
+(``make_page_lookup``) against a table with bad entries."""
 
 import numpy as np
 import pytest
 from numba import cuda, float32, int32, uint16, uint32
 
 from numba_flash import scheduler
-from numba_flash.kernels.common.paged_kv import make_paged_kv_walk, make_piece_out, make_row_keys
-from numba_flash.kernels.common.status import BAD_SPLITS, NEGATIVE_LENGTH
+from numba_flash.kernels.common.paged_kv import (make_page_lookup, make_paged_kv_walk,
+                                                 make_piece_out, make_row_keys)
+from numba_flash.kernels.common.status import (BAD_SPLITS, BAD_TABLE_ENTRY, NEGATIVE_LENGTH,
+                                               PAST_TABLE)
 
 NT, DT = 3, 2  # 24 keys per tile, 16 O columns
 
@@ -241,3 +244,38 @@ def test_a_slot_outside_the_accumulators_writes_nothing_and_is_reported(writers,
     writers(128)[1, 256, 0, ROWS * 2 * VH * 4](d_out, d_acc, True, slot, 50, 5, 1, d_status)
     assert np.isnan(d_acc.copy_to_host()).all() and not d_out.copy_to_host().any()
     assert d_status.copy_to_host()[0] == BAD_SPLITS
+
+
+@pytest.fixture(scope="module")
+def lookup_probe():
+    table_entry, page_of, lookup = make_page_lookup(int32(-1))
+
+    @cuda.jit
+    def probe(block_table, num_pages, pages, statuses):
+        """Thread (req, blk): its page and validity read both ways (``lookup``, and
+        ``table_entry`` + ``page_of``), each with its own status word."""
+        req, blk = cuda.threadIdx.x, cuda.threadIdx.y
+        page, valid = lookup(block_table, num_pages, req, blk, statuses[req, blk, 0:1])
+        early = page_of(table_entry(block_table, req, blk), blk, block_table, num_pages,
+                        statuses[req, blk, 1:2])
+        pages[req, blk, 0] = page if valid else -2
+        pages[req, blk, 1] = early[0] if early[1] else -2
+
+    return probe
+
+
+def test_a_page_lookup_bounds_the_entry_and_reports_it(lookup_probe):
+    """Entries -1 and 5 (of 5 pages) and the column past the table are no page; each is
+    reported with its own bit, and both ways of reading agree."""
+    table = np.array([[0, 4, -1], [5, 2, 3]], np.int32)
+    blocks = table.shape[1] + 1
+    pages = cuda.to_device(np.zeros((2, blocks, 2), np.int32))
+    statuses = cuda.to_device(np.zeros((2, blocks, 2), np.int32))
+    lookup_probe[1, (2, blocks)](cuda.to_device(table), 5, pages, statuses)
+    want = np.array([[0, 4, -2, -2], [-2, 2, 3, -2]])
+    want_status = np.array([[0, 0, BAD_TABLE_ENTRY, PAST_TABLE],
+                            [BAD_TABLE_ENTRY, 0, 0, PAST_TABLE]])
+    got, got_status = pages.copy_to_host(), statuses.copy_to_host()
+    for way in range(2):
+        np.testing.assert_array_equal(got[..., way], want)
+        np.testing.assert_array_equal(got_status[..., way], want_status)

@@ -77,6 +77,14 @@ def test_the_plans_take_different_entries():
             <= plan.shared_per_block
 
 
+def test_the_layout_keeps_the_padded_rows():
+    """Q, the two cache tiles and P in rows padded by 8 elements; 112 KiB at 32 x 32 tiles."""
+    lay = mla_decode_mma.shared_layout(32, 32, 4, 576, 512)
+    stride = 576 + mla_decode_mma.PAD
+    assert (lay.q, lay.k, lay.p) == (0, 32 * stride, 96 * stride)
+    assert lay.bytes == 2 * (96 * stride + 32 * (32 + 8)) == 112 * 1024
+
+
 def test_bad_device_values_are_bounded_and_reported(rng):
     with planned(SM86):
         check_bad_device_values(rng, "tc")

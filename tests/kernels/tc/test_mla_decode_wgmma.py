@@ -6,7 +6,7 @@ import pytest
 from numba import cuda
 
 import numba_flash as nf
-from numba_flash.kernels.tc import mla_decode_wgmma
+from numba_flash.kernels.tc import decode_tiles, mla_decode_wgmma
 from helpers import SIMULATOR, assert_compiles_clean, decode_problem, later_samples
 from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
                                    TC_NEGATIVE_LENGTH_ON_A_GPU, check_negative_length,
@@ -98,7 +98,7 @@ def test_every_specialization_compiles_to_wgmma_without_spills():
 
 
 def test_deepseek_tiles_fit_a_hopper_block():
-    assert mla_decode_wgmma.shared_bytes(576, 512) + 4 * mla_decode_wgmma.XCHG <= 227 * 1024
+    assert decode_tiles.shared_layout(576, 512).bytes + 4 * mla_decode_wgmma.XCHG <= 227 * 1024
 
 
 @pytest.mark.slow  # it compiles for over a minute on a fresh GPU machine
