@@ -16,7 +16,9 @@ l_i share it; a stale one lets P grow to at most 2^8, harmless in float32 and in
 the rescale of O_i (HEAD_DIM / 4 multiplies per row) then runs on a few early tiles only.
 Both tc forwards (``tc/forward_mma.py``, ``tc/forward_wgmma.py``) use it; the tc decode
 (``tc/mla_decode_wgmma.py``), whose two warpgroups share each row, uses its two halves
-(``make_row_max``, ``make_online_update``) with an exchange of the maxima between them.
+(``make_row_max``, ``make_online_update``) with an exchange of the maxima between them; the
+seesaw decode (``tc/mla_decode_seesaw.py``), whose warpgroups take turns on a row's maximum, the
+same lazy rule as ``make_moving_max``.
 """
 
 from numba import cuda, float32
