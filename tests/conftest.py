@@ -54,7 +54,9 @@ def seed_of(nodeid):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every case of a parametrized test but its first ``slow`` (the quick selection)."""
+    """Mark every case of a parametrized test but its first ``slow`` (the quick selection), and
+    run the compile checks first: they are the longest tests, and started last they would hold
+    the run's end on one or two workers."""
     seen = set()
     for item in items:
         callspec = getattr(item, "callspec", None)
@@ -64,6 +66,7 @@ def pytest_collection_modifyitems(config, items):
         if function in seen:
             item.add_marker(pytest.mark.slow)
         seen.add(function)
+    items.sort(key=lambda item: "compiles" not in item.name)  # stable: the rest keep their order
 
 
 @pytest.fixture
