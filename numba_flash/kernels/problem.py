@@ -77,15 +77,7 @@ class Decode(NamedTuple):
     fp8_cache: Optional[bool] = None      # the cache holds FP8 values with their scales
 
     OPTIONS = ("indices", "attn_sink", "fp8_cache")
-    options = Attention.options
-
-    @property
-    def fmt(self):
-        return self.q.fmt
-
-    @property
-    def head_dim(self):
-        return self.q.shape[3]
+    options, fmt, head_dim = Attention.options, Attention.fmt, Attention.head_dim  # q's, as there
 
     @property
     def q_rows(self):
