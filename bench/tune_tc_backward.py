@@ -51,7 +51,7 @@ def main(argv=None):
     import numba_flash as nf
     from numba_flash.kernels.simt import backward as simt_backward
     from numba_flash.kernels.tc import backward_mma, backward_wgmma
-    from numba_flash.runtime import arrays, device, launcher
+    from numba_flash.runtime import arrays, device, launcher, status
 
     out = common.results_dir(args.out_dir)
     dev = device.current()
@@ -80,7 +80,8 @@ def main(argv=None):
                                                     ("out", o), ("lse", lse))}
             grads = {x: torch.empty_like(y) for x, y in (("dq", q), ("dk", k), ("dv", v))}
             problem = dict(t, **{x: arrays.adapt(y, x) for x, y in grads.items()}, scale=d ** -0.5,
-                           delta=arrays.adapt(torch.empty(b, h, n, device="cuda"), "delta"))
+                           delta=arrays.adapt(torch.empty(b, h, n, device="cuda"), "delta"),
+                           status=status.word(t["q"]))
             stream = arrays.stream_of(problem["q"])
             simt_backward.PREPROCESS.launch(config._replace(causal=False), problem, stream, dev)
             flops = common.attention_flops(b, h, n, n, d, causal, mode="bwd")

@@ -49,7 +49,7 @@ def main(argv=None):
 
     from numba_flash import backends
     from numba_flash.kernels.tc import forward_mma, forward_wgmma
-    from numba_flash.runtime import arrays, device, launcher
+    from numba_flash.runtime import arrays, device, launcher, status
 
     out = common.results_dir(args.out_dir)
     dev = device.current()
@@ -79,7 +79,8 @@ def main(argv=None):
             # seconds of CPU time on an idle GPU, whose clock would still be low for the next
             # timing.
             checked = []
-            problem = dict(q=tq, k=tk, v=tv, out=o, lse=lse, scale=d ** -0.5)
+            problem = dict(q=tq, k=tk, v=tv, out=o, lse=lse, scale=d ** -0.5,
+                           status=status.word(tq))
             for cand, t, kernel in kernels:
                 def run(kernel=kernel, t=t, grid=spec.grid(config, t, problem),
                         arguments=spec.arguments(config, problem)):

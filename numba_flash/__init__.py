@@ -15,7 +15,8 @@ if not hasattr(_np, "row_stack"):
     _np.row_stack = _np.vstack
 
 __version__ = "0.1.0"
-__all__ = ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_func", "get_mla_metadata",
+__all__ = ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_func", "flash_attn_varlen_fwd",
+           "flash_attn_varlen_bwd", "flash_attn_varlen_func", "get_mla_metadata",
            "flash_mla_with_kvcache", "check_errors", "warmup"]
 
 

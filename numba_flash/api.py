@@ -44,20 +44,70 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
             return result
     dev = device.current()
     problem = validate.attention(q, k, v, causal, softmax_scale)
+    b, sq, hq, _ = problem.q.shape
+    o, lse, launched = _forward(problem, backend, out, problem.q.shape, (b, hq, sq), stream, dev)
+    if key is not None:
+        torch_plans.remember(key, *launched, dev)
+    return o.obj, lse.obj
+
+
+def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                          alibi_slopes=None, learnable_sink=None, seqused_k=None,
+                          block_table=None, backend="auto", out=None, stream=None):
+    """Exact attention forward over packed sequences (flash-attn's varlen interface). Returns
+    ``(out, lse)``.
+
+    q: (total_q, Hq, D); k, v: (total_k, Hk, D); sequence b owns rows ``cu_seqlens[b] ..
+    cu_seqlens[b + 1]`` (int32 (B + 1,)) and, with ``seqused_k`` (int32 (B,)), its first
+    ``seqused_k[b]`` keys; ``max_seqlen_q`` / ``max_seqlen_k`` bound the lengths (the grid). out
+    like q, lse (Hq, total_q) float32. Every rule of ``flash_attn_fwd`` holds per sequence
+    (bottom-right causal, rows that see no key); rows of no sequence are not written. Offsets
+    are read on the device only: values outside the arrays or past the bounds are clamped and
+    reported by ``check_errors()``. window_size, softcap, alibi_slopes, learnable_sink and
+    block_table other than their defaults raise ``NotImplementedError``.
+    """
+    validate.attention_options(window_size, softcap, alibi_slopes, learnable_sink, block_table)
+    dev = device.current()
+    problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              causal, softmax_scale, seqused_k)
+    _, total_q, hq, d = problem.q.shape
+    o, lse, _ = _forward(problem, backend, out, (total_q, hq, d), (hq, total_q), stream, dev)
+    return o.obj, lse.obj
+
+
+def _forward(problem, backend, out, out_shape, lse_shape, stream, dev):
+    """Choose, check and launch the forward of ``problem`` into ``out`` (the caller's buffer or
+    None) and a new lse, shaped as the call returns them. Returns both adapted, and the launch
+    (spec, config, args) that a torch plan keeps."""
     spec = backends.forward(backend, problem, dev)
-    q, k, v = problem.q, problem.k, problem.v
-    b, sq, hq, d = q.shape
-    o = validate.out_buffer(out, q, q.shape, q.fmt)
+    q = problem.q
+    o = validate.out_buffer(out, q, out_shape, q.fmt)
     if out is not None:
-        validate.refuse_overlap([o], [q, k, v])
-    lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
+        validate.refuse_overlap([o], [q, problem.k, problem.v])
+    lse = arrays.empty(q, lse_shape, "float32", "lse")
     # launch() prepares first: tiles that do not fit the device or a grid past CUDA's limits
     # are refused before the kernel runs, with nothing of the caller's written.
-    config, args = spec.config(problem), dict(q=q, k=k, v=v, out=o, lse=lse, scale=problem.scale)
+    config, args = spec.config(problem), _args(problem, out=o, lse=lse)
     spec.launch(config, args, arrays.stream_of(q, stream), dev)
-    if key is not None:
-        torch_plans.remember(key, spec, config, args, dev)
-    return o.obj, lse.obj
+    return o, lse, (spec, config, args)
+
+
+def _args(problem, **tensors):
+    """A launch's arguments: the problem's q, k, v and scale, the status word, and ``tensors``
+    (outputs, lse, the backward's inputs). Varlen: ``tensors`` are packed rows, which the
+    kernels see per sequence as (B, total, ...) with a batch stride of 0, and the offsets and
+    bounds join them (``seqused_k`` an empty array when not given)."""
+    args = dict(q=problem.q, k=problem.k, v=problem.v, scale=problem.scale,
+                status=status.word(problem.q), **tensors)
+    if problem.cu_seqlens_q is not None:
+        batch = problem.q.shape[0]
+        args.update({name: arrays.batched(t, batch) for name, t in tensors.items()})
+        used = problem.seqused_k
+        args.update(cu_seqlens_q=problem.cu_seqlens_q, cu_seqlens_k=problem.cu_seqlens_k,
+                    seqused_k=arrays.prefix(problem.cu_seqlens_k, 0) if used is None else used,
+                    max_seqlen_q=problem.max_seqlen[0], max_seqlen_k=problem.max_seqlen[1])
+    return args
 
 
 def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, backend="auto",
@@ -74,32 +124,72 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     """
     dev = device.current()
     problem = validate.attention(q, k, v, causal, softmax_scale)
-    q, k, v = problem.q, problem.k, problem.v
-    dout, out, lse = validate.backward(q, dout, out, lse)
-    b, sq, hq, d = q.shape
+    dout, out, lse = validate.backward(problem.q, dout, out, lse)
+    return _backward(problem, backend, dout, out, lse, (dq, dk, dv), stream, dev)
+
+
+def flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                          max_seqlen_k, softmax_scale=None, causal=False, window_size=(-1, -1),
+                          softcap=0.0, alibi_slopes=None, learnable_sink=None, backend="auto",
+                          dq=None, dk=None, dv=None, stream=None, seqused_k=None):
+    """Gradients of ``flash_attn_varlen_fwd`` for the incoming ``dout``. Returns ``(dq, dk,
+    dv)``: packed like q, k, v; dout and out (total_q, Hq, D), lse (Hq, total_q) as the forward
+    returned them, with the same offsets, bounds, causal, softmax_scale and seqused_k. Rows of
+    no sequence (and keys past ``seqused_k``) get no gradient written. Deterministic, like
+    ``flash_attn_bwd``; the same options raise ``NotImplementedError`` as in the forward.
+    """
+    validate.attention_options(window_size, softcap, alibi_slopes, learnable_sink)
+    dev = device.current()
+    problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              causal, softmax_scale, seqused_k)
+    dout, out, lse = validate.varlen_backward(problem.q, dout, out, lse)
+    return _backward(problem, backend, dout, out, lse, (dq, dk, dv), stream, dev)
+
+
+def _backward(problem, backend, dout, out, lse, given, stream, dev):
+    """Choose, check and launch the backward of ``problem`` for the adapted ``dout``, ``out``
+    and ``lse`` (shaped as the call takes them), into the caller's ``given`` (dq, dk, dv)
+    buffers or new ones; returns the caller's objects."""
+    q = problem.q
     dkdv, dq_spec = backends.backward(backend, problem, dout, out, dev)
-    given = (dq, dk, dv)
-    dq = validate.out_buffer(dq, q, q.shape, q.fmt, "dq")
-    dk = validate.out_buffer(dk, q, k.shape, q.fmt, "dk")
-    dv = validate.out_buffer(dv, q, k.shape, q.fmt, "dv")
+    packed = problem.cu_seqlens_q is not None
+    q_shape, k_shape = (q.shape[1:], problem.k.shape[1:]) if packed else (q.shape, problem.k.shape)
+    dq, dk, dv = (validate.out_buffer(t, q, shape, q.fmt, name) for t, shape, name in
+                  zip(given, (q_shape, k_shape, k_shape), ("dq", "dk", "dv")))
     validate.refuse_overlap([t for t, g in zip((dq, dk, dv), given) if g is not None],
-                            [q, k, v, out, dout, lse])
-    delta = arrays.empty(q, (b, hq, sq), "float32", "delta")  # D_i = rowsum(dout * out)
+                            [q, problem.k, problem.v, out, dout, lse])
+    delta = arrays.empty(q, lse.shape, "float32", "delta")  # D_i = rowsum(dout * out)
     stream = arrays.stream_of(q, stream)
-    args = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv,
-                scale=problem.scale)
+    args = _args(problem, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv)
+    # The preprocess's rows are independent: varlen hands it the packed rows as one batch entry.
+    rows = {name: arrays.batched(t, 1) for name, t in
+            (("out", out), ("dout", dout), ("delta", delta))} if packed else args
     # D_i first: by the preprocess, or by a dQ kernel that computes it (then dQ runs first).
-    steps = (dq_spec, dkdv) if dq_spec.writes_delta else (registry.PREPROCESS, dkdv, dq_spec)
-    for spec in steps:  # every kernel's tiles and grid fit, or nothing runs
-        spec.prepare(spec.config(problem), args, dev)
-    for spec in steps:
-        spec.launch(spec.config(problem), args, stream, dev)
+    steps = ((dq_spec, args), (dkdv, args)) if dq_spec.writes_delta else \
+        ((registry.PREPROCESS, rows), (dkdv, args), (dq_spec, args))
+    for spec, p in steps:  # every kernel's tiles and grid fit, or nothing runs
+        spec.prepare(spec.config(problem), p, dev)
+    for spec, p in steps:
+        spec.launch(spec.config(problem), p, stream, dev)
     return dq.obj, dk.obj, dv.obj
 
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False, backend="auto"):
     """``flash_attn_fwd`` returning ``out`` (or ``(out, lse)`` with ``return_lse=True``)."""
     out, lse = flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, learnable_sink=None, return_lse=False,
+                           block_table=None, backend="auto"):
+    """``flash_attn_varlen_fwd`` returning ``out`` (or ``(out, lse)`` with ``return_lse=True``)."""
+    out, lse = flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+                                     window_size=window_size, softcap=softcap,
+                                     alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
+                                     block_table=block_table, backend=backend)
     return (out, lse) if return_lse else out
 
 
@@ -113,7 +203,7 @@ def naive_attention(q, k, v, causal=False, softmax_scale=None):
     problem = validate.attention(q, k, v, causal, softmax_scale)
     q, k = problem.q, problem.k
     b, sq, hq, d = q.shape
-    args = dict(q=q, k=k, v=problem.v, scale=problem.scale,
+    args = dict(q=q, k=k, v=problem.v, scale=problem.scale, status=status.word(q),
                 scores=arrays.empty(q, (b, hq, sq, k.shape[1]), "float32", "scores"),
                 out=arrays.empty(q, q.shape, q.fmt, "out"),
                 lse=arrays.empty(q, (b, hq, sq), "float32", "lse"))

@@ -28,14 +28,39 @@ def _expand_kv(x, hq):
     return np.repeat(x, hq // x.shape[2], axis=2)
 
 
-def _scores(q, k, causal, softmax_scale):
+def varlen_mask(cu_seqlens_q, cu_seqlens_k, total_q, total_k, causal, seqused_k=None):
+    """Boolean (total_q, total_k) mask of packed rows: query row i sees key row j iff both lie
+    in the same sequence b (rows cu_seqlens[b] .. cu_seqlens[b + 1]), j is among its first
+    ``seqused_k[b]`` keys, and (causal) j's position is at most i's + len_k - len_q. Rows of no
+    sequence see nothing. Written from the definition, per row, with no kernel's tiling."""
+    cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+    allowed = np.zeros((total_q, total_k), bool)
+    for b in range(len(cu_q) - 1):
+        len_q, len_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+        if seqused_k is not None:
+            len_k = min(int(seqused_k[b]), len_k)
+        for i in range(len_q):
+            for j in range(len_k):
+                if not causal or j <= i + len_k - len_q:
+                    allowed[cu_q[b] + i, cu_k[b] + j] = True
+    return allowed
+
+
+def _allowed(sq, sk, causal, mask):
+    """The (sq, sk) keys each query sees: ``mask`` when given, else all or (causal) those up to
+    the bottom-right diagonal; None when every key is seen."""
+    if mask is not None:
+        return mask
+    return causal_mask(sq, sk) if causal else None
+
+
+def _scores(q, k, causal, softmax_scale, mask=None):
     """Scaled scores (B, Hq, Sq, Sk) in float64, masked keys at -inf."""
     hq, d = q.shape[2], q.shape[3]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     s = _einsum("bqhd,bkhd->bhqk", to_float64(q), to_float64(_expand_kv(k, hq))) * scale
-    if causal:
-        s = np.where(causal_mask(q.shape[1], k.shape[1]), s, -np.inf)
-    return s
+    allowed = _allowed(q.shape[1], k.shape[1], causal, mask)
+    return s if allowed is None else np.where(allowed, s, -np.inf)
 
 
 def _softmax(s):
@@ -49,14 +74,15 @@ def _softmax(s):
     return probs, lse
 
 
-def attention_fwd_ref(q, k, v, causal=False, softmax_scale=None):
-    """Exact attention. Returns ``out (B, Sq, Hq, D)`` and ``lse (B, Hq, Sq)``, both float64."""
-    p, lse = _softmax(_scores(q, k, causal, softmax_scale))
+def attention_fwd_ref(q, k, v, causal=False, softmax_scale=None, mask=None):
+    """Exact attention. Returns ``out (B, Sq, Hq, D)`` and ``lse (B, Hq, Sq)``, both float64.
+    ``mask`` (Sq, Sk), when given, says which keys each query sees (in place of ``causal``)."""
+    p, lse = _softmax(_scores(q, k, causal, softmax_scale, mask))
     out = _einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
     return out, lse
 
 
-def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None):
+def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None, mask=None):
     """Gradients of ``sum(out * dout)`` for exact attention: ``dq, dk, dv`` (float64).
 
     dk and dv have k's shape: a kv head sums the gradients of every query head of its group.
@@ -64,7 +90,7 @@ def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None):
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    p, _ = _softmax(_scores(q, k, causal, softmax_scale))
+    p, _ = _softmax(_scores(q, k, causal, softmax_scale, mask))
     do = to_float64(dout)
     ke, ve = to_float64(_expand_kv(k, hq)), to_float64(_expand_kv(v, hq))
     dv = _einsum("bhqk,bqhd->bkhd", p, do)
@@ -77,18 +103,18 @@ def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None):
             dv.reshape(b, sk, hk, group, v.shape[-1]).sum(axis=3))
 
 
-def attention_lowp(q, k, v, causal=False, softmax_scale=None):
+def attention_lowp(q, k, v, causal=False, softmax_scale=None, mask=None):
     """Plain three-step attention with S, P and O each rounded to the inputs' dtype (float64 out).
 
     The tolerance rule of docs/design.md compares a kernel's error with this one's: a flash kernel must be
     no worse than twice what the textbook algorithm loses in the same precision.
     """
-    p = _probs_lowp(q, k, causal, softmax_scale)
+    p = _probs_lowp(q, k, causal, softmax_scale, mask)
     out = _einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
     return _round(out, q)
 
 
-def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None):
+def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None, mask=None):
     """Plain attention backward with P, dV, dP, dS, dQ, dK each rounded to the inputs' dtype:
     the low-precision counterpart of ``attention_bwd_ref`` for the tolerance rule (float64 out).
     Like every FlashAttention backward it takes D_i = rowsum(dO_i * O_i) from the forward's
@@ -96,9 +122,10 @@ def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None):
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    p = _probs_lowp(q, k, causal, softmax_scale)
+    p = _probs_lowp(q, k, causal, softmax_scale, mask)
     do = to_float64(dout)
-    D = (do * attention_lowp(q, k, v, causal, softmax_scale)).sum(axis=-1).transpose(0, 2, 1)
+    o = attention_lowp(q, k, v, causal, softmax_scale, mask)
+    D = (do * o).sum(axis=-1).transpose(0, 2, 1)
     dv = _round(_einsum("bhqk,bqhd->bkhd", p, do), q)
     dp = _round(_einsum("bqhd,bkhd->bhqk", do, to_float64(_expand_kv(v, hq))), q)
     ds = _round(p * (dp - D[..., None]), q)
@@ -114,11 +141,12 @@ def _round(x, like):
     return to_float64(x.astype(np.asarray(like).dtype))
 
 
-def _probs_lowp(q, k, causal, softmax_scale):
+def _probs_lowp(q, k, causal, softmax_scale, mask=None):
     """Softmax probabilities with S and P rounded to q's dtype (float64 out)."""
     s = _round(_scores(q, k, False, softmax_scale), q)
-    if causal:
-        s = np.where(causal_mask(q.shape[1], k.shape[1]), s, -np.inf)
+    allowed = _allowed(q.shape[1], k.shape[1], causal, mask)
+    if allowed is not None:
+        s = np.where(allowed, s, -np.inf)
     p, _ = _softmax(s)
     return _round(p, q)
 

@@ -86,6 +86,20 @@ def not_implemented(**options):
                                       f"decodes dense 16- and 32-bit caches")
 
 
+def attention_options(window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                      learnable_sink=None, block_table=None):
+    """``NotImplementedError`` naming the first option asked for (anything but flash-attn's
+    default) that no kernel implements yet: none is ever ignored."""
+    if window_size is not None and tuple(window_size) != (-1, -1):
+        raise NotImplementedError(f"window_size: not implemented (got {window_size!r})")
+    if softcap not in (None, 0):
+        raise NotImplementedError(f"softcap: not implemented (got {softcap!r})")
+    for name, value in (("alibi_slopes", alibi_slopes), ("learnable_sink", learnable_sink),
+                        ("block_table", block_table)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: not implemented (got a {type(value).__name__})")
+
+
 # ----------------------------------------------------------------------------- outputs
 
 def _extent(t):
@@ -149,6 +163,55 @@ def attention(q, k, v, causal, softmax_scale):
         raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
     _check_causal(causal)
     return Attention(q, k, v, _scale(softmax_scale, d), bool(causal))
+
+
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+           softmax_scale, seqused_k=None):
+    """The checks of the varlen calls: packed q (total_q, Hq, D), k and v (total_k, Hk, D),
+    offsets (B + 1,) and seqused_k (B,) int32, positive max_seqlen_q / max_seqlen_k. Returns the
+    ``Attention`` problem, its q, k, v seen as (B, total, H, D) with a batch stride of 0. The
+    offsets' values stay on the device (the kernels bound them, ``common/masks.py``)."""
+    q, k, v = _tensor(q, "q", 3), _tensor(k, "k", 3), _tensor(v, "v", 3)
+    _same_format(q, k, v)
+    total_q, hq, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"v: shape {v.shape} differs from k's {k.shape}")
+    if k.shape[2] != d:
+        raise ValueError(f"k: head dim {k.shape[2]} differs from q's {d}")
+    if hq % k.shape[1] != 0:
+        raise ValueError(f"k: query heads ({hq}) must be a multiple of kv heads ({k.shape[1]})")
+    if d % 8 != 0 or d > MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
+    cu_q = index_array(cu_seqlens_q, "cu_seqlens_q", (None,))
+    if cu_q.shape[0] < 2:
+        raise ValueError(f"cu_seqlens_q: expected shape (B + 1,) with B >= 1, got {cu_q.shape}")
+    b = cu_q.shape[0] - 1
+    cu_k = index_array(cu_seqlens_k, "cu_seqlens_k", (b + 1,))
+    if seqused_k is not None:
+        seqused_k = index_array(seqused_k, "seqused_k", (b,))
+    max_q = positive_int(max_seqlen_q, "max_seqlen_q")
+    max_k = positive_int(max_seqlen_k, "max_seqlen_k")
+    _check_causal(causal)
+    q, k, v = (arrays.batched(t, b) for t in (q, k, v))
+    return Attention(q, k, v, _scale(softmax_scale, d), bool(causal), cu_seqlens_q=cu_q,
+                     cu_seqlens_k=cu_k, seqused_k=seqused_k, max_seqlen=(max_q, max_k))
+
+
+def varlen_backward(q, dout, out, lse):
+    """The varlen backward's own inputs against the checked ``q`` (the problem's, (B, total_q,
+    Hq, D)): dout and out shaped like the packed q, lse (Hq, total_q) float32; returns them
+    adapted."""
+    dout, out = _tensor(dout, "dout", 3), _tensor(out, "out", 3)
+    for t in (dout, out):
+        if t.shape != q.shape[1:]:
+            raise ValueError(f"{t.name}: shape {t.shape} differs from q's {q.shape[1:]}")
+    _same_format(q, dout, out)
+    total_q, hq, _ = q.shape[1:]
+    lse = arrays.adapt(lse, "lse")
+    if lse.shape != (hq, total_q) or lse.fmt != "float32":
+        raise ValueError(f"lse: expected shape {(hq, total_q)} of float32, "
+                         f"got {lse.shape} of {lse.fmt}")
+    return dout, out, lse
 
 
 def backward(q, dout, out, lse):

@@ -4,10 +4,16 @@ how the grid and argument list of a launch follow from the problem.
 Every forward kernel (``simt/forward.py``, ``tc/forward_mma.py``, ``tc/forward_wgmma.py``) takes
 
     q, k, v, out (B, S, H, D) in 16-bit bits or float32, lse (B, Hq, Sq) float32,
-    Sq, Sk, Hq, group = Hq / Hk (int32), scale_log2 = softmax_scale * log2(e) (float32)
+    Sq, Sk, Hq, group = Hq / Hk (int32), scale_log2 = softmax_scale * log2(e) (float32),
+    cu_seqlens_q, cu_seqlens_k, seqused_k, status (int32, 1-D)
 
 on a grid of one CTA per BLOCK_M query rows of one (batch, query head): ``(ceil(Sq /
-BLOCK_M), B * Hq)``, the B * Hq rows folded into y and z past 65535 (``common/grid.py``). The
+BLOCK_M), B * Hq)``, the B * Hq rows folded into y and z past 65535 (``common/grid.py``).
+Varlen batches (``AttentionConfig.varlen``) are the same kernels over views: the packed q (total,
+H, D) reaches them as (B, total, H, D) with a batch stride of 0 (``validate.varlen``, lse (Hq, total)
+likewise), Sq and Sk are max_seqlen_q / max_seqlen_k, and each CTA finds its sequence's rows from
+the offsets (``common/masks.make_seqlen_info``); a dense call passes the status word in place of
+the three offset arrays, which its kernels never read. The
 backward is three kernels, each a ``KernelSpec`` base below that a family's module completes
 with its tiles and factory: the preprocess ``D_i = rowsum(dO_i * O_i)``, dK/dV (one CTA per
 BLOCK_N keys of one kv head) and dQ (one CTA per BLOCK_M queries).
@@ -41,20 +47,22 @@ class AttentionConfig(NamedTuple):
     head_dim: int
     causal: bool
     fmt: str  # storage format of q, k, v and the outputs
+    varlen: bool = False  # packed sequences behind cu_seqlens_q / cu_seqlens_k
 
 
 def config_of(problem, causal=None):
     """The ``AttentionConfig`` of an ``Attention`` problem (``causal`` overrides its mask)."""
     return AttentionConfig(problem.head_dim, problem.causal if causal is None else causal,
-                           problem.fmt)
+                           problem.fmt, problem.cu_seqlens_q is not None)
 
 
 def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
-    """An attention kernel's ``Sample`` of ``config`` (head dim, causal, format) with tile entry
-    ``entry``, labelled ``<kernel> d=<head dim>[ tiles=<entry>] causal=<causal> <format>``."""
-    d, causal, fmt = config
+    """An attention kernel's ``Sample`` of ``config`` with tile entry ``entry``, labelled
+    ``<kernel> d=<head dim>[ tiles=<entry>] causal=<causal> <format>[ varlen]``."""
+    config = AttentionConfig(*config)
     tiles = "" if entry is None else f" tiles={entry}"
-    return Sample(f"{kernel} d={d}{tiles} causal={causal} {fmt}", tuple(config), entry, ccs=ccs)
+    label = f"{kernel} d={config.head_dim}{tiles} causal={config.causal} {config.fmt}"
+    return Sample(label + (" varlen" if config.varlen else ""), tuple(config), entry, ccs=ccs)
 
 
 def tensor_type(fmt, ndim=4):
@@ -63,11 +71,33 @@ def tensor_type(fmt, ndim=4):
     return types.Array(storage_type(fmt), ndim, "A")
 
 
+I1 = types.Array(types.int32, 1, "A")
+# cu_seqlens_q, cu_seqlens_k, seqused_k, status: the last arguments of every attention kernel
+SEQUENCES = (I1, I1, I1, I1)
+
+
+def grid_lengths(p):
+    """Sq and Sk as the kernels take them and the grids follow: the arrays' (dense), or
+    max_seqlen_q / max_seqlen_k (varlen)."""
+    if "cu_seqlens_q" in p:
+        return p["max_seqlen_q"], p["max_seqlen_k"]
+    return p["q"].shape[1], p["k"].shape[1]
+
+
 def _sizes(p):
     """Sq, Sk, Hq, group of the problem ``p``, as the kernels take them."""
     q, k = p["q"], p["k"]
-    return (np.int32(q.shape[1]), np.int32(k.shape[1]), np.int32(q.shape[2]),
-            np.int32(q.shape[2] // k.shape[2]))
+    sq, sk = grid_lengths(p)
+    return np.int32(sq), np.int32(sk), np.int32(q.shape[2]), np.int32(q.shape[2] // k.shape[2])
+
+
+def _sequences(p):
+    """The arguments every forward and backward kernel takes last (``SEQUENCES``): a varlen
+    call's offsets, or the status word in their place (a dense kernel reads none of them)."""
+    status = p["status"]
+    if "cu_seqlens_q" in p:
+        return p["cu_seqlens_q"], p["cu_seqlens_k"], p["seqused_k"], status
+    return status, status, status, status
 
 
 class ForwardSpec(KernelSpec):
@@ -78,15 +108,15 @@ class ForwardSpec(KernelSpec):
 
     def signature(self, config):
         t = tensor_type(config.fmt)
-        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32)
+        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES)
 
     def grid(self, config, tiles, p):
-        b, sq, hq, _ = p["q"].shape
-        return (cdiv(sq, tiles.BLOCK_M), *fold(b * hq))
+        b, _, hq, _ = p["q"].shape
+        return (cdiv(grid_lengths(p)[0], tiles.BLOCK_M), *fold(b * hq))
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
-                np.float32(p["scale"] * LOG2E))
+                np.float32(p["scale"] * LOG2E), *_sequences(p))
 
 
 class PreprocessSpec(KernelSpec):
@@ -96,7 +126,9 @@ class PreprocessSpec(KernelSpec):
     Config = AttentionConfig
 
     def config(self, problem):
-        return config_of(problem, causal=False)  # one code for both masks
+        # One code for both masks, and for varlen batches: the rows are independent, so the
+        # host hands it the packed rows as one batch entry.
+        return config_of(problem, causal=False)._replace(varlen=False)
 
     def signature(self, config):
         t = tensor_type(config.fmt)
@@ -116,29 +148,30 @@ def _scales(p):
 
 
 class DkdvSpec(KernelSpec):
-    """dK_j, dV_j: (q, k, v, dout, lse, delta, dk, dv, Sq, Sk, Hk, group, scale, scale_log2);
-    grid (ceil(Sk / BLOCK_N), B * Hk)."""
+    """dK_j, dV_j: (q, k, v, dout, lse, delta, dk, dv, Sq, Sk, Hk, group, scale, scale_log2,
+    the sequences); grid (ceil(Sk / BLOCK_N), B * Hk)."""
 
     Config = AttentionConfig
     config = staticmethod(config_of)
 
     def signature(self, config):
         t = tensor_type(config.fmt)
-        return types.void(t, t, t, t, F32_3D, F32_3D, t, t, I32, I32, I32, I32, F32, F32)
+        return types.void(t, t, t, t, F32_3D, F32_3D, t, t, I32, I32, I32, I32, F32, F32,
+                          *SEQUENCES)
 
     def grid(self, config, tiles, p):
-        b, sk, hk, _ = p["k"].shape
-        return (cdiv(sk, tiles.BLOCK_N), *fold(b * hk))
+        b, _, hk, _ = p["k"].shape
+        return (cdiv(grid_lengths(p)[1], tiles.BLOCK_N), *fold(b * hk))
 
     def arguments(self, config, p):
         sq, sk, _, group = _sizes(p)
         return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dk"], p["dv"],
-                sq, sk, np.int32(p["k"].shape[2]), group, *_scales(p))
+                sq, sk, np.int32(p["k"].shape[2]), group, *_scales(p), *_sequences(p))
 
 
 class DqSpec(KernelSpec):
-    """dQ_i: (q, k, v, dout, lse, delta, dq, Sq, Sk, Hq, group, scale, scale_log2); grid
-    (ceil(Sq / BLOCK_M), B * Hq); after the preprocess and dK/dV."""
+    """dQ_i: (q, k, v, dout, lse, delta, dq, Sq, Sk, Hq, group, scale, scale_log2, the
+    sequences); grid (ceil(Sq / BLOCK_M), B * Hq); after the preprocess and dK/dV."""
 
     Config = AttentionConfig
     config = staticmethod(config_of)
@@ -146,15 +179,15 @@ class DqSpec(KernelSpec):
 
     def signature(self, config):
         t = tensor_type(config.fmt)
-        return types.void(t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32)
+        return types.void(t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32, *SEQUENCES)
 
     def grid(self, config, tiles, p):
-        b, sq, hq, _ = p["q"].shape
-        return (cdiv(sq, tiles.BLOCK_M), *fold(b * hq))
+        b, _, hq, _ = p["q"].shape
+        return (cdiv(grid_lengths(p)[0], tiles.BLOCK_M), *fold(b * hq))
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dq"], *_sizes(p),
-                *_scales(p))
+                *_scales(p), *_sequences(p))
 
 
 class DqDeltaSpec(DqSpec):
@@ -166,11 +199,12 @@ class DqDeltaSpec(DqSpec):
 
     def signature(self, config):
         t = tensor_type(config.fmt)
-        return types.void(t, t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32)
+        return types.void(t, t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32,
+                          *SEQUENCES)
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["dout"], p["out"], p["lse"], p["delta"], p["dq"],
-                *_sizes(p), *_scales(p))
+                *_sizes(p), *_scales(p), *_sequences(p))
 
 
 class DecodeConfig(NamedTuple):

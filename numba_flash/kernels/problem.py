@@ -1,8 +1,9 @@
 """The problem a call poses, as its validation found it: one description that the registry
 chooses a kernel by and that each kernel's spec derives its compile-time options from.
 
-``Attention`` is a forward or backward call (dense today; the varlen offsets, the paged K/V, the
-masks, the score modifiers and the FP8 descales are its optional fields), ``Decode`` a paged MLA
+``Attention`` is a forward or backward call (a dense batch, or packed sequences behind varlen
+offsets; the paged K/V, the masks, the score modifiers and the FP8 descales are its optional
+fields), ``Decode`` a paged MLA
 decode. Both hold the adapted arrays (``arrays.Tensor``) and the checked numbers; the sizes
 every consumer reads are properties of the arrays, so nothing is stored twice.
 
@@ -20,7 +21,10 @@ from ..runtime.arrays import Tensor, rows_16_byte_aligned
 
 class Attention(NamedTuple):
     """One attention call: q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), the softmax scale and
-    causality (bottom-right), and the options below."""
+    causality (bottom-right), and the options below. Varlen: q, k, v are the packed rows seen as
+    (B, total, H, D) with a batch stride of 0 (``arrays.batched``), each sequence's rows found
+    from ``cu_seqlens_q`` / ``cu_seqlens_k`` (and ``seqused_k``) by the kernels; ``max_seqlen``
+    holds the bounds the grids are sized by."""
 
     q: Tensor
     k: Tensor
@@ -35,9 +39,11 @@ class Attention(NamedTuple):
     cu_seqlens_k: Optional[Tensor] = None
     block_table: Optional[Tensor] = None  # (B, pages) int32: K and V in pages
     descale: Optional[tuple] = None       # FP8: (q, k, v) float32 descales per (B, Hk)
+    seqused_k: Optional[Tensor] = None    # (B,) int32: the keys each sequence uses
+    max_seqlen: Optional[tuple] = None    # varlen: (max_seqlen_q, max_seqlen_k)
 
     OPTIONS = ("window", "softcap", "alibi_slopes", "sink", "cu_seqlens_q", "cu_seqlens_k",
-               "block_table", "descale")
+               "block_table", "descale", "seqused_k")
 
     def options(self):
         """The options this problem carries (the names of its fields that are not None)."""

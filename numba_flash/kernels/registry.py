@@ -115,15 +115,20 @@ def _simt_decode_config(problem):
     return simt_mla_decode.SPEC.Config(*_decode_key(problem), problem.cache_aligned)
 
 
+# Packed sequences (kernels/attention.py): every forward and backward kernel runs them.
+VARLEN = frozenset(("cu_seqlens_q", "cu_seqlens_k", "seqused_k"))
+
 ENTRIES = (
-    Entry("tc.forward_wgmma", "forward", "tc", (tc_forward_wgmma.SPEC,), _on("wgmma")),
-    Entry("tc.forward_mma", "forward", "tc", (tc_forward_mma.SPEC,), _anywhere),
-    Entry("simt.forward", "forward", "simt", (simt_forward.SPEC,), _anywhere),
+    Entry("tc.forward_wgmma", "forward", "tc", (tc_forward_wgmma.SPEC,), _on("wgmma"),
+          honours=VARLEN),
+    Entry("tc.forward_mma", "forward", "tc", (tc_forward_mma.SPEC,), _anywhere, honours=VARLEN),
+    Entry("simt.forward", "forward", "simt", (simt_forward.SPEC,), _anywhere, honours=VARLEN),
     Entry("tc.backward_wgmma", "backward", "tc",
-          (tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ), _wgmma_backward),
+          (tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ), _wgmma_backward, honours=VARLEN),
     Entry("tc.backward_mma", "backward", "tc", (tc_backward_mma.DKDV, tc_backward_mma.DQ),
-          _anywhere),
-    Entry("simt.backward", "backward", "simt", (simt_backward.DKDV, simt_backward.DQ), _anywhere),
+          _anywhere, honours=VARLEN),
+    Entry("simt.backward", "backward", "simt", (simt_backward.DKDV, simt_backward.DQ), _anywhere,
+          honours=VARLEN),
     Entry("tc.mla_decode_seesaw", "decode", "tc", (tc_mla_decode_seesaw.SPEC,), _seesaw,
           _tc_decode_config),
     Entry("tc.mla_decode_wgmma", "decode", "tc", (tc_mla_decode_wgmma.SPEC,),

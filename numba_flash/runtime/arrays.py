@@ -288,6 +288,27 @@ def rows_16_byte_aligned(*tensors):
     return True
 
 
+def batched(t, batch):
+    """``t`` seen as ``batch`` copies of itself: shape (batch, *t.shape), the new leading stride
+    0, the same memory (varlen kernels index packed rows through such a view, kernels/
+    attention.py). Nothing is copied; under the simulator the view is NumPy's."""
+    shape, strides = (batch, *t.shape), (0, *t.strides)
+    storage = None
+    if t.storage is not None and SIMULATOR:
+        base = _sim_device_view(t.storage)
+        storage = _sim_wrap(np.lib.stride_tricks.as_strided(base, shape, (0, *base.strides)))
+    return replace(t, shape=shape, strides=strides, storage=storage)
+
+
+def prefix(t, n):
+    """The first ``n`` elements of the 1-D ``t`` (a view; ``n = 0``: an empty array a kernel may
+    take for an absent optional one)."""
+    storage = None
+    if t.storage is not None and SIMULATOR:
+        storage = _sim_wrap(_sim_device_view(t.storage)[:n])
+    return replace(t, shape=(n,), storage=storage)
+
+
 # ----------------------------------------------------------------------------- output allocation
 
 def empty(like, shape, fmt, name):

@@ -16,6 +16,7 @@ BAD_TABLE_ENTRY = 1 << 1    # a block-table entry inside a sequence is not a pag
 PAST_TABLE = 1 << 2         # a length reaches past the block table's columns
 BAD_SPLITS = 1 << 3         # num_splits names accumulator slots that do not exist
 NEGATIVE_LENGTH = 1 << 4    # a length is negative
+BAD_SEQLENS = 1 << 5        # varlen offsets or lengths outside the arrays or past their bounds
 
 MESSAGES = {
     BAD_METADATA: "tile_scheduler_metadata: a row names requests outside the batch "
@@ -27,6 +28,9 @@ MESSAGES = {
     BAD_SPLITS: "num_splits: split counts name accumulator slots that do not exist "
                 "(those partial results were dropped)",
     NEGATIVE_LENGTH: "cache_seqlens: a length is negative (read as 0)",
+    BAD_SEQLENS: "cu_seqlens_q, cu_seqlens_k or seqused_k: an offset decreases or runs past its "
+                 "array, or a length exceeds max_seqlen_q / max_seqlen_k or its sequence (the "
+                 "sequence was cut to what lies inside; rows past it were not computed)",
 }
 
 _words = {}  # device ordinal -> (the word: an int32 device array of 1, its Tensor)

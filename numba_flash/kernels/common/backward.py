@@ -23,7 +23,7 @@ from numba import cuda, float32
 
 from ..instructions import convert, sync, wgmma
 from . import constants
-from .masks import make_needs_mask
+from .masks import make_mask, make_needs_mask
 
 
 def make_dq_rows(WITH_DELTA=True):
@@ -84,6 +84,7 @@ def make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL):
     key n0 + t2 + 8 nt + (e & 1). S is left as it was."""
     exp2 = convert.exp2_approx
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
+    masked_out = make_mask(CAUSAL)
     ZERO = float32(0.0)
 
     @cuda.jit(device=True, inline="always")
@@ -94,8 +95,7 @@ def make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL):
                 half = e >> 1
                 key = n0 + t2 + 8 * nt + (e & 1)
                 p = exp2(S[nt, e] * scale_log2 - lse_r[half])
-                if masked and (key >= seqlen_k
-                               or (CAUSAL and key > row_g + 8 * half + diag)):
+                if masked and masked_out(row_g + 8 * half, key, diag, seqlen_k):
                     p = ZERO
                 dP[nt, e] = p * (dP[nt, e] - D_r[half])
 
@@ -131,6 +131,7 @@ def make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL):
     >> 1), query m0 + t2 + 8 mt + (e & 1). Only the causal diagonal is masked: queries past the
     end have P = 0 from their +inf lse, and keys past the end are never stored."""
     exp2 = convert.exp2_approx
+    masked_out = make_mask(CAUSAL, KEYS_IN_RANGE=True)
     ZERO = float32(0.0)
 
     @cuda.jit(device=True, inline="always")
@@ -140,7 +141,7 @@ def make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL):
             for e in range(4):
                 col = t2 + 8 * mt + (e & 1)
                 p = exp2(S[mt, e] * scale_log2 - words[rows + col])
-                if masked and m0 + col + diag < key_g + 8 * (e >> 1):
+                if masked and masked_out(m0 + col, key_g + 8 * (e >> 1), diag, 0):
                     p = ZERO
                 S[mt, e] = p
                 dP[mt, e] = p * (dP[mt, e] - words[rows + BLOCK_M + col])

@@ -1,40 +1,95 @@
 """Sequence bounds, causal limits and masks: which keys a query row or tile sees, and which
 tiles need a mask at all.
 
-A kernel takes the numbers of queries and keys of its batch entry, and the causal offset
-``diag = Sk - Sq``, from ``seqlen_info``. The mask is aligned bottom-right (FlashAttention's
-convention): query row r sees keys j < Sk with j <= r + diag (``make_mask``), so the last query
-row sees every key and, for Sq > Sk, the first Sq - Sk rows see none (their lse is +inf). A query
-tile m0 .. m0 + BLOCK_M - 1 therefore needs no key past ``m0 + BLOCK_M + diag`` (``make_kv_end``:
-the kernels stop their key loop there); keys from n0 on are seen by no query tile before the one
-holding row ``n0 - diag`` (``make_q_begin``: the backward's dK/dV kernels start their query loop
-there); and a key tile n0 .. n0 + BLOCK_N - 1 needs masking only where it crosses the ragged end
-of the keys or the diagonal of the tile's first row (``make_needs_mask``); every other tile is
-computed unmasked.
+A kernel takes where its batch entry's queries and keys start, how many there are (a dense batch
+or packed varlen sequences), and the causal offset ``diag = Sk - Sq`` from ``make_seqlen_info``;
+everything below is per sequence. The mask is aligned bottom-right (FlashAttention's
+convention): query row r sees keys j < Sk with j <= r + diag (``make_mask``, or as one limit per
+row ``make_row_end``), so the last query row sees every key and, for Sq > Sk, the first Sq - Sk
+rows see none (their lse is +inf). A query tile m0 .. m0 + BLOCK_M - 1 therefore needs no key
+past ``m0 + BLOCK_M + diag`` (``make_kv_end``: the kernels stop their key loop there); keys from
+n0 on are seen by no query tile before the one holding row ``n0 - diag`` (``make_q_begin``: the
+backward's dK/dV kernels start their query loop there); and a key tile n0 .. n0 + BLOCK_N - 1
+needs masking only where it crosses the ragged end of the keys or the diagonal of the tile's
+first row (``make_needs_mask``); every other tile is computed unmasked.
 """
 
 from numba import cuda
 
-
-@cuda.jit(device=True, inline="always")
-def seqlen_info(b, seqlen_q, seqlen_k):
-    """``(seqlen_q, seqlen_k, diag)`` of batch entry ``b``: its numbers of queries and keys and
-    the causal offset ``diag = seqlen_k - seqlen_q`` (query r sees keys j <= r + diag). Dense
-    batches: every entry has the lengths the kernel is given. Every forward and backward kernel
-    takes its bounds from here: per-sequence lengths belong in this function."""
-    return seqlen_q, seqlen_k, seqlen_k - seqlen_q
+from .status import BAD_SEQLENS, report
 
 
-def make_mask(CAUSAL):
+def make_seqlen_info(VARLEN):
+    """Device function ``seqlen_info(b, seqlen_q, seqlen_k, total_q, total_k, cu_seqlens_q,
+    cu_seqlens_k, seqused_k, status) -> (q0, k0, seqlen_q, seqlen_k, diag)``: where batch entry
+    ``b``'s queries and keys start in their arrays, how many there are, and the causal offset
+    ``diag = seqlen_k - seqlen_q`` (query r sees keys j <= r + diag). Every forward and backward
+    kernel takes its bounds from here.
+
+    Dense batches: every entry starts at row 0 of its own batch slice and has the lengths the
+    kernel is given. Varlen (``VARLEN``, packed sequences): sequence b owns rows
+    ``cu_seqlens[b] .. cu_seqlens[b + 1]`` of arrays ``total_q`` / ``total_k`` rows long, and
+    uses its first ``seqused_k[b]`` keys when ``seqused_k`` is not empty; ``seqlen_q`` and
+    ``seqlen_k`` are max_seqlen_q / max_seqlen_k, the bounds the grid was sized by. Offsets are
+    values only the device sees: each is clamped into its array and its bound, so no row outside
+    the arrays is ever touched, and a clamp reports BAD_SEQLENS."""
+
+    @cuda.jit(device=True, inline="always")
+    def dense(b, seqlen_q, seqlen_k, total_q, total_k, cu_seqlens_q, cu_seqlens_k, seqused_k,
+              status):
+        return 0, 0, seqlen_q, seqlen_k, seqlen_k - seqlen_q
+
+    @cuda.jit(device=True, inline="always")
+    def varlen(b, seqlen_q, seqlen_k, total_q, total_k, cu_seqlens_q, cu_seqlens_k, seqused_k,
+               status):
+        q0 = min(max(cu_seqlens_q[b], 0), total_q)
+        q1 = min(max(cu_seqlens_q[b + 1], q0), total_q)
+        k0 = min(max(cu_seqlens_k[b], 0), total_k)
+        k1 = min(max(cu_seqlens_k[b + 1], k0), total_k)
+        len_q = min(q1 - q0, seqlen_q)
+        len_k = min(k1 - k0, seqlen_k)
+        bad = (q0 != cu_seqlens_q[b] or q1 != cu_seqlens_q[b + 1] or len_q != q1 - q0
+               or k0 != cu_seqlens_k[b] or k1 != cu_seqlens_k[b + 1] or len_k != k1 - k0)
+        if seqused_k.shape[0] > 0:
+            used = seqused_k[b]
+            bad = bad or used < 0 or used > len_k
+            len_k = min(max(used, 0), len_k)
+        if bad:
+            report(status, BAD_SEQLENS)
+        return q0, k0, len_q, len_k, len_k - len_q
+
+    return varlen if VARLEN else dense
+
+
+def make_mask(CAUSAL, KEYS_IN_RANGE=False):
     """Device function ``masked_out(row, key, diag, seqlen_k)``: whether query ``row`` does not
     see ``key``: a key past the sequence (``key >= seqlen_k``) or, causal, past the row's
-    diagonal (``key > row + diag``)."""
+    diagonal (``key > row + diag``). ``KEYS_IN_RANGE``: the caller never tests a key past the
+    sequence (it loops over the real keys only, or never stores the others), so only the
+    diagonal is tested. The element test of every kernel that masks elements one by one;
+    ``make_row_end`` is the same rule as one limit per row."""
 
     @cuda.jit(device=True, inline="always")
     def masked_out(row, key, diag, seqlen_k):
-        return key >= seqlen_k or (CAUSAL and key > row + diag)
+        past_end = not KEYS_IN_RANGE and key >= seqlen_k
+        return past_end or (CAUSAL and key > row + diag)
 
     return masked_out
+
+
+def make_row_end(CAUSAL):
+    """Device function ``row_end(row, diag, seqlen_k)``: the end of the keys query ``row``
+    sees, ``make_mask``'s rule as a limit: keys ``j < row_end`` are visible. A kernel whose
+    thread holds a run of one row's keys compares each with this limit once computed."""
+
+    @cuda.jit(device=True, inline="always")
+    def row_end(row, diag, seqlen_k):
+        end = seqlen_k
+        if CAUSAL:
+            end = min(end, row + diag + 1)
+        return end
+
+    return row_end
 
 
 def make_kv_end(BLOCK_M, CAUSAL):

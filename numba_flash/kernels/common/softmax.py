@@ -25,7 +25,7 @@ from numba import cuda, float32
 
 from ..instructions import convert, sync
 from . import constants
-from .masks import make_needs_mask
+from .masks import make_needs_mask, make_row_end
 
 RESCALE_LOG2 = 8.0  # growth of a row maximum (base 2) that moves m_i: P stays below 2^8
 
@@ -108,6 +108,7 @@ def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL):
     ``t2, t2 + 1`` of each 8-column tile)."""
     NEG_INF = constants.NEG_INF
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
+    row_end = make_row_end(CAUSAL)
     row_max = make_row_max(MT, NT)
     update = make_online_update(MT, NT, DT)
 
@@ -116,15 +117,11 @@ def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL):
                      shfl_scratch, tid):
         if needs_mask(n0, m0, diag, seqlen_k):  # the tile crosses the ragged end or the diagonal
             # Element (mt, nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 16 mt +
-            # 8 (e >> 1). Row r sees columns < min(Sk, r + diag + 1): relative to the
-            # thread's first column that is a limit per row, and each test is a compare of
-            # that limit with a constant.
+            # 8 (e >> 1). Relative to the thread's first column, a row's end of visible keys
+            # is one limit, and each test is a compare of that limit with a constant.
             for mt in range(MT):
                 for half in range(2):
-                    limit = seqlen_k
-                    if CAUSAL:
-                        limit = min(limit, row_g + 16 * mt + 8 * half + diag + 1)
-                    limit -= n0 + t2
+                    limit = row_end(row_g + 16 * mt + 8 * half, diag, seqlen_k) - (n0 + t2)
                     for nt in range(NT):
                         for e in range(2 * half, 2 * half + 2):
                             if 8 * nt + (e & 1) >= limit:

@@ -1,7 +1,8 @@
 """The device status word: how a kernel says that a value only the device could see was bad.
 
-The host checks what it can see before any launch. The MLA decode also reads values that stay in
-device memory (the metadata, block-table entries, lengths, split counts): the kernels bound every
+The host checks what it can see before any launch. The MLA decode and the varlen attention
+kernels also read values that stay in device memory (the metadata, block-table entries, lengths,
+split counts, sequence offsets): the kernels bound every
 index such a value makes, skip the work it makes invalid, and set a bit of a one-word int32
 array with an atomic OR, so nothing synchronizes on the hot path. ``numba_flash.check_errors()``
 reads and clears the word and names the bits set; the bits and their messages are defined with
@@ -10,8 +11,8 @@ the word itself (``runtime/status.py``).
 
 from numba import cuda
 
-from ...runtime.status import (BAD_METADATA, BAD_SPLITS, BAD_TABLE_ENTRY,  # noqa: F401
-                               NEGATIVE_LENGTH, PAST_TABLE)
+from ...runtime.status import (BAD_METADATA, BAD_SEQLENS, BAD_SPLITS,  # noqa: F401
+                               BAD_TABLE_ENTRY, NEGATIVE_LENGTH, PAST_TABLE)
 
 
 @cuda.jit(device=True, inline="always")

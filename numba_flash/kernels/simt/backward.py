@@ -73,7 +73,7 @@ from ..attention import DkdvSpec, DqSpec, PreprocessSpec, sample
 from ..common import constants, formats
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_q_begin, seqlen_info
+from ..common.masks import make_kv_end, make_mask, make_q_begin, make_seqlen_info
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
 
@@ -176,7 +176,7 @@ def make_preprocess_kernel(HEAD_DIM, FMT):
 # ----------------------------------------------------------------------------- kernel 1: dK, dV
 
 @lru_cache(maxsize=None)
-def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     """Kernel computing dK_j, dV_j for one tile of BLOCK_N keys of one (batch, kv head)."""
     assert BLOCK_N % ROW_GROUPS == 0 and BLOCK_M % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TN = BLOCK_N // ROW_GROUPS       # kv rows per thread
@@ -189,13 +189,16 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     load_kv = make_tile_loader(BLOCK_N, HEAD_DIM, STRIDE, 1, FMT)
     load_q = make_tile_loader(BLOCK_M, HEAD_DIM, STRIDE, 1, FMT)
     score_products = _make_score_products(TN, TM, HEAD_DIM, STRIDE)
+    seqlen_info = make_seqlen_info(VARLEN)
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
+    masked_out = make_mask(CAUSAL)
     store = formats.storer(FMT)
     LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dkdv_simt(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
-                            group, scale, scale_log2):
+                            group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                            status):
         smem = cuda.shared.array(0, float32)
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
@@ -206,6 +209,14 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         n0 = cuda.blockIdx.x * BLOCK_N
         b = bh // n_heads_k
         hk = bh - b * n_heads_k
+        q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
+            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            status)
+        if VARLEN:  # the sequence's rows: each array from its first row on
+            if n0 >= seqlen_k:
+                return  # a key tile past the sequence's end
+            q, dout, lse, delta = q[:, q0:], dout[:, q0:], lse[:, :, q0:], delta[:, :, q0:]
+            k, v, dk, dv = k[:, k0:], v[:, k0:], dk[:, k0:], dv[:, k0:]
 
         # K_j, V_j stay in shared memory for the whole CTA; dK_j, dV_j in registers.
         load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, ONE, tid)
@@ -220,7 +231,6 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 dV_j[i, jd] = ZERO
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
-        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         m_begin = q_begin(n0, diag)
         ragged = n0 + BLOCK_N > seqlen_k
         for h in range(hk * group, hk * group + group):
@@ -253,10 +263,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                     D_c = smem[DELTA_OFF + c]
                     for i in range(TN):
                         key = n0 + row0 + i
-                        visible = not masked or (
-                            key < seqlen_k and (not CAUSAL or key <= m0 + c + diag))
                         p = ZERO
-                        if visible:
+                        if not (masked and masked_out(m0 + c, key, diag, seqlen_k)):
                             p = math.exp2(S[i, j] * scale_log2 - lse_c)
                         smem[P_OFF + (row0 + i) * P_STRIDE + c] = p
                         smem[DS_OFF + (row0 + i) * P_STRIDE + c] = p * (dP[i, j] - D_c)
@@ -286,7 +294,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 # ----------------------------------------------------------------------------- kernel 2: dQ
 
 @lru_cache(maxsize=None)
-def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     """Kernel computing dQ_i for one tile of BLOCK_M queries of one (batch, query head)."""
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS       # query rows per thread
@@ -298,13 +306,15 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     load_q = make_tile_loader(BLOCK_M, HEAD_DIM, STRIDE, 1, FMT)
     load_kv = make_tile_loader(BLOCK_N, HEAD_DIM, STRIDE, 1, FMT)
     score_products = _make_score_products(TM, TN, HEAD_DIM, STRIDE)
+    seqlen_info = make_seqlen_info(VARLEN)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
+    masked_out = make_mask(CAUSAL)
     store = formats.storer(FMT)
     LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dq_simt(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
-                          scale, scale_log2):
+                          scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k, status):
         smem = cuda.shared.array(0, float32)
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
@@ -316,6 +326,15 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         b = bh // n_heads_q
         h = bh - b * n_heads_q
         hk = h // group
+        q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
+            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            status)
+        if VARLEN:  # the sequence's rows: each array from its first row on
+            if m0 >= seqlen_q:
+                return  # a query tile past the sequence's end
+            q, dout, lse, delta, dq = (q[:, q0:], dout[:, q0:], lse[:, :, q0:], delta[:, :, q0:],
+                                       dq[:, q0:])
+            k, v = k[:, k0:], v[:, k0:]
 
         # Q_i, dO_i stay in shared memory; lse_i, D_i and dQ_i in registers.
         load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, ONE, tid)
@@ -336,7 +355,6 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 dQ_i[i, jd] = ZERO
 
         # Keys these queries may see: all, or (causal) up to the diagonal (as in the forward).
-        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # the previous tile's K, V, dS are no longer read
             load_kv(smem, K_OFF, k, b, n0, hk, seqlen_k, ONE, tid)
@@ -353,10 +371,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
             for i in range(TM):
                 for j in range(TN):
                     key = n0 + lane + LANES_PER_ROW * j
-                    visible = not masked or (
-                        key < seqlen_k and (not CAUSAL or key <= m0 + row0 + i + diag))
                     p = ZERO
-                    if visible:
+                    if not (masked and masked_out(m0 + row0 + i, key, diag, seqlen_k)):
                         p = math.exp2(S[i, j] * scale_log2 - lse_i[i])
                     smem[DS_OFF + (row0 + i) * DS_STRIDE + lane + LANES_PER_ROW * j] = \
                         p * (dP[i, j] - D_i[i])
@@ -390,8 +406,9 @@ TILES = ((64, (32, 64), (64, 32)), (128, (32, 32), (64, 32)), (256, (32, 16), (1
 
 def _samples(kernel, more=()):
     """A tiled kernel's samples: the largest head dim of each tile class, causal or not, in
-    bfloat16, then the configs ``more``."""
+    bfloat16, one varlen, then the configs ``more``."""
     configs = [(d, causal, "bfloat16") for d, _, _ in TILES for causal in (False, True)]
+    configs.append((64, True, "bfloat16", True))
     return [sample(f"simt bwd {kernel}", config) for config in configs + list(more)]
 
 
@@ -426,7 +443,7 @@ class Dkdv(DkdvSpec):
 
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                config.fmt)
+                                config.fmt, config.varlen)
 
     def samples(self):
         return _samples("dkdv", [(d, False, "float32") for d, _, _ in TILES])
@@ -444,7 +461,7 @@ class Dq(DqSpec):
 
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                              config.fmt)
+                              config.fmt, config.varlen)
 
     def samples(self):
         return _samples("dq")

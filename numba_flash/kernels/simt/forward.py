@@ -41,6 +41,11 @@ Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq)
     cross the diagonal or the ragged end of the sequence. Rows with no visible key get
     ``out = 0`` and ``lse = +inf``.
 
+Varlen (packed sequences, kernels/attention.py)
+    The grid is sized by max_seqlen_q; each CTA takes its sequence's offsets and lengths from
+    ``make_seqlen_info``, returns at once when its query tile lies past the sequence's end, and
+    otherwise runs the dense code on views of the arrays from the sequence's first row on.
+
 Limits
     HEAD_DIM a multiple of 8 up to 256; any Sq, Sk; strides other than the last honoured.
     Accumulation in float32; inputs float16 / bfloat16 (as uint16 bits) or float32.
@@ -58,7 +63,7 @@ from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_mask, make_needs_mask, seqlen_info
+from ..common.masks import make_kv_end, make_mask, make_needs_mask, make_seqlen_info
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
 
@@ -78,7 +83,7 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 
 @lru_cache(maxsize=None)
-def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS
@@ -89,6 +94,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     Q_STRIDE, K_STRIDE, P_STRIDE = strides(BLOCK_M, BLOCK_N)
     SCRATCH = sync.scratch_size(THREADS)
     load_qt = make_tile_loader(BLOCK_M, HEAD_DIM, 1, Q_STRIDE, FMT)  # Q^T: row stride 1
+    seqlen_info = make_seqlen_info(VARLEN)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
     masked_out = make_mask(CAUSAL)
@@ -97,7 +103,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
-    def flash_fwd_simt(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
+    def flash_fwd_simt(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
+                       cu_seqlens_q, cu_seqlens_k, seqused_k, status):
         smem = cuda.shared.array(0, float32)
         scratch = cuda.shared.array(SCRATCH, float32)
         tid = cuda.threadIdx.x
@@ -110,6 +117,14 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         b = bh // n_heads_q
         h = bh - b * n_heads_q
         hk = h // group
+        q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
+            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            status)
+        if VARLEN:  # the sequence's rows: each array from its first row on
+            if m0 >= seqlen_q:
+                return  # a query tile past the sequence's end
+            q, out, lse = q[:, q0:], out[:, q0:], lse[:, :, q0:]
+            k, v = k[:, k0:], v[:, k0:]
 
         # Q_i -> shared (transposed), pre-scaled so that S is in base-2 units.
         load_qt(smem, Q_OFF, q, b, m0, h, seqlen_q, scale_log2, tid)
@@ -126,7 +141,6 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
                 O_i[i, jd] = ZERO
 
         # Keys this tile of queries may see: all of them, or (causal) up to the diagonal.
-        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
         for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # the previous tile's K, V, P are no longer read
             # K_j (transposed) and V_j -> shared; rows past the end are zeros. One pass for both
@@ -226,15 +240,16 @@ class Spec(ForwardSpec):
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                   config.fmt)
+                                   config.fmt, config.varlen)
 
     def samples(self):
         """The smallest head dim, the largest of each tile class (causal or not, each format)
-        and one between classes."""
+        one between classes, and two varlen ones."""
         configs = [(8, True, "bfloat16")]
         configs += [(d, causal, fmt) for d, _ in TILES for causal in (False, True)
                     for fmt in FLOAT_FORMATS]
         configs.append((72, False, "bfloat16"))
+        configs += [(64, True, "bfloat16", True), (128, False, "float32", True)]  # varlen
         return [sample("simt fwd", config) for config in configs]
 
 

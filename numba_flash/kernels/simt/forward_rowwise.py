@@ -50,7 +50,8 @@ Limits
     HEAD_DIM a multiple of 8 up to 128 (O_i, HEAD_DIM float32, lives in one thread's
     registers); any Sq, Sk; strides other than the last
     honoured; float32 accumulation for float16 / bfloat16 (uint16 bits) / float32 storage. Rows
-    with no visible key get ``out = 0`` and ``lse = +inf``.
+    with no visible key get ``out = 0`` and ``lse = +inf``. Dense batches only (it takes the
+    varlen arguments of every forward kernel, kernels/attention.py, and reads none of them).
 """
 
 import math
@@ -58,14 +59,14 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from ...runtime import arrays, device
+from ...runtime import arrays, device, status
 from ...runtime.spec import Tiles
 from ..attention import ForwardSpec, sample
 from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, seqlen_info
+from ..common.masks import make_kv_end, make_mask, make_seqlen_info
 from .tiles import THREADS, make_tile_loader
 
 BLOCK_M = THREADS  # one thread per query row (make_tile_loader strides by THREADS)
@@ -92,12 +93,15 @@ def make_forward_kernel(HEAD_DIM, BLOCK_N, CAUSAL, FMT):
     Q_OFF, K_OFF, V_OFF, S_OFF = lay.q, lay.k, lay.v, lay.s
     Q_STRIDE, S_STRIDE = strides(BLOCK_N, HEAD_DIM)
     load_q = make_tile_loader(BLOCK_M, HEAD_DIM, Q_STRIDE, 1, FMT)
+    seqlen_info = make_seqlen_info(False)  # dense batches only
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
+    masked_out = make_mask(CAUSAL, KEYS_IN_RANGE=True)  # the key loop stops at the last key
     load, store = formats.loader(FMT), formats.storer(FMT)
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
-    def flash_fwd_rowwise(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
+    def flash_fwd_rowwise(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
+                          cu_seqlens_q, cu_seqlens_k, seqused_k, status):
         smem = cuda.shared.array(0, float32)
         tid = cuda.threadIdx.x
         bh = folded_row()
@@ -120,7 +124,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_N, CAUSAL, FMT):
         for d in range(HEAD_DIM):
             O_i[d] = ZERO
 
-        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
+        _, _, seqlen_q, seqlen_k, diag = seqlen_info(
+            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            status)
         for n0 in range(0, kv_end(m0, diag, seqlen_k), BLOCK_N):
             cuda.syncthreads()  # everyone is done with the previous K_j, V_j
             for idx in range(tid, BLOCK_N * HEAD_DIM, BLOCK_M):
@@ -144,7 +150,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_N, CAUSAL, FMT):
                 acc = ZERO
                 for d in range(HEAD_DIM):
                     acc += smem[q_row + d] * smem[K_OFF + c * HEAD_DIM + d]
-                if CAUSAL and n0 + c > row + diag:
+                if masked_out(row, n0 + c, diag, seqlen_k):
                     acc = NEG_INF
                 smem[s_row + c] = acc
                 mx = max(mx, acc)
@@ -211,6 +217,6 @@ def run(q, k, v, causal=False, softmax_scale=None, out=None):
     o = arrays.empty(q, q.shape, q.fmt, "out") if out is None else arrays.adapt(out, "out")
     lse = arrays.empty(q, (b, hq, sq), "float32", "lse")
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    problem = dict(q=q, k=k, v=v, out=o, lse=lse, scale=scale)
+    problem = dict(q=q, k=k, v=v, out=o, lse=lse, scale=scale, status=status.word(q))
     SPEC.launch(SPEC.Config(d, bool(causal), q.fmt), problem, arrays.stream_of(q), device.current())
     return o.obj, lse.obj

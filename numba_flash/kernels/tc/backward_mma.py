@@ -49,12 +49,12 @@ from functools import lru_cache
 from numba import cuda, float32, uint16, uint32
 
 from ...runtime.spec import Tiles
-from ..attention import HALF_FORMATS, DkdvSpec, DqSpec, sample
+from ..attention import HALF_FORMATS, DkdvSpec, DqSpec, grid_lengths, sample
 from ..common import backward
 from ..common.copies import make_tile_copy
 from ..common.epilogue import make_fragment_store
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_q_begin, seqlen_info
+from ..common.masks import make_kv_end, make_q_begin, make_seqlen_info
 from ..instructions import convert, memory
 from ..instructions import mma as mma_sync
 
@@ -131,7 +131,7 @@ def _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS):
 
 
 @lru_cache(maxsize=None)
-def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
+def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False):
     """Kernel 1: dK_j, dV_j of one tile of BLOCK_N keys of one (batch, kv head). NWARPS = 16 /
     BLOCK_N DSPLIT warps: DSPLIT warps share each 16 keys, each accumulating dK, dV for one
     DSPLIT-th of the head dim (at HEAD_DIM 256 the whole rows would not fit the registers)."""
@@ -151,13 +151,14 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     scores, accumulate = _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS)
     copy_slot, copy_rows = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
     store_row = make_fragment_store(HEAD_DIM, DT, FMT)
+    seqlen_info = make_seqlen_info(VARLEN)
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
     stage_rows = backward.make_dkdv_rows(BLOCK_M, THREADS)
     scores_to_ds = backward.make_dkdv_scores_to_ds(NT, BLOCK_M, BLOCK_N, CAUSAL)
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dkdv_tc(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
-                          group, scale, scale_log2):
+                          group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k, status):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -172,7 +173,14 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         b = cuda.blockIdx.x // n_heads_k
         hk = cuda.blockIdx.x - b * n_heads_k
         n0 = cuda.blockIdx.y * BLOCK_N
-        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
+        q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
+            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            status)
+        if VARLEN:  # the sequence's rows: each array from its first row on
+            if n0 >= seqlen_k:
+                return  # a key tile past the sequence's end
+            q, dout, lse, delta = q[:, q0:], dout[:, q0:], lse[:, :, q0:], delta[:, :, q0:]
+            k, v, dk, dv = k[:, k0:], v[:, k0:], dk[:, k0:], dv[:, k0:]
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
@@ -238,7 +246,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
 
 
 @lru_cache(maxsize=None)
-def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
+def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False):
     """Kernel 2: dQ_i of one tile of BLOCK_M = 16 NWARPS queries of one (batch, query head)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M == 16 * NWARPS and BLOCK_N % 16 == 0
     THREADS = 32 * NWARPS
@@ -252,13 +260,14 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     scores, accumulate = _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS)
     copy_slot, copy_rows = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
     store_row = make_fragment_store(HEAD_DIM, DT, FMT)
+    seqlen_info = make_seqlen_info(VARLEN)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     load_rows = backward.make_dq_rows()
     scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL)
     ZERO = float32(0.0)
 
     def flash_bwd_dq_tc(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
-                        scale, scale_log2):
+                        scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k, status):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         scratch = cuda.shared.array(SCRATCH, uint32)
         tid = cuda.threadIdx.x
@@ -274,7 +283,15 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         hk = h // group
         # Causal: the longest query tiles first (the grid's last CTAs are then the short ones).
         m0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y if CAUSAL else cuda.blockIdx.y) * BLOCK_M
-        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
+        q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
+            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            status)
+        if VARLEN:  # the sequence's rows: each array from its first row on
+            if m0 >= seqlen_q:
+                return  # a query tile past the sequence's end
+            q, dout, lse, delta, dq = (q[:, q0:], dout[:, q0:], lse[:, :, q0:], delta[:, :, q0:],
+                                       dq[:, q0:])
+            k, v = k[:, k0:], v[:, k0:]
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -352,9 +369,10 @@ SMALL_TILES = ((128, (32, 64, 4), (64, 32, 4)), (256, (16, 32, 4), (32, 16, 2)))
 
 def _samples(kernel, column):
     """Head dims 8 and 72 with the table's entries; every entry of the table, causal or not, in
-    both formats; the small tiles."""
+    both formats; the small tiles; varlen at head dim 64."""
     name = f"tc mma bwd {kernel}"
-    return ([sample(name, config) for config in ((8, True, "float16"), (72, False, "bfloat16"))]
+    return ([sample(name, config) for config in ((8, True, "float16"), (72, False, "bfloat16"),
+                                                 (64, True, "bfloat16", True))]
             + [sample(name, (row[0], causal, fmt), row[column][int(causal)]) for row in TILES
                for causal in (False, True) for fmt in HALF_FORMATS]
             + [sample(name, (row[0], True, "bfloat16"), row[column]) for row in SMALL_TILES])
@@ -381,14 +399,14 @@ class Dkdv(DkdvSpec):
 
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                config.fmt, tiles.threads // 32)
+                                config.fmt, tiles.threads // 32, config.varlen)
 
     def samples(self):
         return _samples("dkdv", 1)
 
     def grid(self, config, tiles, p):
-        b, sk, hk, _ = p["k"].shape
-        return (b * hk, -(-sk // tiles.BLOCK_N))
+        b, _, hk, _ = p["k"].shape
+        return (b * hk, -(-grid_lengths(p)[1] // tiles.BLOCK_N))
 
 
 class Dq(DqSpec):
@@ -404,14 +422,14 @@ class Dq(DqSpec):
 
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                              config.fmt, tiles.threads // 32)
+                              config.fmt, tiles.threads // 32, config.varlen)
 
     def samples(self):
         return _samples("dq", 2)
 
     def grid(self, config, tiles, p):
-        b, sq, hq, _ = p["q"].shape
-        return (b * hq, -(-sq // tiles.BLOCK_M))
+        b, _, hq, _ = p["q"].shape
+        return (b * hq, -(-grid_lengths(p)[0] // tiles.BLOCK_M))
 
 
 DKDV, DQ = Dkdv(), Dq()

@@ -69,7 +69,7 @@ from ..common.copies import make_swizzled_copy
 from ..common.epilogue import make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_q_begin, seqlen_info
+from ..common.masks import make_kv_end, make_q_begin, make_seqlen_info
 from ..instructions import convert, memory, sync, wgmma
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -114,7 +114,7 @@ def make_pack_a(FMT):
 
 
 @lru_cache(maxsize=None)
-def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     """Kernel 1: dK_j, dV_j of BLOCK_N = 64 NWG keys of one (batch, kv head)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_N % 64 == 0 and BLOCK_M % 16 == 0
     THREADS = BLOCK_N // 64 * WARPGROUP
@@ -133,6 +133,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
     pack = convert.pack(FMT)
     write_rows = make_row_writer(HEAD_DIM, BLOCK_N)
+    seqlen_info = make_seqlen_info(VARLEN)
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
     stage_rows = backward.make_dkdv_rows(BLOCK_M, THREADS)
     scores_to_ds = backward.make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL)
@@ -142,7 +143,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     BUF_STEP = TILE * 2 // 16                # one Q (dO) buffer in descriptor units
 
     def flash_bwd_dkdv_wgmma(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
-                             group, scale, scale_log2):
+                             group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                             status):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # the same bytes
         words_u = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # ... again
@@ -161,7 +163,14 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         b = int32(convert.div_u32(bh, n_heads_k))
         hk = bh - b * n_heads_k
         n0 = cuda.blockIdx.x * BLOCK_N
-        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
+        q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
+            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            status)
+        if VARLEN:  # the sequence's rows: each array from its first row on
+            if n0 >= seqlen_k:
+                return  # a key tile past the sequence's end
+            q, dout, lse, delta = q[:, q0:], dout[:, q0:], lse[:, :, q0:], delta[:, :, q0:]
+            k, v, dk, dv = k[:, k0:], v[:, k0:], dk[:, k0:], dv[:, k0:]
 
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
@@ -270,7 +279,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
 
 
 @lru_cache(maxsize=None)
-def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     """Kernel 2: dQ_i of BLOCK_M = 64 NWG queries of one (batch, query head)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
     THREADS = BLOCK_M // 64 * WARPGROUP
@@ -288,6 +297,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
     pack = convert.pack(FMT)
     write_rows = make_row_writer(HEAD_DIM, BLOCK_M)
+    seqlen_info = make_seqlen_info(VARLEN)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     load_rows = backward.make_dq_rows(WITH_DELTA=False)
     tile_delta = backward.make_tile_delta(DPAD, BLOCK_M, FMT)
@@ -298,7 +308,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     BUF_STEP = TILE * 2 // 16
 
     def flash_bwd_dq_wgmma(q, k, v, dout, out, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q,
-                           group, scale, scale_log2):
+                           group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                           status):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -318,7 +329,15 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         hk = int32(convert.div_u32(h, group))
         # Causal: the longest query tiles first (the grid's last CTAs are then the short ones).
         m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x if CAUSAL else cuda.blockIdx.x) * BLOCK_M
-        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
+        q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
+            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            status)
+        if VARLEN:  # the sequence's rows: each array from its first row on
+            if m0 >= seqlen_q:
+                return  # a query tile past the sequence's end
+            q, dout, out, dq = q[:, q0:], dout[:, q0:], out[:, q0:], dq[:, q0:]
+            lse, delta = lse[:, :, q0:], delta[:, :, q0:]
+            k, v = k[:, k0:], v[:, k0:]
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -439,10 +458,12 @@ def _entry(config, column):
 
 def _samples(kernel, column):
     """Every entry of the table, causal or not, in both formats, each without its register cap
-    (the PTX record keys the dQ entry of D = 64 from before its cap)."""
+    (the PTX record keys the dQ entry of D = 64 from before its cap); varlen at head dim 128
+    with the table's entry."""
     return [sample(f"tc wgmma bwd {kernel}", (row[0], causal, fmt), row[column][int(causal)][:2],
                    ccs=(SM90A,))
-            for row in TILES for causal in (False, True) for fmt in HALF_FORMATS]
+            for row in TILES for causal in (False, True) for fmt in HALF_FORMATS] + [
+                sample(f"tc wgmma bwd {kernel}", (128, True, "bfloat16", True), ccs=(SM90A,))]
 
 
 def _tiles(entry, threads_of, shared_layout, head_dim):
@@ -463,7 +484,7 @@ class Dkdv(DkdvSpec):
 
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                config.fmt)
+                                config.fmt, config.varlen)
 
     def samples(self):
         return _samples("dkdv", 1)
@@ -482,7 +503,7 @@ class Dq(DqDeltaSpec):
 
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                              config.fmt)
+                              config.fmt, config.varlen)
 
     def samples(self):
         return _samples("dq", 2)

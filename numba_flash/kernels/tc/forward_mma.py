@@ -71,7 +71,7 @@ from ..common.copies import make_tile_copy
 from ..common.epilogue import lse_of, store_chunk
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, seqlen_info
+from ..common.masks import make_kv_end, make_seqlen_info
 from ..common.softmax import make_softmax_step
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -156,7 +156,7 @@ def _make_products(MT, NT, DT, KSTEPS, STRIDE, FMT):
 
 
 @lru_cache(maxsize=None)
-def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False):
     """Python kernel function for one configuration (``SPEC`` compiles it).
     Each of the NWARPS warps owns MT = BLOCK_M / (16 NWARPS) m16 tiles of query rows: with
     MT = 2 every K/V fragment loaded by ldmatrix feeds two mma instead of one."""
@@ -176,6 +176,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     pack = convert.pack(FMT)
     shfl_xor = sync.shfl_xor
     scores, accumulate = _make_products(MT, NT, DT, KSTEPS, STRIDE, FMT)
+    seqlen_info = make_seqlen_info(VARLEN)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL)
     NEG_INF = constants.NEG_INF
@@ -188,7 +189,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
     # so only the row offset changes from copy to copy (common/copies.py).
     copy_slot, load_tile = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
 
-    def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
+    def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
+                     cu_seqlens_q, cu_seqlens_k, seqused_k, status):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -213,7 +215,14 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS):
         h = bh - b * n_heads_q
         hk = h // group
 
-        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
+        q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
+            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            status)
+        if VARLEN:  # the sequence's rows: each array from its first row on
+            if m0 >= seqlen_q:
+                return  # a query tile past the sequence's end
+            q, out, lse = q[:, q0:], out[:, q0:], lse[:, :, q0:]
+            k, v = k[:, k0:], v[:, k0:]
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -365,15 +374,18 @@ class Spec(ForwardSpec):
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                   config.fmt, tiles.threads // 32)
+                                   config.fmt, tiles.threads // 32, config.varlen)
 
     def samples(self):
         """A 32 x 16 tile of two warps at head dim 16 and every entry of the table at the largest
-        head dim it serves, causal or not, in both formats; head dim 8 with the table's entry."""
+        head dim it serves, causal or not, in both formats; head dim 8 with the table's entry;
+        varlen at head dims 64 and 128."""
         entries = [(16, (32, 16, 2, 0))] + [(d, t) for d, options in TILES for t in options]
         return [sample("tc mma fwd", (d, causal, fmt), entry) for d, entry in entries
                 for causal in (False, True) for fmt in HALF_FORMATS] + [
-                    sample("tc mma fwd", (8, True, "float16"))]
+                    sample("tc mma fwd", (8, True, "float16")),
+                    sample("tc mma fwd", (64, True, "bfloat16", True)),
+                    sample("tc mma fwd", (128, False, "float16", True))]
 
 
 SPEC = Spec()

@@ -57,7 +57,7 @@ from ..common.copies import make_swizzled_copy
 from ..common.epilogue import lse_of, make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, seqlen_info
+from ..common.masks import make_kv_end, make_seqlen_info
 from ..common.softmax import make_softmax_step
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -79,7 +79,7 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 
 @lru_cache(maxsize=None)
-def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     """Python kernel function for one configuration (``SPEC`` compiles it, for
     sm_90a)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
@@ -98,6 +98,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     mma_o = wgmma.mma_rs(FMT, DPAD, 1)      # O += P V, V read MN-major
     pack = convert.pack(FMT)
     shfl_xor = sync.shfl_xor
+    seqlen_info = make_seqlen_info(VARLEN)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(1, NT, DT, BLOCK_N, CAUSAL)
     NEG_INF = constants.NEG_INF
@@ -113,7 +114,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
     write_rows = make_row_writer(HEAD_DIM, BLOCK_M)
     copy_slot, load_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
 
-    def flash_fwd_wgmma(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2):
+    def flash_fwd_wgmma(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
+                        cu_seqlens_q, cu_seqlens_k, seqused_k, status):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -133,7 +135,14 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT):
         h = bh - b * n_heads_q
         hk = int32(convert.div_u32(h, group))
 
-        seqlen_q, seqlen_k, diag = seqlen_info(b, seqlen_q, seqlen_k)
+        q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
+            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            status)
+        if VARLEN:  # the sequence's rows: each array from its first row on
+            if m0 >= seqlen_q:
+                return  # a query tile past the sequence's end
+            q, out, lse = q[:, q0:], out[:, q0:], lse[:, :, q0:]
+            k, v = k[:, k0:], v[:, k0:]
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -258,14 +267,16 @@ class Spec(ForwardSpec):
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                   config.fmt)
+                                   config.fmt, config.varlen)
 
     def samples(self):
         """Every entry of the table at the largest head dim it serves and three warpgroups of 64
-        rows at head dim 8, causal or not, in both formats."""
+        rows at head dim 8, causal or not, in both formats; varlen at head dims 64 and 128."""
         rows = TILES + ((8, ((192, 32, 12, 0),) * 2),)
         return [sample("tc wgmma fwd", (d, causal, fmt), entries[int(causal)], ccs=(SM90A,))
-                for d, entries in rows for causal in (False, True) for fmt in HALF_FORMATS]
+                for d, entries in rows for causal in (False, True) for fmt in HALF_FORMATS] + [
+                    sample("tc wgmma fwd", (d, causal, "bfloat16", True), ccs=(SM90A,))
+                    for d, causal in ((64, True), (128, False))]
 
 
 SPEC = Spec()

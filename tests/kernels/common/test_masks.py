@@ -7,7 +7,8 @@ import pytest
 from numba import cuda
 
 from numba_flash.kernels.common.masks import (make_kv_end, make_mask, make_needs_mask, make_q_begin,
-                                              seqlen_info)
+                                              make_row_end, make_seqlen_info)
+from numba_flash.kernels.common.status import BAD_SEQLENS
 
 BLOCK_M, BLOCK_N = 16, 8
 
@@ -84,33 +85,74 @@ def test_q_begin_is_the_tile_of_the_first_row_that_sees_the_keys(causal, seqlen_
         assert begins[j] % BLOCK_M == 0 and begins[j] <= first < begins[j] + BLOCK_M, j
 
 
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(40, 40), (17, 45), (45, 17)])
-def test_seqlen_info_gives_the_lengths_and_the_causal_offset(seqlen_q, seqlen_k):
-    @cuda.jit
-    def probe(seqlen_q, seqlen_k, got):
-        b = cuda.threadIdx.x
-        got[b, 0], got[b, 1], got[b, 2] = seqlen_info(b, seqlen_q, seqlen_k)
+def probe_seqlen_info(varlen, seqlen_q, seqlen_k, total_q, total_k, cu_q, cu_k, used):
+    """Each batch entry's (q0, k0, Sq, Sk, diag) from make_seqlen_info, and the status word."""
+    seqlen_info = make_seqlen_info(varlen)
 
-    got = np.full((3, 3), -1, np.int64)
-    probe[1, 3](seqlen_q, seqlen_k, got)
-    # dense: every batch entry has the kernel's lengths; query r sees keys j <= r + diag
-    assert (got == [seqlen_q, seqlen_k, seqlen_k - seqlen_q]).all()
+    @cuda.jit
+    def probe(seqlen_q, seqlen_k, total_q, total_k, cu_q, cu_k, used, status, got):
+        b = cuda.threadIdx.x
+        got[b, 0], got[b, 1], got[b, 2], got[b, 3], got[b, 4] = seqlen_info(
+            b, seqlen_q, seqlen_k, total_q, total_k, cu_q, cu_k, used, status)
+
+    batch = len(cu_q) - 1
+    got, status = np.full((batch, 5), -7, np.int64), np.zeros(1, np.int32)
+    probe[1, batch](seqlen_q, seqlen_k, total_q, total_k, np.asarray(cu_q, np.int32),
+                    np.asarray(cu_k, np.int32), np.asarray(used, np.int32), status, got)
+    return got, status[0]
+
+
+def test_seqlen_info_of_a_dense_batch_gives_the_lengths_and_the_causal_offset():
+    got, status = probe_seqlen_info(False, 17, 45, 17, 45, [7, 7, 7], [7, 7, 7], [])
+    # every entry starts at row 0 of its batch slice, with the kernel's lengths; nothing read
+    assert (got == [0, 0, 17, 45, 28]).all() and status == 0
+
+
+def test_seqlen_info_of_packed_sequences_reads_their_offsets_and_seqused_k():
+    cu_q, cu_k = [0, 3, 3, 8], [0, 4, 6, 9]
+    got, status = probe_seqlen_info(True, 5, 4, 8, 9, cu_q, cu_k, [])
+    assert got.tolist() == [[0, 0, 3, 4, 1], [3, 4, 0, 2, 2], [3, 6, 5, 3, -2]] and status == 0
+    got, status = probe_seqlen_info(True, 5, 4, 8, 9, cu_q, cu_k, [2, 0, 3])
+    assert got[:, 3].tolist() == [2, 0, 3] and status == 0
+
+
+@pytest.mark.parametrize("cu_q, cu_k, used, want", [
+    ([0, 6, 2], [0, 2, 4], [], [[0, 0, 5, 2, -3], [6, 2, 0, 2, 2]]),     # decreasing, over max
+    ([-3, 2, 9], [0, 2, 40], [], [[0, 0, 2, 2, 0], [2, 2, 5, 4, -1]]),   # outside the arrays
+    ([0, 2, 4], [0, 2, 4], [3, -1], [[0, 0, 2, 2, 0], [2, 2, 2, 0, -2]]),  # seqused_k outside
+])
+def test_seqlen_info_clamps_offsets_into_the_arrays_and_bounds_and_reports(cu_q, cu_k, used,
+                                                                           want):
+    got, status = probe_seqlen_info(True, 5, 4, 7, 6, cu_q, cu_k, used)
+    assert got.tolist() == want and status == BAD_SEQLENS
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(20, 20), (9, 23), (23, 9)])
-def test_mask_hides_keys_past_the_end_and_above_the_diagonal(causal, seqlen_q, seqlen_k):
-    masked_out = make_mask(causal)
+def test_mask_and_row_end_hide_keys_past_the_end_and_above_the_diagonal(causal, seqlen_q,
+                                                                        seqlen_k):
+    masked_out, in_range = make_mask(causal), make_mask(causal, KEYS_IN_RANGE=True)
+    row_end = make_row_end(causal)
 
     @cuda.jit
-    def probe(seqlen_q, seqlen_k, hidden):
+    def probe(seqlen_q, seqlen_k, hidden, diagonal_only, ends):
         r, j = cuda.blockIdx.x, cuda.threadIdx.x
-        hidden[r, j] = masked_out(r, j, seqlen_k - seqlen_q, seqlen_k)
+        diag = seqlen_k - seqlen_q
+        hidden[r, j] = masked_out(r, j, diag, seqlen_k)
+        diagonal_only[r, j] = in_range(r, j, diag, seqlen_k)
+        if j == 0:
+            ends[r] = row_end(r, diag, seqlen_k)
 
     rows, cols = seqlen_q, seqlen_k + 5  # keys past the end too
     hidden = np.full((rows, cols), 7, np.int64)
-    probe[rows, cols](seqlen_q, seqlen_k, hidden)
+    diagonal_only = np.full((rows, cols), 7, np.int64)
+    ends = np.full(rows, -7, np.int64)
+    probe[rows, cols](seqlen_q, seqlen_k, hidden, diagonal_only, ends)
     for r in range(rows):
         for j in range(cols):
-            sees = j < seqlen_k and (not causal or j <= r + seqlen_k - seqlen_q)
+            above = causal and j > r + seqlen_k - seqlen_q
+            sees = j < seqlen_k and not above
             assert hidden[r, j] == (not sees), (r, j)
+            assert diagonal_only[r, j] == above, (r, j)  # keys past the end are the caller's
+        # the row's visible keys are exactly those before its end (none when it is <= 0)
+        assert (np.arange(cols) < ends[r]).tolist() == [not h for h in hidden[r]], r

@@ -1,0 +1,187 @@
+"""The varlen calls (api.flash_attn_varlen_fwd / _bwd / _func): packed sequences against the
+float64 reference of the packed rows (reference.varlen_mask: a mask over all rows written from
+the definition, not our dense calls per sequence), both backends and both tensor-core families,
+rows of no sequence left unwritten, device-only offsets bounded and reported, and every
+host-checkable refusal before any launch."""
+
+import numpy as np
+import pytest
+
+import numba_flash as nf
+from numba_flash import reference as ref
+from numba_flash.runtime import device
+from helpers import (SIMULATOR, assert_close_rule, assert_lse, int32_array, nan_like, randn,
+                     to_device, to_host)
+
+# An sm_80 part: the tc backend runs the mma.sync kernels (under the simulator too).
+AMPERE = device.Device(cc=(8, 0), sms=8, shared_per_block=163 * 1024, shared_per_sm=164 * 1024)
+
+
+def offsets(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def packed(rng, lengths_q, lengths_k, fmt, hq=2, hk=1, d=16, extra=1):
+    """Random packed q, k, v with ``extra`` rows past the last sequence (rows of none)."""
+    cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
+    q = randn(rng, (cu_q[-1] + extra, hq, d), fmt)
+    k, v = (randn(rng, (cu_k[-1] + extra, hk, d), fmt) for _ in range(2))
+    return q, k, v, cu_q, cu_k
+
+
+def reference_forward(q, k, v, mask):
+    out, lse = ref.attention_fwd_ref(q[None], k[None], v[None], mask=mask)
+    return out[0], lse[0], ref.attention_lowp(q[None], k[None], v[None], mask=mask)[0]
+
+
+def family(name):
+    """The device a tc family runs on here: wgmma on the simulated Hopper, mma.sync on sm_80."""
+    if name == "mma":
+        return device.plan_for(AMPERE)
+    if not SIMULATOR and device.current().cc[:2] != (9, 0):
+        pytest.skip("the wgmma kernels need a Hopper")
+    return device.plan_for(device.current())
+
+
+# Sequence 0 has more queries than keys (causal: its first rows see no key), sequence 1 none.
+LENGTHS_Q, LENGTHS_K = [5, 0], [3, 2]
+CASES = [("simt", None, "float32", False), ("simt", None, "bfloat16", True),
+         ("tc", "wgmma", "float16", True), ("tc", "mma", "bfloat16", False)]
+
+
+@pytest.mark.parametrize("backend, fam, fmt, causal", CASES)
+def test_varlen_forward_matches_the_packed_reference(rng, backend, fam, fmt, causal):
+    q, k, v, cu_q, cu_k = packed(rng, LENGTHS_Q, LENGTHS_K, fmt)
+    out = nan_like(q)
+    with family(fam) if fam else device.plan_for(device.current()):
+        o, lse = nf.flash_attn_varlen_fwd(
+            to_device(q), to_device(k), to_device(v), int32_array(cu_q), int32_array(cu_k),
+            max(LENGTHS_Q), max(LENGTHS_K), causal=causal, backend=backend, out=out)
+    assert o is out
+    mask = ref.varlen_mask(cu_q, cu_k, len(q), len(k), causal)
+    want, want_lse, lowp = reference_forward(q, k, v, mask)
+    rows = slice(0, cu_q[-1])
+    assert_close_rule(to_host(o)[rows], want[rows], lowp[rows], fmt)
+    assert_lse(to_host(lse)[:, rows], want_lse[:, rows])
+    assert to_host(lse).shape == (2, len(q))
+    assert np.isnan(to_host(o)[cu_q[-1]:].astype(np.float32)).all(), "a row of no sequence written"
+    nf.check_errors()
+
+
+@pytest.mark.parametrize("backend, fam, fmt, causal", CASES)
+def test_varlen_backward_matches_the_packed_reference_and_repeats_bitwise(rng, backend, fam, fmt,
+                                                                         causal):
+    q, k, v, cu_q, cu_k = packed(rng, LENGTHS_Q, LENGTHS_K, fmt, extra=0)
+    dout = randn(rng, q.shape, fmt)
+    mask = ref.varlen_mask(cu_q, cu_k, len(q), len(k), causal)
+    args = [to_device(x) for x in (dout, q, k, v)]
+    with family(fam) if fam else device.plan_for(device.current()):
+        out, lse = nf.flash_attn_varlen_fwd(*args[1:], int32_array(cu_q), int32_array(cu_k),
+                                            max(LENGTHS_Q), max(LENGTHS_K), causal=causal,
+                                            backend=backend)
+        runs = [nf.flash_attn_varlen_bwd(*args, out, lse, int32_array(cu_q), int32_array(cu_k),
+                                         max(LENGTHS_Q), max(LENGTHS_K), causal=causal,
+                                         backend=backend) for _ in range(2)]
+    want = ref.attention_bwd_ref(dout[None], q[None], k[None], v[None], mask=mask)
+    lowp = ref.attention_bwd_lowp(dout[None], q[None], k[None], v[None], mask=mask)
+    for name, got, w, lp in zip(("dq", "dk", "dv"), runs[0], want, lowp):
+        assert_close_rule(got, w[0], lp[0], fmt, what=name)
+    for first, again in zip(*runs):
+        assert np.array_equal(to_host(first).view(np.uint8), to_host(again).view(np.uint8))
+    # the keys of sequence 1, which has no query, get zero gradients
+    assert not to_host(runs[0][1])[cu_k[1]:].astype(np.float32).any()
+    nf.check_errors()
+
+
+def test_seqused_k_limits_each_sequence_to_its_first_keys(rng):
+    q, k, v, cu_q, cu_k = packed(rng, [2, 3], [4, 3], "float32")
+    used = np.array([2, 3], np.int32)
+    o, lse = nf.flash_attn_varlen_fwd(to_device(q), to_device(k), to_device(v), int32_array(cu_q),
+                                      int32_array(cu_k), 3, 4, causal=True, backend="simt",
+                                      seqused_k=int32_array(used))
+    mask = ref.varlen_mask(cu_q, cu_k, len(q), len(k), True, seqused_k=used)
+    want, want_lse, lowp = reference_forward(q, k, v, mask)
+    rows = slice(0, cu_q[-1])
+    assert_close_rule(to_host(o)[rows], want[rows], lowp[rows], "float32")
+    assert_lse(to_host(lse)[:, rows], want_lse[:, rows])
+    nf.check_errors()
+
+
+@pytest.mark.parametrize("cu_q, max_q", [([0, 4, 2], 4),    # decreasing
+                                         ([0, 2, 9], 8),    # past the rows
+                                         ([0, 5, 5], 3)])   # longer than max_seqlen_q
+def test_offsets_only_the_device_sees_are_bounded_and_reported(rng, cu_q, max_q):
+    """The kernels clamp each sequence into its array and bound: nothing outside the arrays is
+    read or written (the simulator raises on an out-of-range index), and check_errors names
+    the offsets."""
+    q, k, v, _, cu_k = packed(rng, [2, 3], [3, 3], "float32", extra=0)
+    nf.flash_attn_varlen_fwd(to_device(q), to_device(k), to_device(v), int32_array(cu_q),
+                             int32_array(cu_k), max_q, 3, backend="simt")
+    with pytest.raises(RuntimeError, match="cu_seqlens_q"):
+        nf.check_errors()
+    nf.check_errors()  # cleared
+
+
+def test_seqused_k_past_its_sequence_is_bounded_and_reported(rng):
+    q, k, v, cu_q, cu_k = packed(rng, [2, 3], [3, 3], "float32", extra=0)
+    nf.flash_attn_varlen_fwd(to_device(q), to_device(k), to_device(v), int32_array(cu_q),
+                             int32_array(cu_k), 3, 3, backend="simt",
+                             seqused_k=int32_array([5, -1]))
+    with pytest.raises(RuntimeError, match="seqused_k"):
+        nf.check_errors()
+
+
+def _good(rng):
+    q, k, v, cu_q, cu_k = packed(rng, [2, 3], [3, 3], "float16", extra=0)
+    return dict(q=to_device(q), k=to_device(k), v=to_device(v), cu_seqlens_q=int32_array(cu_q),
+                cu_seqlens_k=int32_array(cu_k), max_seqlen_q=3, max_seqlen_k=3)
+
+
+REFUSALS = {
+    "q rank": (lambda g, rng: dict(q=to_device(randn(rng, (1, 5, 2, 16), "float16"))),
+               ValueError, "^q: expected 3 dimensions"),
+    "k heads": (lambda g, rng: dict(k=to_device(randn(rng, (6, 3, 16), "float16")),
+                                    v=to_device(randn(rng, (6, 3, 16), "float16"))),
+                ValueError, "^k: query heads"),
+    "cu dtype": (lambda g, rng: dict(cu_seqlens_q=int32_array([0, 2, 5], np.int64)),
+                 TypeError, "^cu_seqlens_q: expected int32"),
+    "cu_k length": (lambda g, rng: dict(cu_seqlens_k=int32_array([0, 6])),
+                    ValueError, r"^cu_seqlens_k: expected shape \(3,\)"),
+    "no sequence": (lambda g, rng: dict(cu_seqlens_q=int32_array([0])),
+                    ValueError, "^cu_seqlens_q: expected shape"),
+    "max_seqlen": (lambda g, rng: dict(max_seqlen_q=0), ValueError, "^max_seqlen_q"),
+    "seqused_k": (lambda g, rng: dict(seqused_k=int32_array([1, 2, 3])),
+                  ValueError, r"^seqused_k: expected shape \(2,\)"),
+    "window": (lambda g, rng: dict(window_size=(4, 0)), NotImplementedError, "^window_size"),
+    "softcap": (lambda g, rng: dict(softcap=30.0), NotImplementedError, "^softcap"),
+    "block_table": (lambda g, rng: dict(block_table=int32_array([[0], [1]])),
+                    NotImplementedError, "^block_table"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_bad_arguments_are_refused_before_anything_is_written(rng, case):
+    change, exc, message = REFUSALS[case]
+    args = _good(rng)
+    args.update(change(args, rng))
+    out = nan_like(np.zeros((5, 2, 16), np.float16))
+    with pytest.raises(exc, match=message):
+        nf.flash_attn_varlen_fwd(**args, out=out)
+    assert np.isnan(to_host(out).astype(np.float32)).all()
+
+
+def test_the_backward_refuses_an_lse_of_the_dense_layout(rng):
+    args = _good(rng)
+    out, lse = nf.flash_attn_varlen_fwd(**args, backend="simt")
+    with pytest.raises(ValueError, match=r"^lse: expected shape \(2, 5\)"):
+        nf.flash_attn_varlen_bwd(args["q"], args["q"], args["k"], args["v"], out,
+                                 to_device(np.zeros((1, 2, 5), np.float32)),
+                                 args["cu_seqlens_q"], args["cu_seqlens_k"], 3, 3)
+
+
+def test_varlen_func_returns_out_or_out_and_lse(rng):
+    args = _good(rng)
+    out = nf.flash_attn_varlen_func(**args, backend="simt")
+    both = nf.flash_attn_varlen_func(**args, backend="simt", return_lse=True)
+    assert np.array_equal(to_host(out), to_host(both[0]))
+    assert to_host(both[1]).shape == (2, 5)
