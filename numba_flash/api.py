@@ -54,14 +54,14 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
 def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                           alibi_slopes=None, learnable_sink=None, seqused_k=None,
-                          block_table=None, backend="auto", out=None, stream=None):
+                          block_table=None, backend="auto", out=None, stream=None, lse=None):
     """Exact attention forward over packed sequences (flash-attn's varlen interface). Returns
     ``(out, lse)``.
 
     q: (total_q, Hq, D); k, v: (total_k, Hk, D); sequence b owns rows ``cu_seqlens[b] ..
     cu_seqlens[b + 1]`` (int32 (B + 1,)) and, with ``seqused_k`` (int32 (B,)), its first
     ``seqused_k[b]`` keys; ``max_seqlen_q`` / ``max_seqlen_k`` bound the lengths (the grid). out
-    like q, lse (Hq, total_q) float32. Every rule of ``flash_attn_fwd`` holds per sequence
+    like q, lse (Hq, total_q) float32 (``out=`` and ``lse=`` take caller buffers). Every rule of ``flash_attn_fwd`` holds per sequence
     (bottom-right causal, rows that see no key); rows of no sequence are not written. Offsets
     are read on the device only: values outside the arrays or past the bounds are clamped and
     reported by ``check_errors()``. window_size, softcap, alibi_slopes, learnable_sink and
@@ -72,20 +72,21 @@ def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal, softmax_scale, seqused_k)
     _, total_q, hq, d = problem.q.shape
-    o, lse, _ = _forward(problem, backend, out, (total_q, hq, d), (hq, total_q), stream, dev)
+    o, lse, _ = _forward(problem, backend, out, (total_q, hq, d), (hq, total_q), stream, dev,
+                         lse)
     return o.obj, lse.obj
 
 
-def _forward(problem, backend, out, out_shape, lse_shape, stream, dev):
-    """Choose, check and launch the forward of ``problem`` into ``out`` (the caller's buffer or
-    None) and a new lse, shaped as the call returns them. Returns both adapted, and the launch
-    (spec, config, args) that a torch plan keeps."""
+def _forward(problem, backend, out, out_shape, lse_shape, stream, dev, lse=None):
+    """Choose, check and launch the forward of ``problem`` into ``out`` and ``lse`` (the
+    caller's buffers or None: new ones), shaped as the call returns them. Returns both adapted,
+    and the launch (spec, config, args) that a torch plan keeps."""
     spec = backends.forward(backend, problem, dev)
     q = problem.q
+    given = [t is not None for t in (out, lse)]
     o = validate.out_buffer(out, q, out_shape, q.fmt)
-    if out is not None:
-        validate.refuse_overlap([o], [q, problem.k, problem.v])
-    lse = arrays.empty(q, lse_shape, "float32", "lse")
+    lse = validate.out_buffer(lse, q, lse_shape, "float32", "lse")
+    validate.refuse_overlap([t for t, g in zip((o, lse), given) if g], [q, problem.k, problem.v])
     # launch() prepares first: tiles that do not fit the device or a grid past CUDA's limits
     # are refused before the kernel runs, with nothing of the caller's written.
     config, args = spec.config(problem), _args(problem, out=o, lse=lse)

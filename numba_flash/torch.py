@@ -5,9 +5,10 @@
     out.float().square().sum().backward()         # q.grad, k.grad, v.grad
 
 Import this module explicitly: the package itself never imports torch. Importing it registers
-four operations in the namespace ``numba_flash`` (``torch.ops.numba_flash.*``), one per public
-call of the host layer: ``flash_attn_fwd``, ``flash_attn_bwd``, ``get_mla_metadata`` and
-``flash_mla_with_kvcache``. Each has two implementations:
+six operations in the namespace ``numba_flash`` (``torch.ops.numba_flash.*``), one per public
+call of the host layer: ``flash_attn_fwd``, ``flash_attn_bwd``, ``flash_attn_varlen_fwd``,
+``flash_attn_varlen_bwd``, ``get_mla_metadata`` and ``flash_mla_with_kvcache``. Each has two
+implementations:
 
 - the real one hands the tensors to ``api.py`` zero-copy (runtime/arrays.py adapts torch CUDA
   tensors, and CPU tensors under the simulator) and runs on torch's current stream;
@@ -15,9 +16,9 @@ call of the host layer: ``flash_attn_fwd``, ``flash_attn_bwd``, ``get_mla_metada
   so a compiled model keeps each call as one node of its graph and never enters Numba, whose
   compiler cannot be traced.
 
-The forward's autograd is registered with ``torch.library.register_autograd``: it saves ``out``
-and ``lse`` (not the attention matrix), and its backward is the ``flash_attn_bwd`` operation, so
-AOT autograd sees the backward as one node as well.
+Each forward's autograd is registered with ``torch.library.register_autograd``: it saves
+``out`` and ``lse`` (not the attention matrix), and its backward is the matching backward
+operation, so AOT autograd sees the backward as one node as well.
 """
 
 from typing import Optional
@@ -26,7 +27,8 @@ import torch
 
 from . import api, scheduler, validate
 
-__all__ = ["flash_attn_func", "get_mla_metadata", "flash_mla_with_kvcache"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "get_mla_metadata",
+           "flash_mla_with_kvcache"]
 
 Tensor = torch.Tensor
 
@@ -93,6 +95,83 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None, backend="auto", *
     ``numba_flash.flash_attn_fwd``); the backward is ``numba_flash.flash_attn_bwd``'s with
     ``backend="auto"``."""
     out, lse = _flash_attn_fwd(q, k, v, causal, softmax_scale, backend)
+    return (out, lse) if return_lse else out
+
+
+# ----------------------------------------------------------------------------- varlen attention
+
+@torch.library.custom_op("numba_flash::flash_attn_varlen_fwd", mutates_args=())
+def _flash_attn_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                           cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                           softmax_scale: Optional[float], causal: bool,
+                           seqused_k: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
+    # Rows of no sequence, which the kernels do not write, read as rows that see no key.
+    out = torch.zeros_like(q)
+    lse = q.new_full((q.shape[1], q.shape[0]), float("inf"), dtype=torch.float32)
+    return api.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+                                     seqused_k=seqused_k, backend=backend, out=out, lse=lse)
+
+
+@_flash_attn_varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      seqused_k, backend):
+    total_q, hq, _ = q.shape
+    return _new(q, q.shape), _new(q, (hq, total_q), torch.float32)
+
+
+@torch.library.custom_op("numba_flash::flash_attn_varlen_bwd", mutates_args=())
+def _flash_attn_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                           lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
+                           causal: bool,
+                           seqused_k: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    # Rows of no sequence get no gradient from the kernels: zeros, as autograd expects.
+    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+    api.flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+                              seqused_k=seqused_k, dq=dq, dk=dk, dv=dv)
+    return dq, dk, dv
+
+
+@_flash_attn_varlen_bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      softmax_scale, causal, seqused_k):
+    return _new(q, q.shape), _new(q, k.shape), _new(q, k.shape)
+
+
+def _save_varlen(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, seqused_k, _ = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
+    ctx.args = (max_q, max_k, softmax_scale, causal)
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_backward(ctx, dout, _dlse):
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+    dq, dk, dv = _flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args,
+                                        seqused_k)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("numba_flash::flash_attn_varlen_fwd", _varlen_backward,
+                                setup_context=_save_varlen)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, learnable_sink=None, return_lse=False,
+                           block_table=None, backend="auto", *, seqused_k=None):
+    """Differentiable ``numba_flash.flash_attn_varlen_func`` on packed torch tensors: ``out``,
+    or ``(out, lse)`` with ``return_lse=True`` (lse (Hq, total_q), not differentiable). Rows
+    of no sequence read as rows that see no key (out 0, lse +inf) and get zero gradients. The options ``numba_flash.flash_attn_varlen_fwd``
+    refuses are refused here before the operation."""
+    validate.attention_options(window_size, softcap, alibi_slopes, learnable_sink, block_table)
+    out, lse = _flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k, softmax_scale, causal, seqused_k, backend)
     return (out, lse) if return_lse else out
 
 

@@ -87,12 +87,34 @@ def test_return_lse_matches_reference_and_out_keeps_its_gradient(rng):
         assert_close_rule(to_host(t.grad), w, None, "float32", what=name)
 
 
+def _varlen_inputs(rng, fmt="float32"):
+    """Packed q (9 rows: sequences of 3 and 5, one row of none), k, v (7 rows), offsets."""
+    host = [randn(rng, (rows, 2, 8), fmt) for rows in (9, 7, 7)]
+    return host, np.array([0, 3, 8], np.int32), np.array([0, 4, 7], np.int32)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_varlen_loss_backward_matches_the_packed_reference(causal, rng):
+    host, cu_q, cu_k = _varlen_inputs(rng)
+    dout = randn(rng, host[0].shape, "float32")
+    q, k, v = (_leaf(x) for x in host)
+    cu = [torch.from_numpy(c).to(DEVICE) for c in (cu_q, cu_k)]
+    out = nft.flash_attn_varlen_func(q, k, v, *cu, 5, 4, causal=causal, backend="simt")
+    (out[:8] * torch.from_numpy(dout[:8]).to(DEVICE)).sum().backward()
+    mask = ref.varlen_mask(cu_q, cu_k, 9, 7, causal)
+    dout[8:] = 0  # the loss reads no row of no sequence
+    want = ref.attention_bwd_ref(dout[None], *(x[None] for x in host), mask=mask)
+    for name, t, w in zip(("dq", "dk", "dv"), (q, k, v), want):
+        assert_close_rule(to_host(t.grad), w[0], None, "float32", what=name)
+    assert not to_host(q.grad)[8:].any()  # a row of no sequence: zero, not unwritten
+
+
 def test_public_names_are_the_documented_ones():
     """``__all__`` is docs/api.md's ``numba_flash.torch`` names, each a function."""
     table = (pathlib.Path(__file__).parents[1] / "docs" / "api.md").read_text()
     documented = set(re.findall(r"`numba_flash\.torch\.(\w+)`", table.split("\n## ")[1]))
-    assert set(nft.__all__) == documented == {"flash_attn_func", "get_mla_metadata",
-                                              "flash_mla_with_kvcache"}
+    assert set(nft.__all__) == documented == {"flash_attn_func", "flash_attn_varlen_func",
+                                              "get_mla_metadata", "flash_mla_with_kvcache"}
     assert all(callable(getattr(nft, name)) for name in nft.__all__)
 
 
@@ -126,7 +148,17 @@ def _opcheck_cases(rng):
     ops = torch.ops.numba_flash
     out, lse = ops.flash_attn_fwd(*(t.detach() for t in (q, k, v)), True, None, "simt")
     mla = {name: _tensor(x) for name, x in _mla_inputs(rng).items()}
+    packed, cu_q, cu_k = _varlen_inputs(rng)
+    pq, pk, pv = (_leaf(x) for x in packed)
+    cu = (_tensor(cu_q), _tensor(cu_k))
+    p_out, p_lse = ops.flash_attn_varlen_fwd(pq.detach(), pk.detach(), pv.detach(), *cu, 5, 4,
+                                             None, True, None, "simt")
     return {
+        "flash_attn_varlen_fwd": (ops.flash_attn_varlen_fwd.default,
+                                  (pq, pk, pv, *cu, 5, 4, None, True, None, "simt")),
+        "flash_attn_varlen_bwd": (ops.flash_attn_varlen_bwd.default,
+                                  (_tensor(packed[0]), pq.detach(), pk.detach(), pv.detach(),
+                                   p_out, p_lse, *cu, 5, 4, None, True, None)),
         "flash_attn_fwd": (ops.flash_attn_fwd.default, (q, k, v, True, None, "simt")),
         "flash_attn_bwd": (ops.flash_attn_bwd.default,
                            (_tensor(host[3]), q.detach(), k.detach(), v.detach(), out, lse, True,
@@ -140,7 +172,8 @@ def _opcheck_cases(rng):
     }
 
 
-@pytest.mark.parametrize("name", ["flash_attn_fwd", "flash_attn_bwd", "get_mla_metadata",
+@pytest.mark.parametrize("name", ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_varlen_fwd",
+                                  "flash_attn_varlen_bwd", "get_mla_metadata",
                                   "flash_mla_with_kvcache"])
 def test_operation_passes_opcheck(name, rng):
     """Schema, fake implementation (shapes, dtypes, strides), autograd registration and AOT
@@ -240,6 +273,29 @@ def test_toy_transformer_trains_the_same_eager_and_compiled(rng):
     np.testing.assert_allclose(got_compiled, got_eager, rtol=1e-6)
     np.testing.assert_allclose(got_eager, want, rtol=1e-4)
     assert want[-1] < want[0]  # the steps train: the comparison is not of constants
+
+
+def test_a_varlen_step_compiles_whole_and_gives_the_eager_gradients(rng):
+    """``torch.compile(fullgraph=True)`` keeps a varlen attention with its backward as the
+    numba_flash operations, in one graph, and gives eager's loss and gradients."""
+    host, cu_q, cu_k = _varlen_inputs(rng)
+    cu = [torch.from_numpy(c).to(DEVICE) for c in (cu_q, cu_k)]
+
+    def step(q, k, v):
+        out = nft.flash_attn_varlen_func(q, k, v, *cu, 5, 4, causal=True, backend="simt")
+        return (out[:8].float() ** 2).sum()
+
+    explained = torch._dynamo.explain(step)(*(_leaf(x) for x in host))
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    torch._dynamo.reset()
+    grads = []
+    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        leaves = [_leaf(x) for x in host]
+        loss = fn(*leaves)
+        loss.backward()
+        grads.append([loss.detach()] + [t.grad for t in leaves])
+    for eager, compiled in zip(*grads):
+        torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.skipif(SIMULATOR, reason="CUDA graphs need a GPU")

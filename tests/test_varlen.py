@@ -69,25 +69,29 @@ def test_varlen_forward_matches_the_packed_reference(rng, backend, fam, fmt, cau
 
 
 @pytest.mark.parametrize("backend, fam, fmt, causal", CASES)
-def test_varlen_backward_matches_the_packed_reference_and_repeats_bitwise(rng, backend, fam, fmt,
-                                                                         causal):
+def test_varlen_backward_matches_the_packed_reference(rng, backend, fam, fmt, causal):
+    """dq, dk, dv against the packed reference; the simt cases run twice and must repeat
+    bitwise (the tc kernels' determinism is their dense tests': the varlen code adds no
+    reduction)."""
     q, k, v, cu_q, cu_k = packed(rng, LENGTHS_Q, LENGTHS_K, fmt, extra=0)
     dout = randn(rng, q.shape, fmt)
     mask = ref.varlen_mask(cu_q, cu_k, len(q), len(k), causal)
     args = [to_device(x) for x in (dout, q, k, v)]
+    repeats = 2 if backend == "simt" else 1
     with family(fam) if fam else device.plan_for(device.current()):
         out, lse = nf.flash_attn_varlen_fwd(*args[1:], int32_array(cu_q), int32_array(cu_k),
                                             max(LENGTHS_Q), max(LENGTHS_K), causal=causal,
                                             backend=backend)
         runs = [nf.flash_attn_varlen_bwd(*args, out, lse, int32_array(cu_q), int32_array(cu_k),
                                          max(LENGTHS_Q), max(LENGTHS_K), causal=causal,
-                                         backend=backend) for _ in range(2)]
+                                         backend=backend) for _ in range(repeats)]
     want = ref.attention_bwd_ref(dout[None], q[None], k[None], v[None], mask=mask)
     lowp = ref.attention_bwd_lowp(dout[None], q[None], k[None], v[None], mask=mask)
     for name, got, w, lp in zip(("dq", "dk", "dv"), runs[0], want, lowp):
         assert_close_rule(got, w[0], lp[0], fmt, what=name)
-    for first, again in zip(*runs):
-        assert np.array_equal(to_host(first).view(np.uint8), to_host(again).view(np.uint8))
+    if repeats == 2:
+        for first, again in zip(*runs):
+            assert np.array_equal(to_host(first).view(np.uint8), to_host(again).view(np.uint8))
     # the keys of sequence 1, which has no query, get zero gradients
     assert not to_host(runs[0][1])[cu_k[1]:].astype(np.float32).any()
     nf.check_errors()
@@ -172,9 +176,8 @@ def test_bad_arguments_are_refused_before_anything_is_written(rng, case):
 
 def test_the_backward_refuses_an_lse_of_the_dense_layout(rng):
     args = _good(rng)
-    out, lse = nf.flash_attn_varlen_fwd(**args, backend="simt")
     with pytest.raises(ValueError, match=r"^lse: expected shape \(2, 5\)"):
-        nf.flash_attn_varlen_bwd(args["q"], args["q"], args["k"], args["v"], out,
+        nf.flash_attn_varlen_bwd(args["q"], args["q"], args["k"], args["v"], args["q"],
                                  to_device(np.zeros((1, 2, 5), np.float32)),
                                  args["cu_seqlens_q"], args["cu_seqlens_k"], 3, 3)
 

@@ -60,6 +60,9 @@ Limits
     stored in the input format. D_i comes from ``out`` as stored (in the input precision), as in
     flash-attn. Against the float64 reference it differs only by rounding: float32 sums in a
     fixed order, ``ex2.approx`` on the GPU, one final rounding of dq, dk, dv.
+    Dense batches, or packed varlen sequences (``VARLEN``): each CTA takes its sequence's
+    rows from ``common/masks.make_seqlen_info`` and returns when its tile lies past the
+    sequence's end (kernels/attention.py).
 """
 
 import math

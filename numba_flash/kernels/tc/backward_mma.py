@@ -42,6 +42,9 @@ Shared memory (16-bit elements, rows padded by 8 elements: conflict-free ldmatri
 Limits
     float16 / bfloat16; HEAD_DIM a multiple of 8 up to 256; any Sq, Sk; q, k, v, dout with rows
     and data pointers 16-byte aligned (the host checks); compute capability 8.0 or newer.
+    Dense batches, or packed varlen sequences (``VARLEN``): each CTA takes its sequence's
+    rows from ``common/masks.make_seqlen_info`` and returns when its tile lies past the
+    sequence's end (kernels/attention.py).
 """
 
 from functools import lru_cache

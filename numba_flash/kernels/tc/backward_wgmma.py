@@ -56,6 +56,9 @@ Limits
     DPAD floats per thread: at 256 they would not fit the registers, and ``tc`` runs
     ``backward_mma.py`` there); any Sq, Sk; q, k, v, dout with 16-byte aligned rows (the host
     checks); compute capability 9.0 (sm_90a).
+    Dense batches, or packed varlen sequences (``VARLEN``): each CTA takes its sequence's
+    rows from ``common/masks.make_seqlen_info`` and returns when its tile lies past the
+    sequence's end (kernels/attention.py).
 """
 
 from functools import lru_cache
