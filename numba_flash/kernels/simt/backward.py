@@ -266,8 +266,9 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
                     D_c = smem[DELTA_OFF + c]
                     for i in range(TN):
                         key = n0 + row0 + i
+                        visible = not masked or not masked_out(m0 + c, key, diag, seqlen_k)
                         p = ZERO
-                        if not (masked and masked_out(m0 + c, key, diag, seqlen_k)):
+                        if visible:
                             p = math.exp2(S[i, j] * scale_log2 - lse_c)
                         smem[P_OFF + (row0 + i) * P_STRIDE + c] = p
                         smem[DS_OFF + (row0 + i) * P_STRIDE + c] = p * (dP[i, j] - D_c)
@@ -374,8 +375,9 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
             for i in range(TM):
                 for j in range(TN):
                     key = n0 + lane + LANES_PER_ROW * j
+                    visible = not masked or not masked_out(m0 + row0 + i, key, diag, seqlen_k)
                     p = ZERO
-                    if not (masked and masked_out(m0 + row0 + i, key, diag, seqlen_k)):
+                    if visible:
                         p = math.exp2(S[i, j] * scale_log2 - lse_i[i])
                     smem[DS_OFF + (row0 + i) * DS_STRIDE + lane + LANES_PER_ROW * j] = \
                         p * (dP[i, j] - D_i[i])
