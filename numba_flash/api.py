@@ -313,7 +313,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
 
 # ----------------------------------------------------------------------------- warmup
 
-WARMUP_CALLS = ("flash_attn_fwd", "flash_attn_func", "flash_attn_bwd", "flash_mla_with_kvcache")
+WARMUP_CALLS = ("flash_attn_fwd", "flash_attn_func", "flash_attn_bwd", "flash_attn_varlen_fwd",
+                "flash_attn_varlen_func", "flash_attn_varlen_bwd", "flash_mla_with_kvcache")
 
 
 def warmup(configs):
@@ -325,7 +326,8 @@ def warmup(configs):
     A configuration is a dict naming the ``call`` and the values that decide its kernels:
     ``head_dim``, ``dtype`` (a name, NumPy or torch dtype), ``causal`` (default False) and
     ``backend`` (default ``"auto"``) for ``flash_attn_fwd`` / ``flash_attn_func`` /
-    ``flash_attn_bwd``; for ``flash_mla_with_kvcache`` also ``head_dim_v``, ``s_q`` (default 1),
+    ``flash_attn_bwd`` and their varlen forms (``flash_attn_varlen_fwd`` / ``_func`` /
+    ``_bwd``, whose kernels are compiled apart); for ``flash_mla_with_kvcache`` also ``head_dim_v``, ``s_q`` (default 1),
     ``num_heads_q`` and ``num_heads_k`` (it compiles the planner and the combine too). Each is run
     once on the smallest inputs of its shape, contiguous, on the current device, so that exactly
     the kernels a real call picks get compiled. Bad configurations raise what the call raises
@@ -353,6 +355,15 @@ def warmup(configs):
                                    _zeros((1, 1), "int32"), _zeros((1,), "int32"), dv, **options)
             continue
         _refuse_extra_keys(config, where)
+        if call.startswith("flash_attn_varlen"):  # one empty sequence: the kernels all the same
+            q, k, v = (_zeros((1, 1, d), fmt) for _ in range(3))
+            cu = _zeros((2,), "int32")
+            if call == "flash_attn_varlen_bwd":
+                flash_attn_varlen_bwd(_zeros((1, 1, d), fmt), q, k, v, _zeros((1, 1, d), fmt),
+                                      _zeros((1, 1), "float32"), cu, cu, 1, 1, **options)
+            else:
+                flash_attn_varlen_fwd(q, k, v, cu, cu, 1, 1, **options)
+            continue
         q, k, v = (_zeros((1, 1, 1, d), fmt) for _ in range(3))  # heads do not decide the code
         if call == "flash_attn_bwd":
             flash_attn_bwd(_zeros((1, 1, 1, d), fmt), q, k, v, _zeros((1, 1, 1, d), fmt),

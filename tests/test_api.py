@@ -126,9 +126,11 @@ def test_warmup_compiles_the_kernels_a_call_picks():
     for spec in (forward.SPEC, mla_decode.SPEC, combine.SPEC, mla_metadata.SPEC):
         spec.forget()
     nf.warmup([dict(call="flash_attn_func", head_dim=8, dtype=np.float32, causal=True),
+               dict(call="flash_attn_varlen_func", head_dim=8, dtype=np.float32),
                dict(call="flash_mla_with_kvcache", head_dim=16, head_dim_v=8, num_heads_q=1,
                     num_heads_k=1, dtype="float32")])
-    assert [key[0] for key in forward.SPEC._kernels] == [forward.SPEC.Config(8, True, "float32")]
+    assert [key[0] for key in forward.SPEC._kernels] == [
+        forward.SPEC.Config(8, True, "float32"), forward.SPEC.Config(8, False, "float32", True)]
     assert len(mla_decode.SPEC._kernels) == len(combine.SPEC._kernels) == 1
     assert len(mla_metadata.SPEC._kernels) == 1
 
@@ -160,11 +162,17 @@ from numba_flash.runtime.env import CudaSetupError
 
 q = np.ones((1, 8, 1, 16), np.float16)
 lse = np.zeros((1, 1, 8), np.float32)
+packed, cu = q[0], np.array([0, 8], np.int32)
 lengths, table = np.ones(1, np.int32), np.zeros((1, 1), np.int32)
 out, dq, dk, dv, mla_out = (np.full(s, 7, np.float16) for s in [q.shape] * 4 + [(1, 8, 1, 8)])
 calls = {
     "flash_attn_fwd": lambda: nf.flash_attn_fwd(q, q, q, out=out),
     "flash_attn_bwd": lambda: nf.flash_attn_bwd(q, q, q, q, q, lse, dq=dq, dk=dk, dv=dv),
+    "flash_attn_varlen_fwd": lambda: nf.flash_attn_varlen_fwd(packed, packed, packed, cu, cu, 8,
+                                                              8, out=out[0]),
+    "flash_attn_varlen_bwd": lambda: nf.flash_attn_varlen_bwd(
+        packed, packed, packed, packed, packed, lse[0], cu, cu, 8, 8, dq=dq[0], dk=dk[0],
+        dv=dv[0]),
     "get_mla_metadata": lambda: nf.get_mla_metadata(lengths, 1, 1),
     "flash_mla_with_kvcache": lambda: nf.flash_mla_with_kvcache(q, q, table, lengths, 8,
                                                                 out=mla_out),
@@ -187,9 +195,9 @@ def test_without_a_driver_every_call_says_how_to_use_the_simulator_and_writes_no
     public call raises one short CudaSetupError, and no out= buffer is written."""
     run = run_without(["cuda"], EVERY_CALL, timeout=120)
     assert run.stdout.splitlines() == [
-        f"{name} no CUDA driver found" for name in ("flash_attn_fwd", "flash_attn_bwd",
-                                                    "get_mla_metadata", "flash_mla_with_kvcache",
-                                                    "warmup", "check_errors")
+        f"{name} no CUDA driver found" for name in (
+            "flash_attn_fwd", "flash_attn_bwd", "flash_attn_varlen_fwd", "flash_attn_varlen_bwd",
+            "get_mla_metadata", "flash_mla_with_kvcache", "warmup", "check_errors")
     ] + ["untouched True"], run.stdout + run.stderr
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("numba_flash.runtime.env.CudaSetupError: no CUDA driver found")
