@@ -1,0 +1,87 @@
+"""numba_flash.transformers: a tiny Llama (GQA) built from a config, every attention layer on
+numba_flash, against the same model on transformers' SDPA attention: logits and gradients of a
+dense batch, a left-padded batch, a padding-free packed batch, and greedy generation with the
+model's cache (skipped without torch or transformers)."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from helpers import SIMULATOR
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import numba_flash.transformers as nftr  # noqa: E402  (needs both)
+
+DEVICE = "cpu" if SIMULATOR else "cuda"
+DTYPE = torch.float32 if SIMULATOR else torch.bfloat16
+
+
+def _models(rng):
+    """The same tiny Llama twice: on SDPA, and on numba_flash."""
+    config = transformers.LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48,
+                                      num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(int(rng.integers(2**31)))
+    ref = transformers.LlamaForCausalLM._from_config(copy.deepcopy(config),
+                                                     attn_implementation="sdpa")
+    ours = transformers.LlamaForCausalLM._from_config(copy.deepcopy(config),
+                                                      attn_implementation=nftr.register())
+    ours.load_state_dict(ref.state_dict())
+    assert ours.config._attn_implementation == "numba_attention"
+    assert ref.config._attn_implementation == "sdpa"
+    return ref.to(DEVICE, DTYPE).eval(), ours.to(DEVICE, DTYPE).eval()
+
+
+def _close(got, want):
+    tol = 2e-4 if DTYPE == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_register_refuses_a_name_transformers_takes_for_flash_attn():
+    with pytest.raises(ValueError, match="flash"):
+        nftr.register("numba_flash")
+    assert nftr.register() == "numba_attention"
+
+
+def test_dense_and_padded_batches_give_sdpa_logits_and_gradients(rng):
+    ref, ours = _models(rng)
+    ids = torch.from_numpy(rng.integers(0, 61, (2, 7))).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding, as generation lays it out
+    for attention_mask in (None, mask):
+        logits = []
+        for model in (ref, ours):
+            model.zero_grad()
+            out = model(ids, attention_mask=attention_mask).logits
+            out.float().square().mean().backward()
+            logits.append(out)
+        keep = slice(None) if attention_mask is None else mask.bool()
+        _close(logits[1][keep], logits[0][keep])
+        for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+            _close(p.grad, q.grad)
+
+
+def test_a_padding_free_packed_batch_equals_its_sequences_run_alone(rng):
+    """Batch 1 with position_ids restarting at 0 (transformers' DataCollatorWithFlattening):
+    each sequence attends only to itself, as when run alone on SDPA."""
+    ref, ours = _models(rng)
+    lengths = [3, 5, 2]
+    ids = torch.from_numpy(rng.integers(0, 61, (1, sum(lengths)))).to(DEVICE)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None].to(DEVICE)
+    packed = ours(ids, position_ids=positions).logits[0]
+    start = 0
+    for n in lengths:
+        alone = ref(ids[:, start:start + n]).logits[0]
+        _close(packed[start:start + n], alone)
+        start += n
+
+
+def test_greedy_generation_with_the_cache_matches_sdpa(rng):
+    ref, ours = _models(rng)
+    ids = torch.from_numpy(rng.integers(0, 61, (2, 4))).to(DEVICE)
+    kwargs = dict(max_new_tokens=2, do_sample=False, pad_token_id=0)
+    want = ref.generate(ids, **kwargs)
+    got = ours.generate(ids, **kwargs)
+    assert np.array_equal(got.cpu().numpy(), want.cpu().numpy())
