@@ -1,7 +1,9 @@
 """numba_flash.transformers: a tiny Llama (GQA) built from a config, every attention layer on
 numba_flash, against the same model on transformers' SDPA attention: logits and gradients of a
 dense batch, a left-padded batch, a padding-free packed batch, and greedy generation with the
-model's cache (skipped without torch or transformers)."""
+model's cache (skipped without torch or transformers: the suite's set-up installs neither
+transformers nor the "hf" extra, whose transformers 5.2x brings a top-level package "kernels"
+that hides tests/kernels; these tests run where transformers is at hand, as on the GPU image)."""
 
 import copy
 
