@@ -125,7 +125,7 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     """
     dev = device.current()
     problem = validate.attention(q, k, v, causal, softmax_scale)
-    dout, out, lse = validate.backward(problem.q, dout, out, lse)
+    dout, out, lse = validate.backward(problem, dout, out, lse)
     return _backward(problem, backend, dout, out, lse, (dq, dk, dv), stream, dev)
 
 
@@ -143,7 +143,7 @@ def flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     dev = device.current()
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal, softmax_scale, seqused_k)
-    dout, out, lse = validate.varlen_backward(problem.q, dout, out, lse)
+    dout, out, lse = validate.backward(problem, dout, out, lse)
     return _backward(problem, backend, dout, out, lse, (dq, dk, dv), stream, dev)
 
 

@@ -148,21 +148,28 @@ def out_buffer(out, like, shape, fmt, name="out"):
 
 def attention(q, k, v, causal, softmax_scale):
     """The checks the attention calls share; returns the ``Attention`` problem."""
-    q, k, v = _tensor(q, "q", 4), _tensor(k, "k", 4), _tensor(v, "v", 4)
+    q, k, v = _qkv(q, k, v, 4)
+    _check_causal(causal)
+    return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal))
+
+
+def _qkv(q, k, v, ndim):
+    """q, k, v adapted and checked, dense (B, S, H, D) or packed (total, H, D): one dtype, k and
+    v alike, the head dim shared and allowed, Hq a multiple of Hk, and (dense) one batch."""
+    q, k, v = _tensor(q, "q", ndim), _tensor(k, "k", ndim), _tensor(v, "v", ndim)
     _same_format(q, k, v)
-    b, sq, hq, d = q.shape
-    if k.shape[0] != b or v.shape[0] != b:
-        raise ValueError(f"k, v: batch {k.shape[0]}, {v.shape[0]} differs from q's {b}")
+    hq, d = q.shape[-2:]
+    if ndim == 4 and (k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]):
+        raise ValueError(f"k, v: batch {k.shape[0]}, {v.shape[0]} differs from q's {q.shape[0]}")
     if k.shape != v.shape:
         raise ValueError(f"v: shape {v.shape} differs from k's {k.shape}")
-    if k.shape[3] != d:
-        raise ValueError(f"k: head dim {k.shape[3]} differs from q's {d}")
-    if hq % k.shape[2] != 0:
-        raise ValueError(f"k: query heads ({hq}) must be a multiple of kv heads ({k.shape[2]})")
+    if k.shape[-1] != d:
+        raise ValueError(f"k: head dim {k.shape[-1]} differs from q's {d}")
+    if hq % k.shape[-2] != 0:
+        raise ValueError(f"k: query heads ({hq}) must be a multiple of kv heads ({k.shape[-2]})")
     if d % 8 != 0 or d > MAX_HEAD_DIM:
         raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
-    _check_causal(causal)
-    return Attention(q, k, v, _scale(softmax_scale, d), bool(causal))
+    return q, k, v
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
@@ -171,17 +178,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     offsets (B + 1,) and seqused_k (B,) int32, positive max_seqlen_q / max_seqlen_k. Returns the
     ``Attention`` problem, its q, k, v seen as (B, total, H, D) with a batch stride of 0. The
     offsets' values stay on the device (the kernels bound them, ``common/masks.py``)."""
-    q, k, v = _tensor(q, "q", 3), _tensor(k, "k", 3), _tensor(v, "v", 3)
-    _same_format(q, k, v)
-    total_q, hq, d = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"v: shape {v.shape} differs from k's {k.shape}")
-    if k.shape[2] != d:
-        raise ValueError(f"k: head dim {k.shape[2]} differs from q's {d}")
-    if hq % k.shape[1] != 0:
-        raise ValueError(f"k: query heads ({hq}) must be a multiple of kv heads ({k.shape[1]})")
-    if d % 8 != 0 or d > MAX_HEAD_DIM:
-        raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
+    q, k, v = _qkv(q, k, v, 3)
     cu_q = index_array(cu_seqlens_q, "cu_seqlens_q", (None,))
     if cu_q.shape[0] < 2:
         raise ValueError(f"cu_seqlens_q: expected shape (B + 1,) with B >= 1, got {cu_q.shape}")
@@ -193,39 +190,27 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     max_k = positive_int(max_seqlen_k, "max_seqlen_k")
     _check_causal(causal)
     q, k, v = (arrays.batched(t, b) for t in (q, k, v))
-    return Attention(q, k, v, _scale(softmax_scale, d), bool(causal), cu_seqlens_q=cu_q,
+    return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal), cu_seqlens_q=cu_q,
                      cu_seqlens_k=cu_k, seqused_k=seqused_k, max_seqlen=(max_q, max_k))
 
 
-def varlen_backward(q, dout, out, lse):
-    """The varlen backward's own inputs against the checked ``q`` (the problem's, (B, total_q,
-    Hq, D)): dout and out shaped like the packed q, lse (Hq, total_q) float32; returns them
-    adapted."""
-    dout, out = _tensor(dout, "dout", 3), _tensor(out, "out", 3)
+def backward(problem, dout, out, lse):
+    """The backward's own inputs against the checked ``problem``: dout and out shaped like the
+    caller's q, (B, Sq, Hq, D) or packed (total_q, Hq, D), and lse (B, Hq, Sq) or (Hq, total_q)
+    float32; returns them adapted."""
+    q = problem.q
+    packed = problem.cu_seqlens_q is not None
+    shape = q.shape[1:] if packed else q.shape
+    dout, out = _tensor(dout, "dout", len(shape)), _tensor(out, "out", len(shape))
     for t in (dout, out):
-        if t.shape != q.shape[1:]:
-            raise ValueError(f"{t.name}: shape {t.shape} differs from q's {q.shape[1:]}")
+        if t.shape != shape:
+            raise ValueError(f"{t.name}: shape {t.shape} differs from q's {shape}")
     _same_format(q, dout, out)
-    total_q, hq, _ = q.shape[1:]
+    *batch, sq, hq, _ = shape
+    want = (*batch, hq, sq)
     lse = arrays.adapt(lse, "lse")
-    if lse.shape != (hq, total_q) or lse.fmt != "float32":
-        raise ValueError(f"lse: expected shape {(hq, total_q)} of float32, "
-                         f"got {lse.shape} of {lse.fmt}")
-    return dout, out, lse
-
-
-def backward(q, dout, out, lse):
-    """The backward's own inputs, against the checked ``q``; returns adapted dout, out, lse."""
-    dout, out = _tensor(dout, "dout", 4), _tensor(out, "out", 4)
-    for t in (dout, out):
-        if t.shape != q.shape:
-            raise ValueError(f"{t.name}: shape {t.shape} differs from q's {q.shape}")
-    _same_format(q, dout, out)
-    b, sq, hq, d = q.shape
-    lse = arrays.adapt(lse, "lse")
-    if lse.shape != (b, hq, sq) or lse.fmt != "float32":
-        raise ValueError(f"lse: expected shape {(b, hq, sq)} of float32, "
-                         f"got {lse.shape} of {lse.fmt}")
+    if lse.shape != want or lse.fmt != "float32":
+        raise ValueError(f"lse: expected shape {want} of float32, got {lse.shape} of {lse.fmt}")
     return dout, out, lse
 
 
