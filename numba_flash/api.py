@@ -21,6 +21,7 @@ except DynamicLibNotFoundError as e:  # numba-cuda loads the CUDA runtime librar
 
 from . import backends, scheduler, torch_plans, validate
 from .kernels import registry
+from .kernels.problem import Decode
 from .runtime import arrays, device, status
 from .runtime.status import check_errors  # noqa: F401  (public: numba_flash.check_errors)
 from .runtime.arrays import FLOAT_FORMATS
@@ -239,22 +240,26 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
     if type(cache_seqlens).__module__.split(".")[0] == "numpy" and not SIMULATOR:
         plan = scheduler.plan_mla(validate.host_lengths(cache_seqlens), q_rows, h_kv, num_sms)
         return tuple(cuda.to_device(values) for values in plan)
-    metadata, num_splits = _plan_on_device(
-        validate.index_array(cache_seqlens, "cache_seqlens", (None,)), q_rows, h_kv, num_sms, dev)
+    seqlens = validate.index_array(cache_seqlens, "cache_seqlens", (None,))
+    metadata, num_splits = _plan_arrays(seqlens, scheduler.num_sm_parts(num_sms, h_kv, q_rows))
+    _plan_on_device(seqlens, metadata, num_splits, arrays.stream_of(seqlens), dev)
     return metadata.obj, num_splits.obj
 
 
-def _plan_on_device(seqlens, q_rows, h_kv, num_sms, dev):
-    """Metadata and num_splits (adapted, in seqlens's library) planned by the one-warp kernel
-    of kernels/simt/mla_metadata.py on seqlens's stream."""
-    parts = scheduler.num_sm_parts(num_sms, h_kv, q_rows)
-    args = dict(cache_seqlens=seqlens, parts=np.int32(parts),
-                metadata=arrays.empty(seqlens, (parts, scheduler.METADATA_SIZE), "int32",
-                                      "tile_scheduler_metadata"),
-                num_splits=arrays.empty(seqlens, (seqlens.shape[0] + 1,), "int32", "num_splits"))
-    plan = registry.METADATA
-    plan.launch(plan.Config(), args, arrays.stream_of(seqlens), dev)
-    return args["metadata"], args["num_splits"]
+def _plan_arrays(like, parts):
+    """Fresh metadata (parts, 8) and num_splits (b + 1,) int32 arrays in ``like``'s library
+    (``like``: the (b,) lengths)."""
+    return (arrays.empty(like, (parts, scheduler.METADATA_SIZE), "int32",
+                         "tile_scheduler_metadata"),
+            arrays.empty(like, (like.shape[0] + 1,), "int32", "num_splits"))
+
+
+def _plan_on_device(seqlens, metadata, num_splits, stream, dev):
+    """The plan of ``seqlens`` into ``metadata`` and ``num_splits`` by the one-warp kernel of
+    kernels/simt/mla_metadata.py, on ``stream``."""
+    args = dict(cache_seqlens=seqlens, parts=np.int32(metadata.shape[0]), metadata=metadata,
+                num_splits=num_splits)
+    registry.METADATA.launch(registry.METADATA.Config(), args, stream, dev)
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
@@ -290,25 +295,125 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     if out is not None:
         validate.refuse_overlap([o], [q, k_cache, block_table, cache_seqlens]
                                 + ([metadata, num_splits] if planned else []))
-    decode.choose(config, dev)
+    stream = arrays.stream_of(q, stream)
     if not planned:
-        metadata, num_splits = _plan_on_device(cache_seqlens, problem.q_rows, h_kv, dev.sms, dev)
+        metadata, num_splits = _plan_arrays(
+            cache_seqlens, scheduler.num_sm_parts(dev.sms, h_kv, problem.q_rows))
+    args = _decode_args(problem, decode, config, metadata, num_splits, o, dev)
+    if not planned:
+        _plan_on_device(cache_seqlens, metadata, num_splits, stream, dev)
+    _decode(decode, config, args, stream, dev)
+    return o.obj, args["lse"].obj
 
-    parts = metadata.shape[0]
+
+def _decode_args(problem, decode, config, metadata, num_splits, o, dev):
+    """The launch arguments of a decode and its combine (outputs and split accumulators
+    allocated), after the checks that could still refuse the call: the decode's tiles against
+    the device, the combine's grid."""
+    q = problem.q
+    b, s_q, h_q, _ = q.shape
+    dv, parts = problem.head_dim_v, metadata.shape[0]
+    decode.choose(config, dev)
     # Split requests: one slot per piece, at most b + parts - 1 of them (see scheduler.py).
-    args = dict(q=q, k_cache=k_cache, block_table=block_table, cache_seqlens=cache_seqlens,
-                metadata=metadata, num_splits=num_splits, out=o, scale=problem.scale,
+    args = dict(q=q, k_cache=problem.k_cache, block_table=problem.block_table,
+                cache_seqlens=problem.cache_seqlens, metadata=metadata, num_splits=num_splits,
+                out=o, scale=problem.scale, status=status.word(q),
                 lse=arrays.empty(q, (b, h_q, s_q), "float32", "lse"),
                 o_acc=arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc"),
                 lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
-    args["status"] = status.word(q)
-    stream = arrays.stream_of(q, stream)
+    for name in ("v_cache", "key_start"):
+        if getattr(problem, name) is not None:
+            args[name] = getattr(problem, name)
     # Behind a decode that allows it (sm_90 kernels) the combine starts alongside the decode.
-    combine = registry.COMBINE.Config(dv, q.fmt, decode.allows_dependents)
-    registry.COMBINE.prepare(combine, args, dev)  # its grid fits before the decode writes
+    args["combine"] = registry.COMBINE.Config(dv, q.fmt, decode.allows_dependents)
+    registry.COMBINE.prepare(args["combine"], args, dev)
+    return args
+
+
+def _decode(decode, config, args, stream, dev):
+    """Launch a decode and the combine of its split requests."""
     decode.launch(config, args, stream, dev)
-    registry.COMBINE.launch(combine, args, stream, dev)
-    return o.obj, args["lse"].obj
+    registry.COMBINE.launch(args["combine"], args, stream, dev)
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+# Scheduler parts per SM of flash_attn_with_kvcache's default plan (num_splits=0).
+KVCACHE_PARTS_PER_SM = 1
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, backend="auto", out=None, stream=None):
+    """Attention of q against a KV cache, after appending the new k, v to it in place
+    (flash-attn 2.8's ``flash_attn_with_kvcache``). Returns ``out``, or ``(out, lse)`` with
+    ``return_softmax_lse``.
+
+    q: (B, Sq, Hq, D); k_cache, v_cache: (B_c, S_c, Hk, D), or pages (num_blocks, page_size,
+    Hk, D) behind ``block_table`` (B, max_blocks) int32; k, v: (B, S_new, Hk, D), written at
+    positions ``cache_seqlens[b] ..`` (an int or (B,) int32; rotated first with rotary_cos /
+    rotary_sin (seqlen_ro, rotary_dim / 2), interleaved or GPT-NeoX halves), after which q
+    attends ``cache_seqlens[b] + S_new`` keys (from ``cache_leftpad[b]`` on; cache row
+    ``cache_batch_idx[b]``). ``causal`` aligns bottom-right. ``num_splits``: 0 lets the tile
+    scheduler split long caches over CTAs, 1 gives each sequence one CTA, n > 1 plans n CTAs
+    per sequence's worth of parts. Work: ``kernels/simt/kvcache_prepare.py``, then the decode and
+    combine of ``flash_mla_with_kvcache``, all planned on the device (capturable in a CUDA
+    graph). Sliding windows, softcap and ALiBi raise ``NotImplementedError``.
+    """
+    validate.attention_options(window_size, softcap, alibi_slopes)
+    dev = device.current()
+    c = validate.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                         rotary_interleaved, num_splits)
+    q = c.q
+    b, sq, hq, d = q.shape
+    hk = c.k_cache.shape[2]
+    one_piece = c.num_splits == 1
+    q_rot = arrays.empty(q, q.shape, q.fmt, "q_rot") if c.rotary else q
+    lengths = arrays.empty(q, (b,), "int32", "lengths")
+    key_start = arrays.empty(q, (b,), "int32", "key_start")
+    table = c.block_table if c.block_table is not None else arrays.empty(q, (b, 1), "int32",
+                                                                          "table")
+    problem = Decode(q_rot, c.k_cache, table, lengths, d, c.scale, c.causal,
+                              v_cache=c.v_cache,
+                              key_start=key_start if c.cache_leftpad is not None else None)
+    decode, config = backends.decode_spec(backend, problem, dev)
+    o = validate.out_buffer(out, q, q.shape, q.fmt)
+    if out is not None:
+        validate.refuse_overlap([o], [t for t in (q, c.k_cache, c.v_cache, c.k, c.v) if t])
+    if one_piece:
+        parts = b
+    elif c.num_splits > 1:
+        parts = c.num_splits * b
+    else:
+        parts = scheduler.num_sm_parts(dev.sms * KVCACHE_PARTS_PER_SM, hk, problem.q_rows)
+    metadata, num_splits = _plan_arrays(lengths, parts)
+    args = _decode_args(problem, decode, config, metadata, num_splits, o, dev)
+    # Absent optional arrays reach the kernel as empty ones (or q: never read).
+    empty = arrays.prefix(lengths, 0)
+    cos, sin, mode = c.rotary or (arrays.empty(q, (0, 1), q.fmt, "rotary"),) * 2 + (None,)
+    prep = dict(q=q, k=c.k or q, v=c.v or q, k_cache=c.k_cache, v_cache=c.v_cache,
+                block_table=table, cache_seqlens=c.cache_seqlens or empty,
+                cache_batch_idx=c.cache_batch_idx or empty,
+                cache_leftpad=c.cache_leftpad or empty, rotary_cos=cos,
+                rotary_sin=sin, q_rot=q_rot, lengths=lengths, key_start=key_start,
+                table=table, metadata=metadata, num_splits=num_splits, status=args["status"],
+                s_new=0 if c.k is None else c.k.shape[1], fixed_seqlen=c.fixed_seqlen,
+                capacity=c.capacity, rotary_dim=0 if mode is None else 2 * cos.shape[1],
+                one_piece=int(one_piece))
+    prepare = registry.KVCACHE_PREPARE
+    prep_config = prepare.Config(q.fmt, mode, c.causal and mode is not None,
+                                 c.block_table is not None)
+    stream = arrays.stream_of(q, stream)
+    prepare.prepare(prep_config, prep, dev)  # every refusal before the first write
+    prepare.launch(prep_config, prep, stream, dev)
+    if not one_piece:
+        _plan_on_device(lengths, metadata, num_splits, stream, dev)
+    _decode(decode, config, args, stream, dev)
+    return (o.obj, args["lse"].obj) if return_softmax_lse else o.obj
 
 
 # ----------------------------------------------------------------------------- warmup

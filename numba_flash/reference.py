@@ -217,3 +217,80 @@ def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_s
             lse[i, :, t] = (m + np.log(l))[:, 0]
             out[i, t] = _einsum("hn,nhd->hd", p / l, kv[:visible, :, :head_dim_v])
     return out, lse
+
+
+def rotary_ref(x, cos, sin, positions, interleaved):
+    """flash-attn's rotary embedding of ``x (S, H, D)`` in float64, row ``s`` at position
+    ``positions[s]``: over the first ``rotary_dim = 2 * cos.shape[1]`` columns, pairs ``(x1,
+    x2)`` -> ``(x1 cos - x2 sin, x1 sin + x2 cos)``, the pairs being columns ``(2i, 2i + 1)``
+    (interleaved) or ``(i, i + rotary_dim / 2)``; the other columns unchanged."""
+    x = to_float64(x).copy()
+    half = cos.shape[1]
+    c = to_float64(cos)[positions][:, None, :]  # (S, 1, half)
+    s = to_float64(sin)[positions][:, None, :]
+    if interleaved:
+        x1, x2 = x[..., 0:2 * half:2].copy(), x[..., 1:2 * half:2].copy()
+        x[..., 0:2 * half:2], x[..., 1:2 * half:2] = x1 * c - x2 * s, x1 * s + x2 * c
+    else:
+        x1, x2 = x[..., :half].copy(), x[..., half:2 * half].copy()
+        x[..., :half], x[..., half:2 * half] = x1 * c - x2 * s, x1 * s + x2 * c
+    return x
+
+
+def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                softmax_scale=None, causal=False, rotary_interleaved=True):
+    """flash-attn's ``flash_attn_with_kvcache`` on host arrays, from its definition.
+
+    Returns ``(out, lse, k_cache, v_cache, q_used)``: out (B, Sq, Hq, D) and lse (B, Hq, Sq) in
+    float64 (the attention of ``attention_fwd_ref``), the caches after the append (new copies, in
+    their dtype: rotated keys rounded to it) and the query the attention used (rotated and
+    rounded, as flash-attn does, or q itself). Sequence ``b`` appends ``k[b], v[b]`` at
+    positions ``L + t`` (``L = cache_seqlens[b]``, an int for all, or the whole cache when None)
+    of cache row ``cache_batch_idx[b]`` (or ``b``), or of its pages ``block_table[b]``; the
+    query then attends the keys at positions ``cache_leftpad[b] .. L + S_new - 1``, causal
+    bottom-right. Rotary: keys at their positions, queries at ``L + t`` (causal) or ``L``.
+    """
+    q = np.asarray(q)
+    b, sq, hq, d = q.shape
+    kc, vc = np.array(k_cache), np.array(v_cache)
+    paged = block_table is not None
+    capacity = np.asarray(block_table).shape[1] * kc.shape[1] if paged else kc.shape[1]
+    s_new = 0 if k is None else np.asarray(k).shape[1]
+    out = np.zeros((b, sq, hq, d))
+    lse = np.full((b, hq, sq), np.inf)
+    q_used = q.copy()
+    for i in range(b):
+        if cache_seqlens is None:
+            n_cached = capacity
+        elif np.ndim(cache_seqlens) == 0:
+            n_cached = int(cache_seqlens)
+        else:
+            n_cached = int(np.asarray(cache_seqlens)[i])
+        if paged:
+            pages = np.asarray(block_table)[i].astype(np.int64)
+            rows = [(pages[p // kc.shape[1]], p % kc.shape[1]) for p in range(capacity)]
+        else:
+            row = i if cache_batch_idx is None else int(np.asarray(cache_batch_idx)[i])
+            rows = [(row, p) for p in range(capacity)]
+        if s_new:
+            new_pos = np.arange(n_cached, n_cached + s_new)
+            kn = np.asarray(k)[i]
+            if rotary_cos is not None:
+                kn = rotary_ref(kn, rotary_cos, rotary_sin, new_pos, rotary_interleaved)
+            for t, p in enumerate(new_pos):
+                kc[rows[p]] = np.asarray(kn[t]).astype(kc.dtype)
+                vc[rows[p]] = np.asarray(v)[i, t]
+        if rotary_cos is not None and s_new:
+            q_pos = n_cached + (np.arange(sq) if causal else np.zeros(sq, np.int64))
+            q_used[i] = rotary_ref(q[i], rotary_cos, rotary_sin, q_pos,
+                                   rotary_interleaved).astype(q.dtype)
+        start = 0 if cache_leftpad is None else int(np.asarray(cache_leftpad)[i])
+        used = rows[start:n_cached + s_new]
+        if not used:
+            continue
+        keys = np.stack([kc[r] for r in used])[None]
+        vals = np.stack([vc[r] for r in used])[None]
+        o, l = attention_fwd_ref(q_used[i:i + 1], keys, vals, causal, softmax_scale)
+        out[i], lse[i] = o[0], l[0]
+    return out, lse, kc, vc, q_used

@@ -5,6 +5,7 @@ which the kernel choice and the kernels' configs read. What the calls accept is
 ``docs/api.md``."""
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -266,3 +267,116 @@ def mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
     _check_causal(causal)
     return Decode(q, k_cache, block_table, cache_seqlens, int(head_dim_v), _scale(softmax_scale, d),
                   bool(causal), tile_scheduler_metadata, num_splits)
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+class KVCacheCall(NamedTuple):
+    """``flash_attn_with_kvcache``'s checked arguments (adapted arrays, None where absent)."""
+
+    q: object
+    k_cache: object
+    v_cache: object
+    k: object
+    v: object
+    cache_seqlens: object   # a (B,) int32 array, or None: ``fixed_seqlen`` for every sequence
+    fixed_seqlen: int
+    cache_batch_idx: object
+    cache_leftpad: object
+    block_table: object
+    rotary: object          # None, or (rotary_cos, rotary_sin, "interleaved" | "half")
+    capacity: int           # cache positions a sequence may use
+    scale: float
+    causal: bool
+    num_splits: int
+
+
+def kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, softmax_scale, causal, rotary_interleaved, num_splits):
+    """The checks of ``flash_attn_with_kvcache`` (flash-attn 2.8's rules, docs/api.md); values
+    only the device sees (lengths, indices, table entries) are bounded by the kernels."""
+    q = _tensor(q, "q", 4)
+    k_cache, v_cache = _tensor(k_cache, "k_cache", 4), _tensor(v_cache, "v_cache", 4)
+    _same_format(q, k_cache, v_cache)
+    b, sq, hq, d = q.shape
+    if d % 8 != 0 or d > MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
+    if k_cache.shape[3] != d:
+        raise ValueError(f"k_cache: head dim {k_cache.shape[3]} differs from q's {d}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache: shape {v_cache.shape} differs from k_cache's {k_cache.shape}")
+    hk = k_cache.shape[2]
+    if hq % hk:
+        raise ValueError(f"k_cache: query heads ({hq}) must be a multiple of kv heads ({hk})")
+    if block_table is not None:
+        block_table = index_array(block_table, "block_table", (b, None))
+        capacity = block_table.shape[1] * k_cache.shape[1]
+        for name, value in (("cache_batch_idx", cache_batch_idx),
+                            ("cache_leftpad", cache_leftpad)):
+            if value is not None:
+                raise ValueError(f"{name}: not supported with a paged cache (block_table), as "
+                                 "in flash-attn")
+    else:
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is None and k_cache.shape[0] < b:
+            raise ValueError(f"k_cache: {k_cache.shape[0]} cache rows for a batch of {b} (pass "
+                             "cache_batch_idx to pick rows)")
+    if cache_batch_idx is not None:
+        cache_batch_idx = index_array(cache_batch_idx, "cache_batch_idx", (b,))
+    if cache_leftpad is not None:
+        cache_leftpad = index_array(cache_leftpad, "cache_leftpad", (b,))
+    if (k is None) != (v is None):
+        raise ValueError("k, v: pass both new keys and values, or neither")
+    s_new = 0
+    if k is not None:
+        k, v = _tensor(k, "k", 4), _tensor(v, "v", 4)
+        _same_format(q, k, v)
+        if k.shape != v.shape or k.shape[0] != b or k.shape[2:] != (hk, d):
+            raise ValueError(f"k, v: expected shape ({b}, S_new, {hk}, {d}), got {k.shape} and "
+                             f"{v.shape}")
+        s_new = k.shape[1]
+        if s_new > capacity:
+            raise ValueError(f"k: {s_new} new keys do not fit a cache of {capacity} positions")
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens: required with new k, v (where to append them)")
+    fixed = capacity
+    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
+        fixed = int(cache_seqlens)
+        if not 0 <= fixed <= capacity - s_new:
+            raise ValueError(f"cache_seqlens: expected 0 to {capacity - s_new} (the cache holds "
+                             f"{capacity} positions, {s_new} new keys), got {fixed}")
+        cache_seqlens = None
+    elif cache_seqlens is not None:
+        cache_seqlens = index_array(cache_seqlens, "cache_seqlens", (b,))
+    rotary = None
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos, rotary_sin: pass both or neither")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos, rotary_sin: rotary applies to new k, v; none given")
+        cos, sin = _tensor(rotary_cos, "rotary_cos", 2), _tensor(rotary_sin, "rotary_sin", 2)
+        _same_format(q, cos, sin)
+        if sin.shape != cos.shape:
+            raise ValueError(f"rotary_sin: shape {sin.shape} differs from rotary_cos's "
+                             f"{cos.shape}")
+        if 2 * cos.shape[1] > d:
+            raise ValueError(f"rotary_cos: rotary_dim / 2 = {cos.shape[1]} columns, more than "
+                             f"half the head dim {d}")
+        if cos.shape[0] < capacity:
+            raise ValueError(f"rotary_cos: {cos.shape[0]} positions, fewer than the cache's "
+                             f"{capacity}")
+        if not isinstance(rotary_interleaved, (bool, np.bool_)):
+            raise TypeError(f"rotary_interleaved: expected a bool, got "
+                            f"{type(rotary_interleaved).__name__}")
+        rotary = (cos, sin, "interleaved" if rotary_interleaved else "half")
+    _check_causal(causal)
+    if isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, (int, np.integer)) \
+            or num_splits < 0:
+        raise ValueError(f"num_splits: expected an integer >= 0, got {num_splits!r}")
+    written = [t for t in (k_cache, v_cache)]
+    read = [t for t in (q, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                        *(rotary[:2] if rotary else ())) if t is not None]
+    refuse_overlap(written, read)  # the append writes the caches while these are read
+    return KVCacheCall(q, k_cache, v_cache, k, v, cache_seqlens, fixed, cache_batch_idx,
+                       cache_leftpad, block_table, rotary, capacity,
+                       _scale(softmax_scale, d), bool(causal), int(num_splits))

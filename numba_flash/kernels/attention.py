@@ -217,6 +217,8 @@ class DecodeConfig(NamedTuple):
     fmt: str
     vec: bool         # q and the cache may be copied in 16-byte chunks (rows_16_byte_aligned)
     tma: bool = False  # cache tiles by TMA boxes (wgmma; page size a multiple of 64)
+    separate_v: bool = False  # V in a cache of its own (ordinary attention), not k_cache's columns
+    leftpad: bool = False  # each sequence's keys start at its own cache position (key_start)
 
 
 # The tensor-core decodes' samples (``KernelSpec.samples``) by label: (q_rows, head_dim,

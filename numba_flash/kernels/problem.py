@@ -3,8 +3,8 @@ chooses a kernel by and that each kernel's spec derives its compile-time options
 
 ``Attention`` is a forward or backward call (a dense batch, or packed sequences behind varlen
 offsets; the paged K/V, the masks, the score modifiers and the FP8 descales are its optional
-fields), ``Decode`` a paged MLA
-decode. Both hold the adapted arrays (``arrays.Tensor``) and the checked numbers; the sizes
+fields), ``Decode`` a paged decode: FlashMLA's, or, with V in a cache of its own, the attention
+of ``flash_attn_with_kvcache``. Both hold the adapted arrays (``arrays.Tensor``) and the checked numbers; the sizes
 every consumer reads are properties of the arrays, so nothing is stored twice.
 
 An optional field left at ``None`` is off, and an option that is off costs nothing: the kernels
@@ -64,10 +64,10 @@ class Attention(NamedTuple):
 
 
 class Decode(NamedTuple):
-    """One paged MLA decode: q (b, s_q, h_q, d), the cache (pages, page_size, h_kv, d) whose first
-    ``head_dim_v`` columns are V, the block table and lengths, the tile scheduler's plan (None
-    when the call plans itself), the scale and causality (for s_q > 1), and FlashMLA's options
-    below."""
+    """One paged decode: q (b, s_q, h_q, d), the cache (pages, page_size, h_kv, d) whose first
+    ``head_dim_v`` columns are V (MLA) unless ``v_cache`` holds V, the block table and lengths,
+    the tile scheduler's plan (None when the call plans itself), the scale and causality (for
+    s_q > 1), and the options below."""
 
     q: Tensor
     k_cache: Tensor
@@ -81,8 +81,10 @@ class Decode(NamedTuple):
     indices: Optional[Tensor] = None      # sparse attention: the cache slots each query reads
     attn_sink: Optional[Tensor] = None    # (h_q,) learned logit added to every row's sum
     fp8_cache: Optional[bool] = None      # the cache holds FP8 values with their scales
+    v_cache: Optional[Tensor] = None      # V's own cache, shaped like k_cache (ordinary attention)
+    key_start: Optional[Tensor] = None    # (b,) int32: cache position of each sequence's key 0
 
-    OPTIONS = ("indices", "attn_sink", "fp8_cache")
+    OPTIONS = ("indices", "attn_sink", "fp8_cache", "v_cache", "key_start")
     options, fmt, head_dim = Attention.options, Attention.fmt, Attention.head_dim  # q's, as there
 
     @property
@@ -103,6 +105,8 @@ class Decode(NamedTuple):
     @property
     def cache_aligned(self):
         """Whether cache rows may be copied in 16-byte chunks."""
+        if self.v_cache is not None:
+            return rows_16_byte_aligned(self.k_cache, self.v_cache)
         return rows_16_byte_aligned(self.k_cache)
 
     @property

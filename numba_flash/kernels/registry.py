@@ -20,6 +20,7 @@ from typing import Callable, NamedTuple, Optional
 from . import naive
 from .simt import backward as simt_backward
 from .simt import combine as simt_combine
+from .simt import kvcache_prepare as simt_kvcache_prepare
 from .simt import forward as simt_forward
 from .simt import mla_decode as simt_mla_decode
 from .simt import mla_metadata as simt_mla_metadata
@@ -112,11 +113,15 @@ def _mma_decode_config(problem):
 
 
 def _simt_decode_config(problem):
-    return simt_mla_decode.SPEC.Config(*_decode_key(problem), problem.cache_aligned)
+    return simt_mla_decode.SPEC.Config(*_decode_key(problem), problem.cache_aligned, False,
+                                       problem.v_cache is not None,
+                                       problem.key_start is not None)
 
 
 # Packed sequences (kernels/attention.py): every forward and backward kernel runs them.
 VARLEN = frozenset(("cu_seqlens_q", "cu_seqlens_k", "seqused_k"))
+# flash_attn_with_kvcache's decode: V in its own cache, keys from a per-sequence start.
+KVCACHE = frozenset(("v_cache", "key_start"))
 
 ENTRIES = (
     Entry("tc.forward_wgmma", "forward", "tc", (tc_forward_wgmma.SPEC,), _on("wgmma"),
@@ -136,12 +141,13 @@ ENTRIES = (
     Entry("tc.mla_decode_mma", "decode", "tc", (tc_mla_decode_mma.SPEC,),
           _tc_decode(tc_mla_decode_mma, "mma"), _mma_decode_config),
     Entry("simt.mla_decode", "decode", "simt", (simt_mla_decode.SPEC,), _anywhere,
-          _simt_decode_config),
+          _simt_decode_config, honours=KVCACHE),
 )
 
 # Single kernels every call of their pass uses, whatever the backend.
 PREPROCESS = simt_backward.PREPROCESS
 COMBINE = simt_combine.SPEC
+KVCACHE_PREPARE = simt_kvcache_prepare.SPEC
 METADATA = simt_mla_metadata.SPEC
 NAIVE = (naive.SCORES, naive.SOFTMAX, naive.OUTPUT)
 MAX_DECODE_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
@@ -169,4 +175,5 @@ def specs():
     seen = []
     for entry in ENTRIES:
         seen += [s for s in entry.specs if s not in seen]
-    return seen + [s for s in (PREPROCESS, COMBINE, METADATA, *NAIVE) if s not in seen]
+    return seen + [s for s in (PREPROCESS, COMBINE, METADATA, KVCACHE_PREPARE, *NAIVE)
+                   if s not in seen]

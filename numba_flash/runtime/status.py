@@ -17,6 +17,8 @@ PAST_TABLE = 1 << 2         # a length reaches past the block table's columns
 BAD_SPLITS = 1 << 3         # num_splits names accumulator slots that do not exist
 NEGATIVE_LENGTH = 1 << 4    # a length is negative
 BAD_SEQLENS = 1 << 5        # varlen offsets or lengths outside the arrays or past their bounds
+BAD_CACHE_INDEX = 1 << 6    # a cache_batch_idx entry is not a row of the cache
+BAD_CACHE_LENGTH = 1 << 7   # kvcache: keys past the cache, a left padding outside its sequence
 
 MESSAGES = {
     BAD_METADATA: "tile_scheduler_metadata: a row names requests outside the batch "
@@ -31,6 +33,11 @@ MESSAGES = {
     BAD_SEQLENS: "cu_seqlens_q, cu_seqlens_k or seqused_k: an offset decreases or runs past its "
                  "array, or a length exceeds max_seqlen_q / max_seqlen_k or its sequence (the "
                  "sequence was cut to what lies inside; rows past it were not computed)",
+    BAD_CACHE_INDEX: "cache_batch_idx: an entry is not a row of the cache (that sequence "
+                     "appended nothing and attended no key)",
+    BAD_CACHE_LENGTH: "cache_seqlens, cache_leftpad: the new keys run past the cache, a left "
+                      "padding lies outside its sequence, or a query's rotary position lies "
+                      "past rotary_cos (cut to the cache, clamped, or the query zeroed)",
 }
 
 _words = {}  # device ordinal -> (the word: an int32 device array of 1, its Tensor)

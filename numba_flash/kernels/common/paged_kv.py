@@ -18,7 +18,8 @@ which the combine kernel merges.
                                              -> n_lo, n_hi, seqlen, split, slot
     row_source(block_table, num_pages, req, pos, n_end, page_size, status)
                                              -> page, slot, valid
-    copy_row(tile, at, k_cache, hk, page, slot, valid, rl)   (this thread's share of a row)
+    copy_row(tile, at, k_cache, hk, page, slot, valid, rl)   (this thread's share of a row:
+                                             ``make_row_copy`` for HEAD_DIM columns)
     put(out, o_acc, split, req, slot, t, h, col, x, status)  (one output element)
     put_lse(lse, lse_acc, split, req, slot, t, h, m, l, status)  (a row's lse from m_i, l_i)
 
@@ -112,16 +113,42 @@ def make_page_lookup(NO_PAGE):
     return table_entry, page_of, lookup
 
 
+def make_row_copy(COLS, TPR, FMT, VEC):
+    """copy_row(tile, at, cache, hk, page, slot, valid, rl): this thread's share (lane ``rl`` of
+    the TPR threads of a row) of the first COLS columns of one cache row -> tile[at ...]
+    (storage elements): 16-byte cp.async chunks (zero-filled when not valid) or, for unaligned
+    views (``VEC`` False), elements."""
+    item = 4 if FMT == "float32" else 2
+    CHUNK = memory.CP_ASYNC_BYTES // item  # elements per 16-byte copy
+    CHUNKS = -(-(COLS // CHUNK) // TPR)  # copies per thread and row
+    CHUNKS_EXACT = (COLS // CHUNK) % TPR == 0
+    ELEMS = -(-COLS // TPR)  # elements per thread and row (VEC = False)
+    ELEMS_EXACT = COLS % TPR == 0
+    ZERO_BITS = np.float32(0) if FMT == "float32" else np.uint16(0)  # +0.0 in every format
+
+    @cuda.jit(device=True, inline="always")
+    def copy_row(tile, at, cache, hk, page, slot, valid, rl):
+        if VEC:
+            for i in range(CHUNKS):
+                col = (rl + TPR * i) * CHUNK
+                if CHUNKS_EXACT or col < COLS:
+                    memory.cp_async_16_zfill(tile, uint64(at + col), cache,
+                                             (page, slot, hk, uint64(col)), valid)
+        else:
+            for i in range(ELEMS):
+                col = rl + TPR * i
+                if ELEMS_EXACT or col < COLS:
+                    x = ZERO_BITS
+                    if valid:
+                        x = cache[page, slot, hk, uint64(col)]
+                    tile[uint64(at + col)] = x
+
+    return copy_row
+
+
 def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
     """The walk's device functions for tiles of BLOCK_M packed query rows, TPR threads per
     copied cache row (``VEC``: 16-byte cp.async chunks, else element copies)."""
-    item = 4 if FMT == "float32" else 2
-    CHUNK = memory.CP_ASYNC_BYTES // item  # elements per 16-byte copy
-    CHUNKS = -(-(HEAD_DIM // CHUNK) // TPR)  # copies per thread and row
-    CHUNKS_EXACT = (HEAD_DIM // CHUNK) % TPR == 0
-    ELEMS = -(-HEAD_DIM // TPR)  # elements per thread and row (VEC = False)
-    ELEMS_EXACT = HEAD_DIM % TPR == 0
-    ZERO_BITS = np.float32(0) if FMT == "float32" else np.uint16(0)  # +0.0 in every format
     store = formats.storer(FMT)
     NEG_INF, POS_INF, LN2 = constants.NEG_INF, constants.POS_INF, constants.LN2
     ZERO = float32(0.0)
@@ -181,24 +208,7 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
                 slot = pos32 - blk * page_size
         return page, slot, valid
 
-    @cuda.jit(device=True, inline="always")
-    def copy_row(tile, at, k_cache, hk, page, slot, valid, rl):
-        """This thread's share of one cache row -> tile[at ...] (storage elements): 16-byte
-        cp.async chunks (zero-filled when not valid) or, for unaligned views, elements."""
-        if VEC:
-            for i in range(CHUNKS):
-                col = (rl + TPR * i) * CHUNK
-                if CHUNKS_EXACT or col < HEAD_DIM:
-                    memory.cp_async_16_zfill(tile, uint64(at + col), k_cache,
-                                          (page, slot, hk, uint64(col)), valid)
-        else:
-            for i in range(ELEMS):
-                col = rl + TPR * i
-                if ELEMS_EXACT or col < HEAD_DIM:
-                    x = ZERO_BITS
-                    if valid:
-                        x = k_cache[page, slot, hk, uint64(col)]
-                    tile[uint64(at + col)] = x
+    copy_row = make_row_copy(HEAD_DIM, TPR, FMT, VEC)
 
     @cuda.jit(device=True, inline="always")
     def put(out, o_acc, split, req, slot, t, h, col, x, status):

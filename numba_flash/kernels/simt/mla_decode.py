@@ -119,15 +119,15 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, uint32, uint64
+from numba import cuda, float32, int32, types, uint32, uint64
 
 from ...runtime.device import SIMULATOR, Device
 from ...runtime.spec import SM80, SM90, Sample, Tiles
 
-from ..attention import DecodeSpec
+from ..attention import DecodeSpec, tensor_type
 from ..common import constants, formats
 from ..common.layout import SharedLayout
-from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk
+from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_row_copy
 from ..instructions import convert, memory, sync
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -164,7 +164,13 @@ def _bank_stride(n, g):
     return g * (m + 1 - m % 2)
 
 
-def wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS=THREADS):
+def kv_row(HEAD_DIM, HEAD_DIM_V, SEPARATE_V):
+    """Storage elements of one cache row in a tile: its HEAD_DIM key columns, then, when V has a
+    cache of its own, its HEAD_DIM_V value columns (else V is the first key columns)."""
+    return HEAD_DIM + (HEAD_DIM_V if SEPARATE_V else 0)
+
+
+def wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS=THREADS, SEPARATE_V=False):
     """The wide variant's thread layout of each phase, and the strides (KV row in storage
     elements, P row and S plane in words) that keep the lanes of a warp on different banks."""
     DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
@@ -188,14 +194,14 @@ def wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS=THREADS):
     # The S phase reads DS words of each of 32 / DS KV rows and writes 32 / DS words of each of
     # DS planes; the softmax reads SL words of each of 32 / SL rows of a plane. A KV row stays a
     # multiple of 16 bytes (cp.async).
-    kv_stride = 2 * _bank_stride(DP, max(DS, 4))
+    kv_stride = 2 * _bank_stride(kv_row(HEAD_DIM, HEAD_DIM_V, SEPARATE_V) // 2, max(DS, 4))
     p_stride = _bank_stride(BLOCK_N, SL)
     plane = _bank_stride(BLOCK_M * p_stride, 32 // DS)
     return dict(TM=TM, R=R, TN=TN, C=C, DS=DS, SL=SL, TS=TS, TMo=TMo, Ro=Ro, Co=Co, TDo=TDo,
                 kv_stride=kv_stride, p_stride=p_stride, plane=plane)
 
 
-def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS):
+def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS, SEPARATE_V=False):
     """The dynamic shared memory of one configuration (module docstring), in 32-bit words: the
     spec's shared bytes and the factory's offsets (a tile region's offset times 4 / item is its
     offset in storage elements)."""
@@ -208,14 +214,14 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS):
     if BLOCK_M <= NARROW_ROWS:
         WARPS = THREADS // 32
         assert BLOCK_N * item >= 4 * BLOCK_M  # the float32 query rows fit in one ring slot
-        ring = NSTAGES * BLOCK_N * HEAD_DIM * item // 4
+        ring = NSTAGES * BLOCK_N * kv_row(HEAD_DIM, HEAD_DIM_V, SEPARATE_V) * item // 4
         # After the last tile of a piece the buffer's start holds the warps' partial results:
         # (m_i, l_i) per warp and row, then O_i (2 VP floats). The ring lies over them and, but
         # for a tile of few keys, past them ("ring_end"): the larger of the two sets the size.
         stat, o = 2 * WARPS * BLOCK_M, WARPS * BLOCK_M * 2 * _cdiv(HEAD_DIM_V, 2)
         return SharedLayout(4, [("stat", stat), ("o", o), ("ring_end", max(0, ring - stat - o)),
                                 ("ring", ring, "stat")])
-    th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS)
+    th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS, SEPARATE_V)
     return SharedLayout(4, [("q", BLOCK_M * HEAD_DIM * item // 4),
                             ("ring", NSTAGES * BLOCK_N * th["kv_stride"] * item // 4),
                             ("p", th["DS"] * th["plane"]),  # the S planes, then P over plane 0
@@ -224,48 +230,67 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS):
 
 @lru_cache(maxsize=None)
 def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
-                           VEC=True):
+                           VEC=True, SEPARATE_V=False, LEFTPAD=False):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it), of the
-    variant BLOCK_M selects; ``VEC``: the cache is 16-byte aligned
-    (``arrays.rows_16_byte_aligned``)."""
+    variant BLOCK_M selects; ``VEC``: the caches are 16-byte aligned
+    (``arrays.rows_16_byte_aligned``); ``SEPARATE_V``: V is ``v_cache``, not the first key
+    columns; ``LEFTPAD``: sequence ``req``'s keys start at cache position ``key_start[req]``."""
     make = make_narrow_kernel if BLOCK_M <= NARROW_ROWS else make_wide_kernel
-    return make(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC)
+    return make(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC, SEPARATE_V,
+                LEFTPAD)
 
 
 # ----------------------------------------------------------------------------- both variants
 
-def make_stream(HEAD_DIM, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRIDE):
+def make_stream(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRIDE,
+                SEPARATE_V, LEFTPAD):
     """The device functions both variants share: the paged-KV walk (``paged_kv.py``), the cache
     ring (slot ``s`` at storage element ``RING_OFF + s BLOCK_N KV_STRIDE``, a tile row every
-    KV_STRIDE elements) and the read of a pair from shared memory."""
+    KV_STRIDE elements: the key columns, then the value columns when V has its own cache), the
+    first cache position of a sequence's keys and the read of a pair from shared memory."""
     TPR = THREADS // BLOCK_N  # copy: threads per cache row
     SLOT = BLOCK_N * KV_STRIDE
     PACKED = FMT != "float32"  # a pair is one 32-bit word
     unpack = convert.unpack(FMT if PACKED else "bfloat16")  # (never called for float32)
     cta_work, piece_of, row_source, copy_row, put, put_lse = make_paged_kv_walk(
         HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
+    copy_v = make_row_copy(HEAD_DIM_V, TPR, FMT, VEC)
 
     @cuda.jit(device=True, inline="always")
-    def ring_start(tile, k_cache, block_table, num_pages, req, hk, n_lo, n_hi, row, rl,
-                   page_size, status):
+    def first_key(key_start, req):
+        """Cache position of the sequence's key 0 (its left padding skipped)."""
+        if LEFTPAD:
+            return key_start[req]
+        return int32(0)
+
+    @cuda.jit(device=True, inline="always")
+    def copy_kv(tile, at, k_cache, v_cache, hk, page, pslot, ok, rl):
+        copy_row(tile, at, k_cache, hk, page, pslot, ok, rl)
+        if SEPARATE_V:
+            copy_v(tile, at + HEAD_DIM, v_cache, hk, page, pslot, ok, rl)
+
+    @cuda.jit(device=True, inline="always")
+    def ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n_lo, n_hi,
+                   row, rl, page_size, status):
         """Issue the piece's first NSTAGES - 1 tiles, one copy group each (empty past the piece);
-        return the source of this thread's row of the next tile."""
+        return the source of this thread's row of the next tile. Key ``n`` is cache position
+        ``key0 + n``."""
         for st in range(NSTAGES - 1):
             n0 = n_lo + st * BLOCK_N
             if n0 < n_hi:
-                page, pslot, ok = row_source(block_table, num_pages, req, n0 + row, n_hi,
-                                             page_size, status)
-                copy_row(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, hk, page,
-                         pslot, ok, rl)
+                page, pslot, ok = row_source(block_table, num_pages, req, key0 + n0 + row,
+                                             key0 + n_hi, page_size, status)
+                copy_kv(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, v_cache, hk, page,
+                        pslot, ok, rl)
             memory.cp_async_commit()
         page, pslot, ok = row_source(block_table, num_pages, req,
-                                     n_lo + (NSTAGES - 1) * BLOCK_N + row, n_hi, page_size,
-                                     status)
+                                     key0 + n_lo + (NSTAGES - 1) * BLOCK_N + row, key0 + n_hi,
+                                     page_size, status)
         return page, pslot, ok
 
     @cuda.jit(device=True, inline="always")
-    def ring_next(tile, k_cache, block_table, num_pages, req, hk, n0, n_hi, rd, page, pslot, ok,
-                  row, rl, page_size, status):
+    def ring_next(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi, rd,
+                  page, pslot, ok, row, rl, page_size, status):
         """Wait for tile n0 (ring slot rd), then issue the tile NSTAGES - 1 ahead into the slot
         the previous tile was computed in, from the row source fetched a tile ago; return the
         source of the tile after it."""
@@ -273,11 +298,12 @@ def make_stream(HEAD_DIM, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRI
         cuda.syncthreads()  # tile n0 has landed; the slot written next is no longer read
         wr = rd - 1 if rd > 0 else NSTAGES - 1
         if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:
-            copy_row(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, hk, page, pslot, ok,
-                     rl)
+            copy_kv(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, v_cache, hk, page,
+                    pslot, ok, rl)
         memory.cp_async_commit()
-        page, pslot, ok = row_source(block_table, num_pages, req, n0 + NSTAGES * BLOCK_N + row,
-                                     n_hi, page_size, status)
+        page, pslot, ok = row_source(block_table, num_pages, req,
+                                     key0 + n0 + NSTAGES * BLOCK_N + row, key0 + n_hi, page_size,
+                                     status)
         return page, pslot, ok
 
     @cuda.jit(device=True, inline="always")
@@ -287,16 +313,16 @@ def make_stream(HEAD_DIM, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRI
             return unpack(words[uint64(p)])
         return floats[uint64(2 * p)], floats[uint64(2 * p + 1)]
 
-    return cta_work, piece_of, put, put_lse, ring_start, ring_next, pair
+    return cta_work, piece_of, put, put_lse, first_key, ring_start, ring_next, pair
 
 
 # ----------------------------------------------------------------------------- narrow
 
-def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, put,
-                           put_lse):
+def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
+                           SEPARATE_V, put, put_lse):
     """The narrow variant's phases that open a piece (the query rows into registers) and close it
     (the warps' partial results merged and written); ``put``, ``put_lse`` from the walk."""
-    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     WARPS = THREADS // 32
     DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
     NQ, NV = _cdiv(DP, 32), _cdiv(VP, 32)  # ... a lane holds
@@ -304,7 +330,8 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
     Q_STEPS, Q_STEPS_EXACT = _cdiv(HEAD_DIM, THREADS), HEAD_DIM % THREADS == 0
     OUT_STEPS = _cdiv(HEAD_DIM_V, THREADS)
     # The ring's last slot, in words.
-    Q_STAGE = lay.ring + (NSTAGES - 1) * BLOCK_N * HEAD_DIM * _item(FMT) // 4
+    Q_STAGE = lay.ring + (NSTAGES - 1) * BLOCK_N * kv_row(HEAD_DIM, HEAD_DIM_V,
+                                                          SEPARATE_V) * _item(FMT) // 4
     STAT_OFF, O_OFF, O_STRIDE = lay.stat, lay.o, 2 * VP
     load = formats.loader(FMT)
 
@@ -395,9 +422,10 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
     return stage_q, start_rows, store_partials, write_piece
 
 
-def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC):
+def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC,
+                       SEPARATE_V, LEFTPAD):
     """The narrow variant (BLOCK_M <= NARROW_ROWS): the warps split the keys."""
-    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     WARPS = THREADS // 32
     TPR = THREADS // BLOCK_N  # copy: threads per cache row
     KPW = BLOCK_N // WARPS  # keys per warp of a tile
@@ -406,14 +434,17 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
     DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
     NQ, NV = _cdiv(DP, 32), _cdiv(VP, 32)  # ... a lane holds
     Q_EXACT, V_EXACT = DP % 32 == 0, VP % 32 == 0
-    RING_OFF, SLOT = lay.ring * 4 // _item(FMT), BLOCK_N * HEAD_DIM  # storage elements
-    RING_P, SLOT_P, ROW_P = RING_OFF // 2, SLOT // 2, HEAD_DIM // 2  # in pairs
+    ROW = kv_row(HEAD_DIM, HEAD_DIM_V, SEPARATE_V)
+    RING_OFF, SLOT = lay.ring * 4 // _item(FMT), BLOCK_N * ROW  # storage elements
+    RING_P, SLOT_P, ROW_P = RING_OFF // 2, SLOT // 2, ROW // 2  # in pairs
+    V_P = DP if SEPARATE_V else 0  # first pair of V in a tile row
     SCRATCH = sync.scratch_size(THREADS)
     STORAGE = formats.storage_type(FMT)
-    cta_work, piece_of, put, put_lse, ring_start, ring_next, pair = make_stream(
-        HEAD_DIM, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, HEAD_DIM)
+    cta_work, piece_of, put, put_lse, first_key, ring_start, ring_next, pair = make_stream(
+        HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, ROW, SEPARATE_V,
+        LEFTPAD)
     stage_q, start_rows, store_partials, write_piece = make_narrow_piece_ends(
-        HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, put, put_lse)
+        HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, SEPARATE_V, put, put_lse)
 
     @cuda.jit(device=True, inline="always")
     def score(words, floats, S, qv, rd, key, lane, scratch, tid):
@@ -459,9 +490,10 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
 
     @cuda.jit(device=True, inline="always")
     def accumulate(words, floats, S, O_i, rd, key, lane):
-        """O_i += P V, from the words the scores read."""
+        """O_i += P V, from the words the scores read (or, V in its own cache, those after
+        them)."""
         for k in range(KBW):
-            at = RING_P + rd * SLOT_P + (key + k) * ROW_P + lane
+            at = RING_P + rd * SLOT_P + (key + k) * ROW_P + V_P + lane
             for i in range(NV):
                 if V_EXACT or lane + 32 * i < VP:
                     x0, x1 = pair(words, floats, at + 32 * i)
@@ -470,7 +502,8 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
                         O_i[m, i, 1] += S[m, k] * x1
 
     def mla_decode_narrow(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out,
-                          lse, o_acc, lse_acc, status, s_q, group, page_size, scale_log2):
+                          lse, o_acc, lse_acc, status, s_q, group, page_size, scale_log2,
+                          v_cache, key_start):
         tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
         floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
@@ -498,17 +531,18 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
             n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits,
                                                        part, req, begin_req, end_req, status)
             cuda.syncthreads()  # the previous piece's partial results are read
-            page, pslot, ok = ring_start(tile, k_cache, block_table, num_pages, req, hk, n_lo,
-                                         n_hi, row, rl, page_size, status)
+            key0 = first_key(key_start, req)
+            page, pslot, ok = ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk,
+                                         key0, n_lo, n_hi, row, rl, page_size, status)
             stage_q(q, floats, visible, req, hk, m0, s_q, group, q_rows, seqlen, scale_log2, tid)
             cuda.syncthreads()  # the staged query rows are written
             start_rows(floats, qv, m_i, l_i, O_i, lane)
 
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
-                page, pslot, ok = ring_next(tile, k_cache, block_table, num_pages, req, hk, n0,
-                                            n_hi, rd, page, pslot, ok, row, rl, page_size,
-                                            status)
+                page, pslot, ok = ring_next(tile, k_cache, v_cache, block_table, num_pages, req,
+                                            hk, key0, n0, n_hi, rd, page, pslot, ok, row, rl,
+                                            page_size, status)
                 for b in range(BATCHES):  # the warp's keys, KBW at a time
                     key = warp * KPW + b * KBW  # first tile row of the batch
                     score(words, floats, S, qv, rd, key, lane, scratch, tid)
@@ -528,11 +562,12 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
 
 # ----------------------------------------------------------------------------- wide
 
-def make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, put, put_lse):
+def make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, SEPARATE_V, put,
+                         put_lse):
     """The wide variant's phases that open a piece (the query rows into shared memory) and close
     it (the rows written); ``put``, ``put_lse`` from the walk."""
-    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
-    th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS)
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
+    th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS, SEPARATE_V)
     SL, TMo, Co, TDo = th["SL"], th["TMo"], th["Co"], th["TDo"]
     LOG_SL = _log2(SL)
     WARPS = THREADS // 32
@@ -590,10 +625,11 @@ def make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, p
     return load_q, write_piece
 
 
-def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC):
+def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC,
+                     SEPARATE_V, LEFTPAD):
     """The wide variant (BLOCK_M > NARROW_ROWS): all threads share each tile."""
-    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS)
-    th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS)
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
+    th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS, SEPARATE_V)
     TM, TN, C, DS, SL, TS = (th[k] for k in ("TM", "TN", "C", "DS", "SL", "TS"))
     TMo, Co, TDo = th["TMo"], th["Co"], th["TDo"]
     LOG_DS, LOG_SL = _log2(DS), _log2(SL)
@@ -608,10 +644,12 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
     P_OFF, ALPHA_OFF = lay.p, lay.alpha  # words
     SCRATCH = sync.scratch_size(THREADS)
     STORAGE = formats.storage_type(FMT)
-    cta_work, piece_of, put, put_lse, ring_start, ring_next, pair = make_stream(
-        HEAD_DIM, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRIDE)
+    V_P = DP if SEPARATE_V else 0  # first pair of V in a tile row
+    cta_work, piece_of, put, put_lse, first_key, ring_start, ring_next, pair = make_stream(
+        HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRIDE,
+        SEPARATE_V, LEFTPAD)
     load_q, write_piece = make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS,
-                                               FMT, put, put_lse)
+                                               FMT, SEPARATE_V, put, put_lse)
 
     @cuda.jit(device=True, inline="always")
     def score(words, floats, S, kv, kv_at, q_at, k_at, part_at, ds):
@@ -669,7 +707,8 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
 
     @cuda.jit(device=True, inline="always")
     def accumulate(words, floats, O_i, vv, kv_at, o_row0, co):
-        """O_i = alpha O_i + P V, V being the first HEAD_DIM_V columns of the same tile."""
+        """O_i = alpha O_i + P V, V being the first HEAD_DIM_V columns of the same tile (or the
+        columns after the keys, V in its own cache)."""
         for im in range(TMo):
             a = floats[uint64(ALPHA_OFF + o_row0 + im)]
             for jd in range(TDo):
@@ -681,7 +720,7 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
                 vv[jd, 0] = ZERO
                 vv[jd, 1] = ZERO
                 if VP_EXACT or u < VP:
-                    vv[jd, 0], vv[jd, 1] = pair(words, floats, kv_at + c * KV_PAIRS + u)
+                    vv[jd, 0], vv[jd, 1] = pair(words, floats, kv_at + c * KV_PAIRS + V_P + u)
             for im in range(TMo):
                 p = floats[uint64(P_OFF + (o_row0 + im) * P_STRIDE + c)]
                 for jd in range(TDo):
@@ -689,7 +728,8 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
                     O_i[im, jd, 1] += p * vv[jd, 1]
 
     def mla_decode_wide(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
-                        o_acc, lse_acc, status, s_q, group, page_size, scale_log2):
+                        o_acc, lse_acc, status, s_q, group, page_size, scale_log2, v_cache,
+                        key_start):
         tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
         floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
@@ -729,8 +769,9 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
             n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
                                                        req, begin_req, end_req, status)
             cuda.syncthreads()  # the previous piece's Q tile and row statistics are read
-            page, pslot, ok = ring_start(tile, k_cache, block_table, num_pages, req, hk, n_lo,
-                                         n_hi, row, rl, page_size, status)
+            key0 = first_key(key_start, req)
+            page, pslot, ok = ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk,
+                                         key0, n_lo, n_hi, row, rl, page_size, status)
             load_q(tile, q, req, hk, m0, group, q_rows, warp, lane)
 
             # Keys the softmax row may see: all, or (causal) those before its token's diagonal.
@@ -747,9 +788,9 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
                 # Tile n0 lands (the barrier also ends the previous tile's reads of P, alpha).
-                page, pslot, ok = ring_next(tile, k_cache, block_table, num_pages, req, hk, n0,
-                                            n_hi, rd, page, pslot, ok, row, rl, page_size,
-                                            status)
+                page, pslot, ok = ring_next(tile, k_cache, v_cache, block_table, num_pages, req,
+                                            hk, key0, n0, n_hi, rd, page, pslot, ok, row, rl,
+                                            page_size, status)
                 kv_at = RING_P + rd * SLOT_P  # the tile's first pair
                 score(words, floats, S, kv, kv_at, q_at, k_at, part_at, ds)
                 cuda.syncthreads()  # the S planes are written
@@ -790,7 +831,7 @@ class Spec(DecodeSpec):
         """(BLOCK_M, BLOCK_N, threads): see BLOCK_N_BY_ROWS."""
         def nbytes(bm, bn):
             return shared_layout(bm, bn, config.head_dim, config.head_dim_v, config.fmt,
-                                 LAUNCH_THREADS).bytes
+                                 LAUNCH_THREADS, config.separate_v).bytes
 
         limit = device.shared_per_block
         bm = min(BLOCK_N_BY_ROWS[-1][0], 1 << (config.q_rows - 1).bit_length())
@@ -806,12 +847,23 @@ class Spec(DecodeSpec):
     def tiles(self, config, entry):
         bm, bn, threads = entry
         return Tiles(bm, bn, threads, shared_layout(bm, bn, config.head_dim, config.head_dim_v,
-                                                    config.fmt, threads).bytes)
+                                                    config.fmt, threads, config.separate_v).bytes)
 
     def make(self, config, tiles):
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, tiles.BLOCK_M,
                                       tiles.BLOCK_N, tiles.threads, config.causal, config.fmt,
-                                      config.vec)
+                                      config.vec, config.separate_v, config.leftpad)
+
+    def signature(self, config):
+        """The decode's arguments, then ``v_cache`` (V's own cache, else ``k_cache`` again) and
+        ``key_start`` (each sequence's first cache position, else any int32 array): read only
+        when ``separate_v`` / ``leftpad`` are on."""
+        t, i1 = tensor_type(config.fmt), types.Array(types.int32, 1, "A")
+        return types.void(*super().signature(config).args, t, i1)
+
+    def arguments(self, config, p):
+        return super().arguments(config, p) + (p.get("v_cache", p["k_cache"]),
+                                               p.get("key_start", p["cache_seqlens"]))
 
     def samples(self):
         """DeepSeek's head dims: 1 to 16 and 128 rows, causal or not, in bfloat16 under an

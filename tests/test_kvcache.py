@@ -1,0 +1,204 @@
+"""flash_attn_with_kvcache (api.py on kernels/simt/kvcache_prepare.py and the decode with V in its
+own cache): the append, rotary, cache_batch_idx, cache_leftpad, paged caches, causal chunks and
+splits against reference.kvcache_ref (float64, from flash-attn's definition), every refusal
+before anything is written, and device-only values bounded and reported.
+
+Shapes keep group = Hq / Hk >= 4 (the decode's wide variant) but for one MHA case: under the
+simulator the narrow variant's warp shuffles cost seconds per CTA."""
+
+import numpy as np
+import pytest
+
+import numba_flash as nf
+from numba_flash import reference as ref
+from helpers import (DTYPES, assert_close_rule, assert_lse, int32_array, nan_like, randn,
+                     to_device, to_host)
+
+
+def rotary_tables(rng, positions, rotary_dim, fmt):
+    angles = rng.uniform(0, 2 * np.pi, (positions, rotary_dim // 2))
+    return np.cos(angles).astype(DTYPES[fmt]), np.sin(angles).astype(DTYPES[fmt])
+
+
+def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqlens=(5, 30),
+        page=None, rotary_dim=0, interleaved=True, causal=False, batch_idx=None, leftpad=None,
+        num_splits=0, int_seqlens=False, softmax_scale=None):
+    """One call on fresh random inputs against kvcache_ref: out (poisoned), lse and both caches
+    after the append."""
+    q = randn(rng, (b, sq, hq, d), fmt)
+    rows = b if batch_idx is None else max(batch_idx) + 2
+    if page is None:
+        k_cache, v_cache = (randn(rng, (rows, s_c, hk, d), fmt) for _ in range(2))
+        table = None
+    else:
+        per_seq = -(-s_c // page)
+        k_cache, v_cache = (randn(rng, (b * per_seq + 1, page, hk, d), fmt) for _ in range(2))
+        table = rng.permutation(b * per_seq + 1)[:b * per_seq].reshape(b, per_seq)
+        table = table.astype(np.int32)
+    k = v = None
+    if s_new:
+        k, v = (randn(rng, (b, s_new, hk, d), fmt) for _ in range(2))
+    cos = sin = None
+    if rotary_dim:
+        cos, sin = rotary_tables(rng, (table.shape[1] * page) if page else s_c, rotary_dim, fmt)
+    lengths = seqlens[0] if int_seqlens else np.asarray(seqlens, np.int32)
+    options = dict(cache_seqlens=lengths,
+                   cache_batch_idx=None if batch_idx is None else np.asarray(batch_idx, np.int32),
+                   cache_leftpad=None if leftpad is None else np.asarray(leftpad, np.int32),
+                   block_table=table, causal=causal, softmax_scale=softmax_scale)
+    expect_out, expect_lse, expect_k, expect_v, q_used = ref.kvcache_ref(
+        q, k_cache, v_cache, k, v, cos, sin, rotary_interleaved=interleaved, **options)
+
+    dev = {name: (to_device(x) if isinstance(x, np.ndarray) else x)
+           for name, x in options.items()}
+    dk_cache, dv_cache = to_device(k_cache.copy()), to_device(v_cache.copy())
+    out = nan_like(q)
+    o, lse = nf.flash_attn_with_kvcache(
+        to_device(q), dk_cache, dv_cache, None if k is None else to_device(k),
+        None if v is None else to_device(v), None if cos is None else to_device(cos),
+        None if sin is None else to_device(sin), rotary_interleaved=interleaved,
+        num_splits=num_splits, return_softmax_lse=True, out=out, **dev)
+    assert o is out
+    nf.check_errors()  # nothing bad was seen
+    # The caches: new values exactly, rotated keys within one rounding of the reference's.
+    assert np.array_equal(to_host(dv_cache), expect_v)
+    got_k = to_host(dk_cache).astype(np.float64)
+    tol = 0 if not rotary_dim else 2 * float(np.finfo(np.float16).eps if fmt == "float16" else
+                                             (2.0 ** -7 if fmt == "bfloat16" else 1e-6))
+    assert np.allclose(got_k, expect_k.astype(np.float64), rtol=tol, atol=tol)
+    # The attention, by the tolerance rule, over the query the call attended with.
+    keys_used = None
+    lowp = np.zeros_like(expect_out)
+    for i in range(b):
+        n_cached = (seqlens[0] if int_seqlens else seqlens[i])
+        start = 0 if leftpad is None else leftpad[i]
+        if n_cached + s_new - start <= 0:
+            continue
+        keys_used = True
+        if page is None:
+            row = i if batch_idx is None else batch_idx[i]
+            kk, vv = (c[row, start:n_cached + s_new] for c in (expect_k, expect_v))
+        else:
+            kk, vv = (np.concatenate(list(c[table[i]]))[start:n_cached + s_new]
+                      for c in (expect_k, expect_v))
+        lowp[i] = ref.attention_lowp(q_used[i:i + 1], kk[None], vv[None], causal,
+                                     softmax_scale)[0]
+    assert keys_used
+    assert_close_rule(o, expect_out, lowp, fmt)
+    assert_lse(lse, expect_lse)
+
+
+def test_decode_step_appends_one_token_and_attends_gqa(rng):
+    run(rng)
+
+
+def test_chunk_with_causal_interleaved_rotary(rng):
+    run(rng, fmt="float16", sq=3, s_new=3, seqlens=(0, 20), rotary_dim=16, causal=True)
+
+
+def test_neox_rotary_over_part_of_the_head_dim_and_a_non_causal_chunk(rng):
+    run(rng, sq=2, s_new=2, rotary_dim=8, interleaved=False, seqlens=(7, 1))
+
+
+def test_paged_cache_with_an_odd_page_and_an_append_across_pages(rng):
+    run(rng, page=5, s_new=4, sq=4, seqlens=(3, 14), causal=True, s_c=20)
+
+
+def test_paged_cache_without_new_keys_and_an_empty_sequence(rng):
+    run(rng, page=7, s_new=0, seqlens=(0, 12), causal=True, sq=2, s_c=21)
+
+
+def test_cache_batch_idx_and_leftpad(rng):
+    run(rng, batch_idx=[2, 0], leftpad=[3, 10], seqlens=(9, 25), s_new=2, sq=2, causal=True)
+
+
+def test_one_length_for_all_and_a_split_cache(rng):
+    # Simulated 8 SMs, 2 kv heads: 4 parts, so a 200-key sequence is cut and combined.
+    run(rng, b=1, seqlens=(200,), s_c=210, int_seqlens=True, softmax_scale=0.3)
+
+
+def test_num_splits_one_gives_each_sequence_one_piece(rng):
+    run(rng, seqlens=(70, 130), s_c=140, num_splits=1)
+
+
+def test_float32_and_mha(rng):
+    run(rng, fmt="float32", b=1, hq=1, hk=1, seqlens=(6,), s_c=8, d=8)
+
+
+def test_whole_cache_when_no_lengths_are_given(rng):
+    q = randn(rng, (1, 1, 4, 8), "bfloat16")
+    kc, vc = (randn(rng, (1, 9, 1, 8), "bfloat16") for _ in range(2))
+    o, lse = nf.flash_attn_with_kvcache(to_device(q), to_device(kc), to_device(vc),
+                                        return_softmax_lse=True)
+    expect, expect_lse = ref.attention_fwd_ref(q, kc, vc)
+    assert_close_rule(o, expect, ref.attention_lowp(q, kc, vc), "bfloat16")
+    assert_lse(lse, expect_lse)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def small(rng):
+    q = to_device(randn(rng, (2, 1, 4, 8), "bfloat16"))
+    kc, vc = (to_device(randn(rng, (2, 6, 1, 8), "bfloat16")) for _ in range(2))
+    kn, vn = (to_device(randn(rng, (2, 1, 1, 8), "bfloat16")) for _ in range(2))
+    return q, kc, vc, kn, vn
+
+
+REFUSALS = [
+    (lambda a, rng: a.update(v=None), "k, v: pass both"),
+    (lambda a, rng: a.update(cache_seqlens=None), "cache_seqlens: required"),
+    (lambda a, rng: a.update(cache_seqlens=6), "cache_seqlens: expected 0 to 5"),
+    (lambda a, rng: a.update(rotary_cos=to_device(randn(rng, (6, 4), "bfloat16"))),
+     "rotary_cos, rotary_sin: pass both"),
+    (lambda a, rng: a.update(block_table=int32_array([[0], [1]]),
+                             cache_batch_idx=int32_array([0, 1])),
+     "cache_batch_idx: not supported"),
+    (lambda a, rng: a.update(num_splits=-1), "num_splits"),
+    (lambda a, rng: a.update(k_cache=a["k_cache"][:1], v_cache=a["v_cache"][:1]),
+     "k_cache: 1 cache rows for a batch of 2"),
+    (lambda a, rng: a.update(q=a["k_cache"][:, :1]), "overlaps q"),
+    (lambda a, rng: a.update(k=a["k"][:, :, :, :4], v=a["v"][:, :, :, :4]), "k, v: expected"),
+]
+
+
+@pytest.mark.parametrize("change, match", REFUSALS)
+def test_refusals_write_nothing(rng, change, match):
+    q, kc, vc, kn, vn = small(rng)
+    before = to_host(kc).copy(), to_host(vc).copy()
+    args = dict(q=q, k_cache=kc, v_cache=vc, k=kn, v=vn, cache_seqlens=int32_array([1, 2]))
+    change(args, rng)
+    with pytest.raises(ValueError, match=match):
+        nf.flash_attn_with_kvcache(**args)
+    assert np.array_equal(to_host(kc), before[0]) and np.array_equal(to_host(vc), before[1])
+
+
+def test_options_of_the_next_issue_are_refused_by_name(rng):
+    q, kc, vc, _, _ = small(rng)
+    for kw in (dict(window_size=(4, 0)), dict(softcap=5.0), dict(alibi_slopes=q)):
+        with pytest.raises(NotImplementedError, match=next(iter(kw))):
+            nf.flash_attn_with_kvcache(q, kc, vc, **kw)
+
+
+def test_the_tensor_core_backend_names_why_it_cannot(rng):
+    q, kc, vc, _, _ = small(rng)
+    with pytest.raises(ValueError, match="does not implement key_start|does not implement v_cache"):
+        nf.flash_attn_with_kvcache(q, kc, vc, backend="tc")
+
+
+def test_device_only_values_are_bounded_and_reported(rng):
+    q, kc, vc, kn, vn = small(rng)
+    before_v = to_host(vc).copy()
+    # Sequence 0 would append past the cache; sequence 1's row does not exist.
+    nf.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=int32_array([6, 1]),
+                               cache_batch_idx=int32_array([0, 5]))
+    with pytest.raises(RuntimeError) as err:
+        nf.check_errors()
+    assert "cache_batch_idx" in str(err.value) and "run past the cache" in str(err.value)
+    assert np.array_equal(to_host(vc), before_v)  # neither append was written
+    # A negative length and a left padding past the sequence.
+    o, lse = nf.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=int32_array([-3, 2]),
+                                        cache_leftpad=int32_array([0, 4]),
+                                        return_softmax_lse=True)
+    with pytest.raises(RuntimeError, match="negative"):
+        nf.check_errors()
+    assert np.isposinf(to_host(lse)).all() and not to_host(o).astype(np.float32).any()
