@@ -5,9 +5,10 @@
     out.float().square().sum().backward()         # q.grad, k.grad, v.grad
 
 Import this module explicitly: the package itself never imports torch. Importing it registers
-six operations in the namespace ``numba_flash`` (``torch.ops.numba_flash.*``), one per public
+seven operations in the namespace ``numba_flash`` (``torch.ops.numba_flash.*``), one per public
 call of the host layer: ``flash_attn_fwd``, ``flash_attn_bwd``, ``flash_attn_varlen_fwd``,
-``flash_attn_varlen_bwd``, ``get_mla_metadata`` and ``flash_mla_with_kvcache``. Each has two
+``flash_attn_varlen_bwd``, ``get_mla_metadata``, ``flash_mla_with_kvcache`` and
+``flash_attn_with_kvcache`` (which declares the caches it writes). Each has two
 implementations:
 
 - the real one hands the tensors to ``api.py`` zero-copy (runtime/arrays.py adapts torch CUDA
@@ -28,7 +29,7 @@ import torch
 from . import api, scheduler, validate
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "get_mla_metadata",
-           "flash_mla_with_kvcache"]
+           "flash_mla_with_kvcache", "flash_attn_with_kvcache"]
 
 Tensor = torch.Tensor
 
@@ -232,3 +233,51 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     return _flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                                    tile_scheduler_metadata, num_splits, softmax_scale, causal,
                                    is_fp8_kvcache, indices, backend)
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+@torch.library.custom_op("numba_flash::flash_attn_with_kvcache",
+                         mutates_args=("k_cache", "v_cache"))
+def _flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+                             v: Optional[Tensor], rotary_cos: Optional[Tensor],
+                             rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                             cache_seqlen: Optional[int], cache_batch_idx: Optional[Tensor],
+                             cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
+                             softmax_scale: Optional[float], causal: bool,
+                             rotary_interleaved: bool, num_splits: int,
+                             backend: str) -> tuple[Tensor, Tensor]:
+    return api.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+        cache_seqlen if cache_seqlens is None else cache_seqlens, cache_batch_idx, cache_leftpad,
+        block_table, softmax_scale, causal, rotary_interleaved=rotary_interleaved,
+        num_splits=num_splits, return_softmax_lse=True, backend=backend)
+
+
+@_flash_attn_with_kvcache.register_fake
+def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
+      cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, rotary_interleaved,
+      num_splits, backend):
+    b, sq, hq, _ = q.shape
+    return _new(q, q.shape), _new(q, (b, hq, sq), torch.float32)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, backend="auto"):
+    """``numba_flash.flash_attn_with_kvcache`` as a torch operation that declares the caches it
+    writes (``k_cache``, ``v_cache``), so ``torch.compile`` orders it and CUDA graphs capture
+    it: ``out``, or ``(out, lse)`` with ``return_softmax_lse``. ``cache_seqlens`` may be an int
+    or an int32 tensor, as in flash-attn."""
+    validate.attention_options(window_size, softcap, alibi_slopes)
+    fixed = None
+    if cache_seqlens is not None and not isinstance(cache_seqlens, Tensor):
+        fixed, cache_seqlens = int(cache_seqlens), None
+    out, lse = _flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                        cache_seqlens, fixed, cache_batch_idx, cache_leftpad,
+                                        block_table, softmax_scale, causal, rotary_interleaved,
+                                        num_splits, backend)
+    return (out, lse) if return_softmax_lse else out

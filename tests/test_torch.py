@@ -114,7 +114,8 @@ def test_public_names_are_the_documented_ones():
     table = (pathlib.Path(__file__).parents[1] / "docs" / "api.md").read_text()
     documented = set(re.findall(r"`numba_flash\.torch\.(\w+)`", table.split("\n## ")[1]))
     assert set(nft.__all__) == documented == {"flash_attn_func", "flash_attn_varlen_func",
-                                              "get_mla_metadata", "flash_mla_with_kvcache"}
+                                              "get_mla_metadata", "flash_mla_with_kvcache",
+                                              "flash_attn_with_kvcache"}
     assert all(callable(getattr(nft, name)) for name in nft.__all__)
 
 
@@ -129,7 +130,8 @@ def test_flash_attn_func_keeps_its_positional_order():
 
 def _tensor(x):
     """A host array as a tensor on DEVICE, without grad."""
-    return _leaf(x).detach() if x.dtype.kind == "f" else torch.from_numpy(x).to(DEVICE)
+    floating = x.dtype.kind == "f" or x.dtype.name == "bfloat16"
+    return _leaf(x).detach() if floating else torch.from_numpy(x).to(DEVICE)
 
 
 # ----------------------------------------------------------------------------- the operations
@@ -169,12 +171,21 @@ def _opcheck_cases(rng):
                                    (mla["q"], mla["k_cache"], mla["block_table"],
                                     mla["cache_seqlens"], 8, None, None, None, True, False, None,
                                     "auto")),
+        "flash_attn_with_kvcache": (ops.flash_attn_with_kvcache.default,
+                                    _kvcache_inputs(rng) + (None, None, None, 3, None, None,
+                                                            None, None, True, True, 1, "auto")),
     }
+
+
+def _kvcache_inputs(rng):
+    """q (1, 1, 4, 8), caches (1, 6, 1, 8), one new key and value: a GQA decode step."""
+    return tuple(_tensor(randn(rng, shape, "float32")) for shape in (
+        (1, 1, 4, 8), (1, 6, 1, 8), (1, 6, 1, 8), (1, 1, 1, 8), (1, 1, 1, 8)))
 
 
 @pytest.mark.parametrize("name", ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_varlen_fwd",
                                   "flash_attn_varlen_bwd", "get_mla_metadata",
-                                  "flash_mla_with_kvcache"])
+                                  "flash_mla_with_kvcache", "flash_attn_with_kvcache"])
 def test_operation_passes_opcheck(name, rng):
     """Schema, fake implementation (shapes, dtypes, strides), autograd registration and AOT
     dispatch with dynamic shapes: ``torch.library.opcheck``'s every test."""
@@ -296,6 +307,73 @@ def test_a_varlen_step_compiles_whole_and_gives_the_eager_gradients(rng):
         grads.append([loss.detach()] + [t.grad for t in leaves])
     for eager, compiled in zip(*grads):
         torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-6)
+
+
+def test_a_compiled_decode_step_appends_and_matches_the_reference(rng):
+    """A decode step under ``torch.compile(fullgraph=True)``: one graph, the caches written in
+    place as the eager call writes them, the output of kvcache_ref."""
+    host = [randn(rng, shape, "bfloat16") for shape in (
+        (2, 1, 8, 16), (2, 9, 2, 16), (2, 9, 2, 16), (2, 1, 2, 16), (2, 1, 2, 16))]
+    seqlens = np.array([3, 7], np.int32)
+
+    def step(q, k_cache, v_cache, k, v, lengths):
+        return nft.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
+                                           causal=True)
+
+    results = []
+    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        args = [_tensor(x) for x in host] + [torch.from_numpy(seqlens).to(DEVICE)]
+        results.append((fn(*args), args[1], args[2]))
+    want, _, want_k, want_v, _ = ref.kvcache_ref(*host, cache_seqlens=seqlens, causal=True)
+    for out, k_cache, v_cache in results:
+        assert np.array_equal(to_host(k_cache), want_k) and np.array_equal(to_host(v_cache), want_v)
+        lowp = np.stack([ref.attention_lowp(host[0][i:i + 1], want_k[i:i + 1, :seqlens[i] + 1],
+                                            want_v[i:i + 1, :seqlens[i] + 1], True)[0]
+                         for i in range(2)])
+        assert_close_rule(to_host(out), want, lowp, "bfloat16")
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(*[_tensor(x) for x in host],
+                                            torch.from_numpy(seqlens).to(DEVICE))
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+
+
+@pytest.mark.skipif(SIMULATOR, reason="CUDA graphs need a GPU")
+def test_a_decode_step_replays_from_a_cuda_graph(rng):
+    """A GQA decode step over a paged cache (append, device plan, split-KV decode, combine)
+    captured once and replayed: each replay appends the next token where cache_seqlens says."""
+    b, hq, hk, d, page, pages = 3, 8, 2, 64, 16, 8
+    host = dict(q=randn(rng, (b, 1, hq, d), "bfloat16"),
+                k_cache=randn(rng, (b * pages, page, hk, d), "bfloat16"),
+                v_cache=randn(rng, (b * pages, page, hk, d), "bfloat16"),
+                k=randn(rng, (b, 1, hk, d), "bfloat16"), v=randn(rng, (b, 1, hk, d), "bfloat16"))
+    table = rng.permutation(b * pages).astype(np.int32).reshape(b, pages)
+    t = {name: _tensor(x) for name, x in host.items()}
+    lengths = torch.tensor([5, 100, 60], dtype=torch.int32, device=DEVICE)
+    blocks = torch.from_numpy(table).to(DEVICE)
+
+    def step():
+        return nft.flash_attn_with_kvcache(t["q"], t["k_cache"], t["v_cache"], t["k"], t["v"],
+                                           cache_seqlens=lengths, block_table=blocks)
+
+    step()  # compiles
+    torch.cuda.synchronize()
+    t["k_cache"].copy_(_tensor(host["k_cache"]))
+    t["v_cache"].copy_(_tensor(host["v_cache"]))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(2):  # each replay appends at lengths, then moves lengths on
+        graph.replay()
+        torch.cuda.synchronize()
+        want, _, want_k, want_v, _ = ref.kvcache_ref(
+            host["q"], host["k_cache"], host["v_cache"], host["k"], host["v"],
+            cache_seqlens=lengths.cpu().numpy(), block_table=table)
+        assert np.array_equal(to_host(t["k_cache"]), want_k)
+        assert np.array_equal(to_host(t["v_cache"]), want_v)
+        host["k_cache"], host["v_cache"] = want_k, want_v
+        err = np.abs(to_host(out).astype(np.float64) - want).max()
+        assert err < 2e-2, err
+        lengths += 1
 
 
 @pytest.mark.skipif(SIMULATOR, reason="CUDA graphs need a GPU")

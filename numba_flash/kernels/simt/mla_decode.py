@@ -868,7 +868,8 @@ class Spec(DecodeSpec):
     def samples(self):
         """DeepSeek's head dims: 1 to 16 and 128 rows, causal or not, in bfloat16 under an
         H100's shared memory per block; three in float32 under an A100's; rows that are not in
-        16-byte chunks once. (The SM count does not change the code.)"""
+        16-byte chunks once; and two of the KV-cache decode. (The SM count does not change the
+        code.)"""
         h100 = Device(cc=SM90, sms=132, shared_per_block=227 * 1024)
         a100 = Device(cc=SM80, sms=132, shared_per_block=163 * 1024)
         cases = [(rows, causal, "bfloat16", True, h100) for rows in (1, 2, 4, 8, 16, 128)
@@ -876,10 +877,15 @@ class Spec(DecodeSpec):
         cases += [(rows, causal, "float32", True, a100)
                   for rows, causal in ((1, False), (8, True), (128, False))]
         cases.append((16, False, "bfloat16", False, h100))
-        return [Sample(f"simt mla q_rows={rows} causal={causal} {fmt} "
-                       f"limit={dev.shared_per_block // 1024}K{'' if vec else ' unaligned'}",
-                       (rows, 576, 512, causal, fmt, vec), device=dev, ccs=(dev.cc,))
-                for rows, causal, fmt, vec, dev in cases]
+        mla = [Sample(f"simt mla q_rows={rows} causal={causal} {fmt} "
+                      f"limit={dev.shared_per_block // 1024}K{'' if vec else ' unaligned'}",
+                      (rows, 576, 512, causal, fmt, vec), device=dev, ccs=(dev.cc,))
+               for rows, causal, fmt, vec, dev in cases]
+        # flash_attn_with_kvcache's decode: V in its own cache (D 128), a GQA group of 4 query
+        # heads (the wide variant) with left padding, and one head (the narrow one).
+        return mla + [Sample(f"simt kvcache q_rows={rows} d=128 leftpad={pad} bfloat16",
+                             (rows, 128, 128, False, "bfloat16", True, False, True, pad),
+                             device=h100, ccs=(SM90,)) for rows, pad in ((4, True), (1, False))]
 
 
 SPEC = Spec()
