@@ -135,7 +135,8 @@ THREADS = 256  # per CTA on a GPU (the simulator runs fewer: see LAUNCH_THREADS)
 MAX_HEAD_DIM = 576
 NSTAGES = 3  # cache tiles in the shared ring: two in flight while one is computed
 WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
-NARROW_ROWS = 2  # BLOCK_M up to this runs the narrow (key-split) variant
+NARROW_PAIRS = 18  # query pairs per lane (all rows) up to which the narrow variant runs
+SHORT_ROW = 256  # head dims up to this share a warp among several keys (narrow_lanes)
 NEG_INF = constants.NEG_INF
 ZERO, ONE = float32(0.0), float32(1.0)
 shfl_xor = sync.shfl_xor
@@ -162,6 +163,30 @@ def _bank_stride(n, g):
         return n
     m = _cdiv(n, g)
     return g * (m + 1 - m % 2)
+
+
+def narrow_lanes(BLOCK_M, HEAD_DIM):
+    """Lanes that share one key row in the narrow variant (``LPK``), or None when BLOCK_M rows
+    take the wide variant. MLA's rows (HEAD_DIM > 256) take a whole warp per key, as measured
+    for them (module docstring); shorter rows take the fewest lanes, down to 8, that keep a
+    lane's query pairs of all rows within NARROW_PAIRS / 18 * 16, so that a warp works on 32 /
+    LPK keys at once and each key's butterfly has log2(LPK) steps. Narrow while the rows' pairs
+    per lane stay within NARROW_PAIRS (the registers of q and O_i)."""
+    DP = HEAD_DIM // 2
+    if BLOCK_M > BLOCK_N_BY_ROWS[0][0]:  # the query rows are staged in one 32-key ring slot
+        return None
+    if HEAD_DIM > SHORT_ROW:
+        return 32 if BLOCK_M * _cdiv(DP, 32) <= NARROW_PAIRS else None
+    lanes = next((n for n in (8, 16, 32) if BLOCK_M * _cdiv(DP, n) <= 16), 32)
+    return lanes if BLOCK_M * _cdiv(DP, lanes) <= NARROW_PAIRS else None
+
+
+def narrow_row_stride(HEAD_DIM, HEAD_DIM_V, SEPARATE_V, LPK):
+    """Storage elements from one tile row to the next in the narrow ring: the row itself, padded
+    when a warp reads several rows at once (LPK < 32) so that its 32 / LPK rows start LPK banks
+    apart."""
+    row = kv_row(HEAD_DIM, HEAD_DIM_V, SEPARATE_V)
+    return row if LPK == 32 else 2 * _bank_stride(row // 2, LPK)
 
 
 def kv_row(HEAD_DIM, HEAD_DIM_V, SEPARATE_V):
@@ -211,10 +236,12 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS, 
     assert BLOCK_N <= THREADS
     assert HEAD_DIM % 8 == 0 and HEAD_DIM <= MAX_HEAD_DIM and 1 <= HEAD_DIM_V <= HEAD_DIM
     item = _item(FMT)
-    if BLOCK_M <= NARROW_ROWS:
+    LPK = narrow_lanes(BLOCK_M, HEAD_DIM)
+    if LPK:
         WARPS = THREADS // 32
         assert BLOCK_N * item >= 4 * BLOCK_M  # the float32 query rows fit in one ring slot
-        ring = NSTAGES * BLOCK_N * kv_row(HEAD_DIM, HEAD_DIM_V, SEPARATE_V) * item // 4
+        ring = NSTAGES * BLOCK_N * narrow_row_stride(HEAD_DIM, HEAD_DIM_V, SEPARATE_V,
+                                                     LPK) * item // 4
         # After the last tile of a piece the buffer's start holds the warps' partial results:
         # (m_i, l_i) per warp and row, then O_i (2 VP floats). The ring lies over them and, but
         # for a tile of few keys, past them ("ring_end"): the larger of the two sets the size.
@@ -235,7 +262,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
     variant BLOCK_M selects; ``VEC``: the caches are 16-byte aligned
     (``arrays.rows_16_byte_aligned``); ``SEPARATE_V``: V is ``v_cache``, not the first key
     columns; ``LEFTPAD``: sequence ``req``'s keys start at cache position ``key_start[req]``."""
-    make = make_narrow_kernel if BLOCK_M <= NARROW_ROWS else make_wide_kernel
+    make = make_narrow_kernel if narrow_lanes(BLOCK_M, HEAD_DIM) else make_wide_kernel
     return make(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC, SEPARATE_V,
                 LEFTPAD)
 
@@ -324,14 +351,16 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
     (the warps' partial results merged and written); ``put``, ``put_lse`` from the walk."""
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     WARPS = THREADS // 32
+    LPK = narrow_lanes(BLOCK_M, HEAD_DIM)
+    LOG_LPK = _log2(LPK)
     DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
-    NQ, NV = _cdiv(DP, 32), _cdiv(VP, 32)  # ... a lane holds
-    Q_EXACT, V_EXACT = DP % 32 == 0, VP % 32 == 0
+    NQ, NV = _cdiv(DP, LPK), _cdiv(VP, LPK)  # ... a lane holds
+    Q_EXACT, V_EXACT = DP % LPK == 0, VP % LPK == 0
     Q_STEPS, Q_STEPS_EXACT = _cdiv(HEAD_DIM, THREADS), HEAD_DIM % THREADS == 0
     OUT_STEPS = _cdiv(HEAD_DIM_V, THREADS)
     # The ring's last slot, in words.
-    Q_STAGE = lay.ring + (NSTAGES - 1) * BLOCK_N * kv_row(HEAD_DIM, HEAD_DIM_V,
-                                                          SEPARATE_V) * _item(FMT) // 4
+    Q_STAGE = lay.ring + (NSTAGES - 1) * BLOCK_N * narrow_row_stride(
+        HEAD_DIM, HEAD_DIM_V, SEPARATE_V, LPK) * _item(FMT) // 4
     STAT_OFF, O_OFF, O_STRIDE = lay.stat, lay.o, 2 * VP
     load = formats.loader(FMT)
 
@@ -358,12 +387,12 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     floats[uint64(Q_STAGE + HEAD_DIM * m + d)] = x
 
     @cuda.jit(device=True, inline="always")
-    def start_rows(floats, qv, m_i, l_i, O_i, lane):
-        """The lane's pairs lane + 32 i of the staged query rows into registers; m_i, l_i, O_i
+    def start_rows(floats, qv, m_i, l_i, O_i, ll):
+        """The lane's pairs ll + LPK i of the staged query rows into registers; m_i, l_i, O_i
         of a new piece."""
         for m in range(BLOCK_M):
             for i in range(NQ):
-                p = lane + 32 * i
+                p = ll + LPK * i
                 for e in range(2):
                     x = ZERO
                     if Q_EXACT or p < DP:
@@ -376,18 +405,27 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     O_i[m, i, e] = ZERO
 
     @cuda.jit(device=True, inline="always")
-    def store_partials(floats, m_i, l_i, O_i, warp, lane):
-        """The warp's (m_i, l_i) and O_i of each row, into the idle ring."""
+    def store_partials(floats, m_i, l_i, O_i, warp, lane, scratch, tid):
+        """The warp's (m_i, l_i) and O_i of each row, into the idle ring: first the sums of its
+        32 / LPK key groups added up (they share m_i)."""
+        for j in range(LOG_LPK, 5):
+            for m in range(BLOCK_M):
+                l_i[m] += shfl_xor(l_i[m], 1 << j, scratch, tid)
+                for i in range(NV):
+                    for e in range(2):
+                        O_i[m, i, e] += shfl_xor(O_i[m, i, e], 1 << j, scratch, tid)
+        ll = lane & (LPK - 1)
         for m in range(BLOCK_M):
             at = warp * BLOCK_M + m
             if lane == 0:
                 floats[uint64(STAT_OFF + 2 * at)] = m_i[m]
                 floats[uint64(STAT_OFF + 2 * at + 1)] = l_i[m]
-            for i in range(NV):
-                p = lane + 32 * i
-                if V_EXACT or p < VP:
-                    for e in range(2):
-                        floats[uint64(O_OFF + O_STRIDE * at + 2 * p + e)] = O_i[m, i, e]
+            if lane < LPK:
+                for i in range(NV):
+                    p = ll + LPK * i
+                    if V_EXACT or p < VP:
+                        for e in range(2):
+                            floats[uint64(O_OFF + O_STRIDE * at + 2 * p + e)] = O_i[m, i, e]
 
     @cuda.jit(device=True, inline="always")
     def write_piece(out, lse, o_acc, lse_acc, floats, wscale, split, req, slot, hk, m0, q_rows,
@@ -428,13 +466,17 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     WARPS = THREADS // 32
     TPR = THREADS // BLOCK_N  # copy: threads per cache row
+    LPK = narrow_lanes(BLOCK_M, HEAD_DIM)  # lanes per key,
+    KPL = 32 // LPK  # keys a warp works on at once
+    LOG_LPK = _log2(LPK)
     KPW = BLOCK_N // WARPS  # keys per warp of a tile
-    KBW = min(4 if BLOCK_M == 1 else 1, KPW)  # keys per batch (registers: see above)
-    BATCHES = KPW // KBW
+    assert KPW % KPL == 0, (KPW, KPL)
+    KBW = min(4 if BLOCK_M == 1 else 1, KPW // KPL)  # keys per batch and lane group
+    BATCHES = KPW // (KBW * KPL)
     DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
-    NQ, NV = _cdiv(DP, 32), _cdiv(VP, 32)  # ... a lane holds
-    Q_EXACT, V_EXACT = DP % 32 == 0, VP % 32 == 0
-    ROW = kv_row(HEAD_DIM, HEAD_DIM_V, SEPARATE_V)
+    NQ, NV = _cdiv(DP, LPK), _cdiv(VP, LPK)  # ... a lane holds
+    Q_EXACT, V_EXACT = DP % LPK == 0, VP % LPK == 0
+    ROW = narrow_row_stride(HEAD_DIM, HEAD_DIM_V, SEPARATE_V, LPK)
     RING_OFF, SLOT = lay.ring * 4 // _item(FMT), BLOCK_N * ROW  # storage elements
     RING_P, SLOT_P, ROW_P = RING_OFF // 2, SLOT // 2, ROW // 2  # in pairs
     V_P = DP if SEPARATE_V else 0  # first pair of V in a tile row
@@ -447,34 +489,37 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
         HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, SEPARATE_V, put, put_lse)
 
     @cuda.jit(device=True, inline="always")
-    def score(words, floats, S, qv, rd, key, lane, scratch, tid):
-        """S of the batch's keys (tile rows key ..): this lane's partial dot products, then the
-        warp's butterfly."""
+    def score(words, floats, S, qv, rd, key, kq, ll, scratch, tid):
+        """S of the batch's keys (tile rows key + k KPL + kq for the lane group kq): this lane's
+        partial dot products, then the group's butterfly."""
         for m in range(BLOCK_M):
             for k in range(KBW):
                 S[m, k] = ZERO
         for k in range(KBW):
-            at = RING_P + rd * SLOT_P + (key + k) * ROW_P + lane
+            at = RING_P + rd * SLOT_P + (key + k * KPL + kq) * ROW_P + ll
             for i in range(NQ):
-                if Q_EXACT or lane + 32 * i < DP:
-                    x0, x1 = pair(words, floats, at + 32 * i)
+                if Q_EXACT or ll + LPK * i < DP:
+                    x0, x1 = pair(words, floats, at + LPK * i)
                     for m in range(BLOCK_M):  # two FMAs
                         S[m, k] += qv[m, i, 0] * x0
                         S[m, k] += qv[m, i, 1] * x1
         for m in range(BLOCK_M):
             for k in range(KBW):
-                for j in range(5):
+                for j in range(LOG_LPK):
                     S[m, k] += shfl_xor(S[m, k], 1 << j, scratch, tid)
 
     @cuda.jit(device=True, inline="always")
-    def update(S, m_i, l_i, O_i, visible, n0, key):
-        """Online softmax of the batch, row by row (every lane alike): S becomes P."""
+    def update(S, m_i, l_i, O_i, visible, n0, key, kq, scratch, tid):
+        """Online softmax of the batch, row by row (the warp's lane groups share each row's
+        maximum): S becomes P; l_i sums the group's own keys."""
         for m in range(BLOCK_M):
             mx = NEG_INF
             for k in range(KBW):
-                if n0 + key + k >= visible[m]:
+                if n0 + key + k * KPL + kq >= visible[m]:
                     S[m, k] = NEG_INF
                 mx = max(mx, S[m, k])
+            for j in range(LOG_LPK, 5):
+                mx = max(mx, shfl_xor(mx, 1 << j, scratch, tid))
             m_new = max(m_i[m], mx)
             base = m_new if m_new != NEG_INF else ZERO  # nothing visible yet
             alpha = math.exp2(m_i[m] - base)
@@ -489,14 +534,14 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
                     O_i[m, i, e] *= alpha
 
     @cuda.jit(device=True, inline="always")
-    def accumulate(words, floats, S, O_i, rd, key, lane):
+    def accumulate(words, floats, S, O_i, rd, key, kq, ll):
         """O_i += P V, from the words the scores read (or, V in its own cache, those after
         them)."""
         for k in range(KBW):
-            at = RING_P + rd * SLOT_P + (key + k) * ROW_P + V_P + lane
+            at = RING_P + rd * SLOT_P + (key + k * KPL + kq) * ROW_P + V_P + ll
             for i in range(NV):
-                if V_EXACT or lane + 32 * i < VP:
-                    x0, x1 = pair(words, floats, at + 32 * i)
+                if V_EXACT or ll + LPK * i < VP:
+                    x0, x1 = pair(words, floats, at + LPK * i)
                     for m in range(BLOCK_M):
                         O_i[m, i, 0] += S[m, k] * x0
                         O_i[m, i, 1] += S[m, k] * x1
@@ -511,6 +556,8 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
+        kq = lane >> LOG_LPK  # the lane's key group,
+        ll = lane & (LPK - 1)  # its lane in the group
         part, hk, m0, begin_req, end_req = cta_work(metadata, cache_seqlens.shape[0], status)
         if begin_req >= cache_seqlens.shape[0]:
             return  # idle part
@@ -536,23 +583,23 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
                                          key0, n_lo, n_hi, row, rl, page_size, status)
             stage_q(q, floats, visible, req, hk, m0, s_q, group, q_rows, seqlen, scale_log2, tid)
             cuda.syncthreads()  # the staged query rows are written
-            start_rows(floats, qv, m_i, l_i, O_i, lane)
+            start_rows(floats, qv, m_i, l_i, O_i, ll)
 
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
                 page, pslot, ok = ring_next(tile, k_cache, v_cache, block_table, num_pages, req,
                                             hk, key0, n0, n_hi, rd, page, pslot, ok, row, rl,
                                             page_size, status)
-                for b in range(BATCHES):  # the warp's keys, KBW at a time
-                    key = warp * KPW + b * KBW  # first tile row of the batch
-                    score(words, floats, S, qv, rd, key, lane, scratch, tid)
-                    update(S, m_i, l_i, O_i, visible, n0, key)
-                    accumulate(words, floats, S, O_i, rd, key, lane)
+                for b in range(BATCHES):  # the warp's keys, KBW KPL at a time
+                    key = warp * KPW + b * KBW * KPL  # first tile row of the batch
+                    score(words, floats, S, qv, rd, key, kq, ll, scratch, tid)
+                    update(S, m_i, l_i, O_i, visible, n0, key, kq, scratch, tid)
+                    accumulate(words, floats, S, O_i, rd, key, kq, ll)
                 rd = rd + 1 if rd + 1 < NSTAGES else 0
 
             memory.cp_async_wait_all()
             cuda.syncthreads()  # the ring is idle
-            store_partials(floats, m_i, l_i, O_i, warp, lane)
+            store_partials(floats, m_i, l_i, O_i, warp, lane, scratch, tid)
             cuda.syncthreads()  # the partial results are written
             write_piece(out, lse, o_acc, lse_acc, floats, wscale, split, req, slot, hk, m0,
                         q_rows, group, tid, status)
@@ -837,7 +884,7 @@ class Spec(DecodeSpec):
         bm = min(BLOCK_N_BY_ROWS[-1][0], 1 << (config.q_rows - 1).bit_length())
         while True:
             bn = next(n for rows, n in BLOCK_N_BY_ROWS if bm <= rows)
-            least = max(LAUNCH_THREADS // 32, 1 if bm <= NARROW_ROWS else bm)
+            least = max(LAUNCH_THREADS // 32, 1 if narrow_lanes(bm, config.head_dim) else bm)
             while nbytes(bm, bn) > limit and bn > least:
                 bn //= 2
             if nbytes(bm, bn) <= limit or bm == 1:
