@@ -338,10 +338,6 @@ def _decode(decode, config, args, stream, dev):
 
 # ----------------------------------------------------------------------------- KV cache
 
-# Scheduler parts per SM of flash_attn_with_kvcache's default plan (num_splits=0).
-KVCACHE_PARTS_PER_SM = 1
-
-
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None,
@@ -389,7 +385,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     elif c.num_splits > 1:
         parts = c.num_splits * b
     else:
-        parts = scheduler.num_sm_parts(dev.sms * KVCACHE_PARTS_PER_SM, hk, problem.q_rows)
+        parts = scheduler.num_sm_parts(dev.sms, hk, problem.q_rows)
     metadata, num_splits = _plan_arrays(lengths, parts)
     args = _decode_args(problem, decode, config, metadata, num_splits, o, dev)
     # Absent optional arrays reach the kernel as empty ones (or q: never read).

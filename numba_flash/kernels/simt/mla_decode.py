@@ -137,6 +137,8 @@ NSTAGES = 3  # cache tiles in the shared ring: two in flight while one is comput
 WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
 NARROW_PAIRS = 18  # query pairs per lane (all rows) up to which the narrow variant runs
 SHORT_ROW = 256  # head dims up to this share a warp among several keys (narrow_lanes)
+SHORT_BATCH_ROWS = 8  # short rows: keys per batch x rows (narrow_batch)
+SHORT_BLOCK_N = 64  # short rows: keys per tile of the narrow variant
 NEG_INF = constants.NEG_INF
 ZERO, ONE = float32(0.0), float32(1.0)
 shfl_xor = sync.shfl_xor
@@ -179,6 +181,15 @@ def narrow_lanes(BLOCK_M, HEAD_DIM):
         return 32 if BLOCK_M * _cdiv(DP, 32) <= NARROW_PAIRS else None
     lanes = next((n for n in (8, 16, 32) if BLOCK_M * _cdiv(DP, n) <= 16), 32)
     return lanes if BLOCK_M * _cdiv(DP, lanes) <= NARROW_PAIRS else None
+
+
+def narrow_batch(BLOCK_M, HEAD_DIM, KEYS):
+    """Keys a lane group scores per batch in the narrow variant (of its KEYS per tile): MLA's
+    rows 4 for one query row, 1 for two (the registers of the S batch and of O_i); short rows
+    up to 8 / BLOCK_M (independent butterflies to overlap)."""
+    if HEAD_DIM > SHORT_ROW:
+        return min(4 if BLOCK_M == 1 else 1, KEYS)
+    return min(max(1, SHORT_BATCH_ROWS // BLOCK_M), KEYS)
 
 
 def narrow_row_stride(HEAD_DIM, HEAD_DIM_V, SEPARATE_V, LPK):
@@ -471,7 +482,7 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
     LOG_LPK = _log2(LPK)
     KPW = BLOCK_N // WARPS  # keys per warp of a tile
     assert KPW % KPL == 0, (KPW, KPL)
-    KBW = min(4 if BLOCK_M == 1 else 1, KPW // KPL)  # keys per batch and lane group
+    KBW = narrow_batch(BLOCK_M, HEAD_DIM, KPW // KPL)  # keys per batch and lane group
     BATCHES = KPW // (KBW * KPL)
     DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
     NQ, NV = _cdiv(DP, LPK), _cdiv(VP, LPK)  # ... a lane holds
@@ -884,6 +895,8 @@ class Spec(DecodeSpec):
         bm = min(BLOCK_N_BY_ROWS[-1][0], 1 << (config.q_rows - 1).bit_length())
         while True:
             bn = next(n for rows, n in BLOCK_N_BY_ROWS if bm <= rows)
+            if config.head_dim <= SHORT_ROW and narrow_lanes(bm, config.head_dim):
+                bn = SHORT_BLOCK_N
             least = max(LAUNCH_THREADS // 32, 1 if narrow_lanes(bm, config.head_dim) else bm)
             while nbytes(bm, bn) > limit and bn > least:
                 bn //= 2
