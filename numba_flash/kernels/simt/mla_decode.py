@@ -50,7 +50,7 @@ The cache stream (both variants below)
     The compute reads the 16-bit tile as 32-bit words, two elements per shared load (unpacked to
     float32); a float32 tile is read as element pairs. Offsets below count such *pairs*.
 
-Narrow variant: BLOCK_M <= NARROW_ROWS (2) query rows (h_q = 1 decode)
+Narrow variant: few query rows (MLA: BLOCK_M <= 2, h_q = 1; short rows: ``narrow_lanes``)
     grid = (num_sm_parts, h_kv, ceil(q_rows / BLOCK_M)); block = THREADS = 256 (8 warps).
     A single query row has nothing to split over 256 threads but the keys, so the warps split
     them: warp ``w`` owns rows ``w * KPW .. w * KPW + KPW - 1`` of every tile (KPW = BLOCK_N /
@@ -67,7 +67,23 @@ Narrow variant: BLOCK_M <= NARROW_ROWS (2) query rows (h_q = 1 decode)
     words in registers instead spills on sm_80). One ``syncthreads`` per tile (the ring's);
     O_i is 16 floats per lane and row.
 
-Wide variant: BLOCK_M > 2 query rows (h_q >= 4 or s_q h_q >= 4)
+    Short rows (HEAD_DIM <= SHORT_ROW = 256, ordinary attention): a 128-column row gives a lane
+    two pairs, and the 5-step butterfly would cost more than the dot product. There LPK = 8
+    lanes share a key row: lane group ``kq = lane / 8`` of a warp scores keys ``key + k * 4 +
+    kq`` with a 3-step butterfly, the groups share each row's maximum (2 more steps per batch)
+    and keep their own l_i and O_i, which are added up once per piece. Ring rows are then
+    padded so that the 4 rows a warp reads start 8 banks apart. Tiles of SHORT_BLOCK_N = 64
+    keys, BLOCK_M x HEAD_DIM up to 512 (GQA groups of up to 4 at D = 128). On an H200
+    (B 64, Hq 32, Hk 8, D 128, 16k keys, page 64) this reads 2.8 TB/s where a whole warp per
+    key read 1.5 and the wide variant 0.9 (bench/results/NVIDIA-H200/kvcache.csv, and
+    docs/perf-notes.md for the steps).
+
+V in its own cache (``SEPARATE_V``: ``flash_attn_with_kvcache``)
+    A tile row holds the key's HEAD_DIM columns, then its HEAD_DIM_V value columns copied from
+    ``v_cache`` with the same block-table lookup (``kv_row``); P V reads the second part. With
+    ``LEFTPAD`` a sequence's key ``n`` is cache position ``key_start[req] + n``.
+
+Wide variant: more query rows (MLA: h_q >= 4 or s_q h_q >= 4)
     grid as above; block = THREADS = 256. All threads share each tile; every phase uses the
     thread layout that suits it (``wide_threads`` computes all of them):
 
@@ -86,7 +102,8 @@ Wide variant: BLOCK_M > 2 query rows (h_q >= 4 or s_q h_q >= 4)
 
 Shared memory (dynamic; one buffer seen as storage elements, 32-bit words and float32;
 ``shared_layout`` describes it, in words, to the spec and to the kernel factories)
-    narrow  ring   NSTAGES x BLOCK_N x HEAD_DIM storage elements
+    narrow  ring   NSTAGES x BLOCK_N x row storage elements (``narrow_row_stride``: the key
+                   columns, V's when it has its own cache, padding for short rows)
             at the start of a piece the last slot passes the float32 query rows to registers;
             after the last tile of a piece, the buffer's start holds the WARPS partial (m_i,
             l_i), then O_i (over the ring, or past it for a tile of few keys)
@@ -137,6 +154,7 @@ NSTAGES = 3  # cache tiles in the shared ring: two in flight while one is comput
 WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
 NARROW_PAIRS = 18  # query pairs per lane (all rows) up to which the narrow variant runs
 SHORT_ROW = 256  # head dims up to this share a warp among several keys (narrow_lanes)
+SHORT_ROW_ELEMS = 512  # short rows: BLOCK_M x HEAD_DIM up to which the narrow variant runs
 SHORT_BATCH_ROWS = 8  # short rows: keys per batch x rows (narrow_batch)
 SHORT_BLOCK_N = 64  # short rows: keys per tile of the narrow variant
 NEG_INF = constants.NEG_INF
@@ -169,18 +187,16 @@ def _bank_stride(n, g):
 
 def narrow_lanes(BLOCK_M, HEAD_DIM):
     """Lanes that share one key row in the narrow variant (``LPK``), or None when BLOCK_M rows
-    take the wide variant. MLA's rows (HEAD_DIM > 256) take a whole warp per key, as measured
-    for them (module docstring); shorter rows take the fewest lanes, down to 8, that keep a
-    lane's query pairs of all rows within NARROW_PAIRS / 18 * 16, so that a warp works on 32 /
-    LPK keys at once and each key's butterfly has log2(LPK) steps. Narrow while the rows' pairs
-    per lane stay within NARROW_PAIRS (the registers of q and O_i)."""
-    DP = HEAD_DIM // 2
+    take the wide variant. MLA's rows (HEAD_DIM > SHORT_ROW) take a whole warp per key and stay
+    narrow up to NARROW_PAIRS query pairs per lane, as measured for them (module docstring).
+    Shorter rows take 8 lanes per key, so that a warp works on 4 keys at once and each key's
+    butterfly has 3 steps, while the rows' elements stay within SHORT_ROW_ELEMS (a lane's query
+    pairs and O_i in registers without spills on sm_80 and sm_90)."""
     if BLOCK_M > BLOCK_N_BY_ROWS[0][0]:  # the query rows are staged in one 32-key ring slot
         return None
     if HEAD_DIM > SHORT_ROW:
-        return 32 if BLOCK_M * _cdiv(DP, 32) <= NARROW_PAIRS else None
-    lanes = next((n for n in (8, 16, 32) if BLOCK_M * _cdiv(DP, n) <= 16), 32)
-    return lanes if BLOCK_M * _cdiv(DP, lanes) <= NARROW_PAIRS else None
+        return 32 if BLOCK_M * _cdiv(HEAD_DIM // 2, 32) <= NARROW_PAIRS else None
+    return 8 if BLOCK_M * HEAD_DIM <= SHORT_ROW_ELEMS else None
 
 
 def narrow_batch(BLOCK_M, HEAD_DIM, KEYS):
@@ -473,7 +489,7 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
 def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC,
                        SEPARATE_V, LEFTPAD):
-    """The narrow variant (BLOCK_M <= NARROW_ROWS): the warps split the keys."""
+    """The narrow variant (``narrow_lanes``): the warps split the keys."""
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     WARPS = THREADS // 32
     TPR = THREADS // BLOCK_N  # copy: threads per cache row
@@ -685,7 +701,7 @@ def make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, S
 
 def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC,
                      SEPARATE_V, LEFTPAD):
-    """The wide variant (BLOCK_M > NARROW_ROWS): all threads share each tile."""
+    """The wide variant: all threads share each tile."""
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS, SEPARATE_V)
     TM, TN, C, DS, SL, TS = (th[k] for k in ("TM", "TN", "C", "DS", "SL", "TS"))
