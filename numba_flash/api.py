@@ -415,7 +415,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 # ----------------------------------------------------------------------------- warmup
 
 WARMUP_CALLS = ("flash_attn_fwd", "flash_attn_func", "flash_attn_bwd", "flash_attn_varlen_fwd",
-                "flash_attn_varlen_func", "flash_attn_varlen_bwd", "flash_mla_with_kvcache")
+                "flash_attn_varlen_func", "flash_attn_varlen_bwd", "flash_mla_with_kvcache",
+                "flash_attn_with_kvcache")
 
 
 def warmup(configs):
@@ -429,7 +430,10 @@ def warmup(configs):
     ``backend`` (default ``"auto"``) for ``flash_attn_fwd`` / ``flash_attn_func`` /
     ``flash_attn_bwd`` and their varlen forms (``flash_attn_varlen_fwd`` / ``_func`` /
     ``_bwd``, whose kernels are compiled apart); for ``flash_mla_with_kvcache`` also ``head_dim_v``, ``s_q`` (default 1),
-    ``num_heads_q`` and ``num_heads_k`` (it compiles the planner and the combine too). Each is run
+    ``num_heads_q`` and ``num_heads_k`` (it compiles the planner and the combine too); for
+    ``flash_attn_with_kvcache`` ``s_q``, ``num_heads_q``, ``num_heads_k`` and what decides its
+    kernels besides: ``paged``, ``leftpad`` (bools, default False) and ``rotary`` (None,
+    ``"interleaved"`` or ``"neox"``). Each is run
     once on the smallest inputs of its shape, contiguous, on the current device, so that exactly
     the kernels a real call picks get compiled. Bad configurations raise what the call raises
     (``ValueError`` / ``TypeError`` naming the argument), or ``ValueError`` naming the key.
@@ -455,6 +459,9 @@ def warmup(configs):
             flash_mla_with_kvcache(_zeros((1, s_q, h_q, d), fmt), _zeros((1, 1, h_kv, d), fmt),
                                    _zeros((1, 1), "int32"), _zeros((1,), "int32"), dv, **options)
             continue
+        if call == "flash_attn_with_kvcache":
+            _warmup_kvcache(config, where, fmt, d, options)
+            continue
         _refuse_extra_keys(config, where)
         if call.startswith("flash_attn_varlen"):  # one empty sequence: the kernels all the same
             q, k, v = (_zeros((1, 1, d), fmt) for _ in range(3))
@@ -471,6 +478,30 @@ def warmup(configs):
                            _zeros((1, 1, 1), "float32"), **options)
         else:
             flash_attn_fwd(q, k, v, **options)
+
+
+def _warmup_kvcache(config, where, fmt, d, options):
+    """One step of ``flash_attn_with_kvcache`` (one new key into a one-position cache) with the
+    options of ``config`` that decide its kernels."""
+    s_q = validate.positive_int(config.pop("s_q", 1), f"{where}['s_q']")
+    h_q = validate.positive_int(config.pop("num_heads_q", None), f"{where}['num_heads_q']")
+    h_kv = validate.positive_int(config.pop("num_heads_k", None), f"{where}['num_heads_k']")
+    rotary = config.pop("rotary", None)
+    if rotary not in (None, "interleaved", "neox"):
+        raise ValueError(f"{where}['rotary']: expected None, 'interleaved' or 'neox', got "
+                         f"{rotary!r}")
+    kw = {}
+    if config.pop("paged", False):
+        kw["block_table"] = _zeros((1, 1), "int32")
+    if config.pop("leftpad", False):
+        kw["cache_leftpad"] = _zeros((1,), "int32")
+    if rotary:
+        kw.update(rotary_cos=_zeros((1, d // 2), fmt), rotary_sin=_zeros((1, d // 2), fmt),
+                  rotary_interleaved=rotary == "interleaved")
+    _refuse_extra_keys(config, where)
+    k, v = (_zeros((1, 1, h_kv, d), fmt) for _ in range(2))
+    flash_attn_with_kvcache(_zeros((1, s_q, h_q, d), fmt), _zeros((1, 1, h_kv, d), fmt),
+                            _zeros((1, 1, h_kv, d), fmt), k, v, cache_seqlens=0, **kw, **options)
 
 
 def _warmup_format(dtype, where):

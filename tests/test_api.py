@@ -120,6 +120,22 @@ def test_the_combine_starts_alongside_only_decodes_that_allow_it(monkeypatch, rn
 
 # ----------------------------------------------------------------------------- warmup
 
+def test_warmup_compiles_a_kvcache_step():
+    from numba_flash.kernels.simt import kvcache_prepare, mla_decode
+
+    for spec in (kvcache_prepare.SPEC, mla_decode.SPEC):
+        spec.forget()
+    nf.warmup([dict(call="flash_attn_with_kvcache", head_dim=8, dtype="float32", num_heads_q=4,
+                    num_heads_k=1, rotary="neox", paged=True, causal=True)])
+    assert [key[0] for key in kvcache_prepare.SPEC._kernels] == [
+        kvcache_prepare.SPEC.Config("float32", "half", True, True)]
+    (config, *_), = mla_decode.SPEC._kernels
+    assert (config.head_dim, config.separate_v, config.leftpad) == (8, True, False)
+    with pytest.raises(ValueError, match=r"configs\[0\]\['rotary'\]"):
+        nf.warmup([dict(call="flash_attn_with_kvcache", head_dim=8, dtype="float32",
+                        num_heads_q=1, num_heads_k=1, rotary="yes")])
+
+
 def test_warmup_compiles_the_kernels_a_call_picks():
     from numba_flash.kernels.simt import combine, forward, mla_decode, mla_metadata
 
@@ -176,6 +192,8 @@ calls = {
     "get_mla_metadata": lambda: nf.get_mla_metadata(lengths, 1, 1),
     "flash_mla_with_kvcache": lambda: nf.flash_mla_with_kvcache(q, q, table, lengths, 8,
                                                                 out=mla_out),
+    "flash_attn_with_kvcache": lambda: nf.flash_attn_with_kvcache(q, out, dq, q, q,
+                                                                  cache_seqlens=0),
     "warmup": lambda: nf.warmup([dict(call="flash_attn_fwd", head_dim=16, dtype="float16")]),
     "check_errors": nf.check_errors,
 }
@@ -197,7 +215,8 @@ def test_without_a_driver_every_call_says_how_to_use_the_simulator_and_writes_no
     assert run.stdout.splitlines() == [
         f"{name} no CUDA driver found" for name in (
             "flash_attn_fwd", "flash_attn_bwd", "flash_attn_varlen_fwd", "flash_attn_varlen_bwd",
-            "get_mla_metadata", "flash_mla_with_kvcache", "warmup", "check_errors")
+            "get_mla_metadata", "flash_mla_with_kvcache", "flash_attn_with_kvcache", "warmup",
+            "check_errors")
     ] + ["untouched True"], run.stdout + run.stderr
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("numba_flash.runtime.env.CudaSetupError: no CUDA driver found")

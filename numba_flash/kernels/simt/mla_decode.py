@@ -156,7 +156,8 @@ NARROW_PAIRS = 18  # query pairs per lane (all rows) up to which the narrow vari
 SHORT_ROW = 256  # head dims up to this share a warp among several keys (narrow_lanes)
 SHORT_ROW_ELEMS = 512  # short rows: BLOCK_M x HEAD_DIM up to which the narrow variant runs
 SHORT_BATCH_ROWS = 8  # short rows: keys per batch x rows (narrow_batch)
-SHORT_BLOCK_N = 64  # short rows: keys per tile of the narrow variant
+SHORT_BLOCK_N = 32 if SIMULATOR else 64  # short rows: keys per tile of the narrow variant
+# (simulated: every key of a tile costs Python time, and test sequences are short)
 NEG_INF = constants.NEG_INF
 ZERO, ONE = float32(0.0), float32(1.0)
 shfl_xor = sync.shfl_xor
