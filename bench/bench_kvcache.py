@@ -99,10 +99,8 @@ def graph_step(x, num_splits):
 
 
 def sdpa_gather(x):
-    import torch
     import torch.nn.functional as F
 
-    b, _, hq, d = x["q"].shape
     lengths = int(x["cache_seqlens"][0]) + 1
 
     def run():

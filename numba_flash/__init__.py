@@ -21,6 +21,10 @@ __all__ = ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_func", "flash_attn_va
 
 
 def __getattr__(name):
+    if name == "warmup":
+        from .precompile import warmup
+
+        return warmup
     if name in __all__:
         from . import api
 

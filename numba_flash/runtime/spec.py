@@ -203,3 +203,16 @@ class KernelSpec:
             yield self
         finally:
             self._forced = previous
+
+
+class FixedSpec(KernelSpec):
+    """A kernel with one launch shape: ``THREADS`` threads per block, no tile table and no
+    dynamic shared memory (the decode planner, the KV-cache append)."""
+
+    THREADS = None
+
+    def entry(self, config, device):
+        return ()
+
+    def tiles(self, config, entry):
+        return Tiles(0, 0, self.THREADS, 0)

@@ -55,7 +55,7 @@ import numpy as np
 from numba import cuda, float32, int32, types, uint64
 
 from ...runtime.device import SIMULATOR
-from ...runtime.spec import KernelSpec, Sample, Tiles
+from ...runtime.spec import FixedSpec, Sample
 from ..attention import tensor_type
 from ..common import formats
 from ..common.paged_kv import SCHED_BLOCK, make_page_lookup
@@ -192,7 +192,7 @@ class Config(NamedTuple):
     paged: bool = False    # the caches are pages behind block_table (else one row per sequence)
 
 
-class Spec(KernelSpec):
+class Spec(FixedSpec):
     """(q, k, v, k_cache, v_cache, block_table, cache_seqlens, cache_batch_idx, cache_leftpad,
     rotary_cos, rotary_sin, q_rot, lengths, key_start, table, metadata, num_splits, status,
     s_new, fixed_seqlen, capacity, rotary_dim, one_piece); grid (B, min(rows, MAX_GRID_Y)).
@@ -200,12 +200,7 @@ class Spec(KernelSpec):
 
     name = "kvcache_prepare"
     Config = Config
-
-    def entry(self, config, device):
-        return ()
-
-    def tiles(self, config, entry):
-        return Tiles(0, 0, THREADS, 0)
+    THREADS = THREADS
 
     def make(self, config, tiles):
         return make_prepare_kernel(config.fmt, config.rotary, config.causal, config.paged)

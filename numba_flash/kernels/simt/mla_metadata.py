@@ -29,7 +29,7 @@ from typing import NamedTuple
 from numba import cuda, int32, int64, types
 
 from ... import scheduler
-from ...runtime.spec import KernelSpec, Sample, Tiles
+from ...runtime.spec import FixedSpec, Sample
 
 THREADS = 32
 CHUNK = 2048  # lengths in the shared window
@@ -141,17 +141,12 @@ class Config(NamedTuple):
     pass
 
 
-class Spec(KernelSpec):
+class Spec(FixedSpec):
     """(cache_seqlens, metadata, num_splits, parts); grid (1,), one warp."""
 
     name = "mla_metadata"
     Config = Config
-
-    def entry(self, config, device):
-        return ()
-
-    def tiles(self, config, entry):
-        return Tiles(0, 0, THREADS, 0)
+    THREADS = THREADS
 
     def make(self, config, tiles):
         return mla_metadata
