@@ -113,25 +113,30 @@ def test_metadata_is_the_plan_in_the_callers_library():
 
 # ----------------------------------------------------------------------------- PTX (no simulator)
 
-# (q_rows, fmt, causal, cc): both variants and each tile tier of mla_decode.BLOCK_N_BY_ROWS (narrow
-# BLOCK_M 1, 2; wide 8, 16) in the DeepSeek decode shapes (h_q 1, 16, 128) in bfloat16 on
-# sm_90, and at their most registers (float32, sm_80's ptxas) on sm_80.
-PTX_SPECS = [(1, "bfloat16", False, (9, 0)), (2, "bfloat16", True, (9, 0)),
-             (16, "bfloat16", True, (9, 0)), (128, "bfloat16", True, (9, 0)),
-             (1, "float32", False, (8, 0)), (8, "float32", True, (8, 0)),
-             (128, "float32", False, (8, 0))]
+# (config, cc): both variants and each tile tier of mla_decode.BLOCK_N_BY_ROWS (narrow BLOCK_M 1,
+# 2; wide 8, 16) in the DeepSeek decode shapes (h_q 1, 16, 128) in bfloat16 on sm_90, and at
+# their most registers (float32, sm_80's ptxas) on sm_80; the KV-cache decode's short rows (V in
+# its own cache, left padding; D 128, a GQA group of 4) at its most registers, on sm_80.
+def _mla(q_rows, fmt, causal):
+    return [q_rows, 576, 512, causal, fmt, True]
+
+
+PTX_SPECS = [(_mla(1, "bfloat16", False), (9, 0)), (_mla(2, "bfloat16", True), (9, 0)),
+             (_mla(16, "bfloat16", True), (9, 0)), (_mla(128, "bfloat16", True), (9, 0)),
+             (_mla(1, "float32", False), (8, 0)), (_mla(8, "float32", True), (8, 0)),
+             (_mla(128, "float32", False), (8, 0)),
+             ([4, 128, 128, False, "bfloat16", True, False, True, True], (8, 0))]
 A100_SHARED, H100_SHARED = 163 * 1024, 227 * 1024
 
 
 def test_decode_kernel_compiles_without_spills():
     def report(spec):
-        q_rows, fmt, causal, cc = spec
+        config, cc = spec
         gpu = {"cc": list(cc), "sms": 132,
                "shared_per_block": H100_SHARED if cc >= (9, 0) else A100_SHARED}
         ptx, rep = ptxcheck.compile_report_isolated(
             "numba_flash.runtime.ptxcheck:spec_build", cc=cc,
-            args=("numba_flash.kernels.simt.mla_decode",
-                  [q_rows, 576, 512, causal, fmt, True], None, gpu))
+            args=("numba_flash.kernels.simt.mla_decode", config, None, gpu))
         return spec, ptx, rep
 
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -139,3 +144,27 @@ def test_decode_kernel_compiles_without_spills():
             assert rep["spill_stores"] == 0 and rep["spill_loads"] == 0, (spec, rep["log"])
             assert "ld.local" not in ptx, spec
             assert rep["registers"] <= 255, spec
+
+
+# ----------------------------------------------------------------------------- layout rules
+
+def test_short_rows_share_a_warp_among_keys_and_mla_rows_do_not():
+    """MLA's rows keep a warp per key in the narrow variant (1 or 2 rows); rows of up to 256
+    columns take 8 lanes per key while BLOCK_M x HEAD_DIM <= 512, else the wide variant."""
+    lanes = mla_decode.narrow_lanes
+    assert [lanes(m, 576) for m in (1, 2, 4)] == [32, 32, None]
+    assert [lanes(m, 128) for m in (1, 2, 4, 8)] == [8, 8, 8, None]
+    assert [lanes(m, 256) for m in (1, 2, 4)] == [8, 8, None]
+    assert lanes(16, 16) is None  # more rows than one ring slot stages
+
+
+@pytest.mark.parametrize("d, dv, separate", [(128, 128, True), (64, 64, True), (576, 512, False)])
+def test_a_warps_rows_start_on_different_banks(d, dv, separate):
+    """The 32 / LPK tile rows a warp reads at once start LPK banks apart (16-byte chunks stay
+    aligned); a tile row holds K, then V when V has its own cache."""
+    assert mla_decode.kv_row(d, dv, separate) == d + (dv if separate else 0)
+    lpk = mla_decode.narrow_lanes(1, d)
+    stride = mla_decode.narrow_row_stride(d, dv, separate, lpk)  # storage elements
+    assert stride % 8 == 0 and stride >= mla_decode.kv_row(d, dv, separate)
+    banks = [(k * stride // 2) % 32 for k in range(32 // lpk)]  # first word of each row
+    assert sorted(b // lpk for b in banks) == list(range(32 // lpk))
