@@ -97,7 +97,7 @@ def test_chunk_with_causal_interleaved_rotary(rng):
 
 
 def test_neox_rotary_over_part_of_the_head_dim_and_a_non_causal_chunk(rng):
-    run(rng, sq=2, s_new=2, rotary_dim=8, interleaved=False, seqlens=(7, 1))
+    run(rng, sq=2, s_new=2, rotary_dim=8, interleaved=False, seqlens=(7, 1), hq=4)
 
 
 def test_paged_cache_with_an_odd_page_and_an_append_across_pages(rng):
@@ -109,16 +109,18 @@ def test_paged_cache_without_new_keys_and_an_empty_sequence(rng):
 
 
 def test_cache_batch_idx_and_leftpad(rng):
-    run(rng, batch_idx=[2, 0], leftpad=[3, 10], seqlens=(9, 25), s_new=2, sq=2, causal=True)
+    run(rng, batch_idx=[2, 0], leftpad=[3, 10], seqlens=(9, 25), s_new=2, sq=2, causal=True,
+        hq=4)
 
 
 def test_one_length_for_all_and_a_split_cache(rng):
-    # Simulated 8 SMs, 2 kv heads: 4 parts, so a 200-key sequence is cut and combined.
-    run(rng, b=1, seqlens=(200,), s_c=210, int_seqlens=True, softmax_scale=0.3)
+    # Simulated 8 SMs, 2 kv heads: 4 parts of 7 blocks (each piece costs 5), so a sequence of
+    # 130 keys (3 blocks) is cut and combined.
+    run(rng, b=1, hq=4, seqlens=(130,), s_c=140, int_seqlens=True, softmax_scale=0.3)
 
 
 def test_num_splits_one_gives_each_sequence_one_piece(rng):
-    run(rng, seqlens=(70, 130), s_c=140, num_splits=1)
+    run(rng, seqlens=(40, 90), s_c=100, num_splits=1)
 
 
 def test_float32_and_mha(rng):
