@@ -74,9 +74,8 @@ Narrow variant: few query rows (MLA: BLOCK_M <= 2, h_q = 1; short rows: ``narrow
     and keep their own l_i and O_i, which are added up once per piece. Ring rows are then
     padded so that the 4 rows a warp reads start 8 banks apart. Tiles of SHORT_BLOCK_N = 64
     keys, BLOCK_M x HEAD_DIM up to 512 (GQA groups of up to 4 at D = 128). On an H200
-    (B 64, Hq 32, Hk 8, D 128, 16k keys, page 64) this reads 2.8 TB/s where a whole warp per
-    key read 1.5 and the wide variant 0.9 (bench/results/NVIDIA-H200/kvcache.csv, and
-    docs/perf-notes.md for the steps).
+    (B 64, Hq 32, Hk 8, D 128, 16k keys, page 64) this reads 2.75 TB/s where the wide variant
+    read 0.92 (bench/results/NVIDIA-H200/kvcache.csv; docs/perf-notes.md has the steps).
 
 V in its own cache (``SEPARATE_V``: ``flash_attn_with_kvcache``)
     A tile row holds the key's HEAD_DIM columns, then its HEAD_DIM_V value columns copied from
