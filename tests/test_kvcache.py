@@ -123,6 +123,11 @@ def test_num_splits_one_gives_each_sequence_one_piece(rng):
     run(rng, seqlens=(40, 90), s_c=100, num_splits=1)
 
 
+def test_a_group_of_eight_runs_as_two_narrow_tiles(rng):
+    # 8 packed rows at D 128 are more than the narrow variant holds: two tiles of 4.
+    run(rng, b=1, hq=8, hk=1, d=128, seqlens=(20,), s_c=24)
+
+
 def test_float32_and_mha(rng):
     run(rng, fmt="float32", b=1, hq=1, hk=1, seqlens=(6,), s_c=8, d=8)
 
