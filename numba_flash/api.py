@@ -342,7 +342,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, backend="auto", out=None, stream=None):
+                            return_softmax_lse=False, backend="auto", out=None, stream=None,
+                            k_descale=None, v_descale=None):
     """Attention of q against a KV cache, after appending the new k, v to it in place
     (flash-attn 2.8's ``flash_attn_with_kvcache``). Returns ``out``, or ``(out, lse)`` with
     ``return_softmax_lse``.
@@ -356,9 +357,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     scheduler split long caches over CTAs, 1 gives each sequence one CTA, n > 1 plans n CTAs
     per sequence's worth of parts. Work: ``kernels/simt/kvcache_prepare.py``, then the decode and
     combine of ``flash_mla_with_kvcache``, all planned on the device (capturable in a CUDA
-    graph). Sliding windows, softcap and ALiBi raise ``NotImplementedError``.
+    graph). Sliding windows, softcap, ALiBi and FP8 caches (``k_descale``, ``v_descale``) raise
+    ``NotImplementedError``.
     """
     validate.attention_options(window_size, softcap, alibi_slopes)
+    validate.not_implemented(k_descale=k_descale, v_descale=v_descale)
     dev = device.current()
     c = validate.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,

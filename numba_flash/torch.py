@@ -267,12 +267,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, backend="auto"):
+                            return_softmax_lse=False, backend="auto", k_descale=None,
+                            v_descale=None):
     """``numba_flash.flash_attn_with_kvcache`` as a torch operation that declares the caches it
     writes (``k_cache``, ``v_cache``), so ``torch.compile`` orders it and CUDA graphs capture
     it: ``out``, or ``(out, lse)`` with ``return_softmax_lse``. ``cache_seqlens`` may be an int
     or an int32 tensor, as in flash-attn."""
     validate.attention_options(window_size, softcap, alibi_slopes)
+    validate.not_implemented(k_descale=k_descale, v_descale=v_descale)
     fixed = None
     if cache_seqlens is not None and not isinstance(cache_seqlens, Tensor):
         fixed, cache_seqlens = int(cache_seqlens), None

@@ -83,7 +83,8 @@ def not_implemented(**options):
     """``NotImplementedError`` naming the first option that asks for what no kernel does."""
     for name, value in options.items():
         if value is not None and value is not False:
-            raise NotImplementedError(f"{name}: not implemented (got {value!r}); numba_flash "
+            shown = value if isinstance(value, (bool, int, float, str)) else type(value).__name__
+            raise NotImplementedError(f"{name}: not implemented (got {shown!r}); numba_flash "
                                       f"decodes dense 16- and 32-bit caches")
 
 

@@ -181,7 +181,8 @@ def test_refusals_write_nothing(rng, change, match):
 
 def test_options_of_the_next_issue_are_refused_by_name(rng):
     q, kc, vc, _, _ = small(rng)
-    for kw in (dict(window_size=(4, 0)), dict(softcap=5.0), dict(alibi_slopes=q)):
+    for kw in (dict(window_size=(4, 0)), dict(softcap=5.0), dict(alibi_slopes=q),
+               dict(k_descale=q), dict(v_descale=q)):
         with pytest.raises(NotImplementedError, match=next(iter(kw))):
             nf.flash_attn_with_kvcache(q, kc, vc, **kw)
 
