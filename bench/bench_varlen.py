@@ -10,10 +10,12 @@ rows, Hq * D = --hidden, one kv head per query head. Providers:
     torch-varlen   torch.nn.attention.varlen.varlen_attn; backward through autograd
     nf-dense       numba_flash.flash_attn_fwd / _bwd on B equal sequences of the mean length
                    (the same total tokens): what packing costs against a padded-free dense batch
+    nf-paged-P     flash_attn_varlen_fwd with K and V in shuffled pages of P rows behind a
+                   block table (--pages, forward only, as flash-attn's paged varlen)
 Every provider's output is first compared with nf-varlen's on the same inputs (nf-dense's first
 sequence with a varlen call of that sequence). TFLOP/s count the visible pairs: 4 Hq D L^2 per
 sequence forward, halved when causal, 2.5x that backward; the ratio column is TFLOP/s over
-torch-varlen's. Rounds alternate the providers (the median of
+torch-varlen's, vs_nf-varlen over the unpaged call's. Rounds alternate the providers (the median of
 --repeats rounds per provider). Results: varlen.csv and varlen.png in bench/results/<gpu>/.
 """
 
@@ -79,6 +81,47 @@ def _nf_varlen():
     return fwd, bwd
 
 
+def paginate(x, lens, page, seed):
+    """Packed rows ``x`` (tokens, H, D) of sequences ``lens`` as (pages, table): each
+    sequence's rows from a page of its own, zero-padded to whole pages, the pages in a seeded
+    random order, and the block table (B, max pages) int32 that names them."""
+    import torch
+
+    counts = [-(-n // page) for n in lens]
+    parts = []
+    for n, start, c in zip(lens, itertools.accumulate([0] + lens), counts):
+        part = x.new_zeros(c * page, *x.shape[1:])
+        part[:n] = x[start:start + n]
+        parts.append(part.view(c, page, *x.shape[1:]))
+    order = torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed))
+    pages = torch.empty_like(torch.cat(parts))
+    pages[order.to(x.device)] = torch.cat(parts)
+    table = torch.zeros(len(lens), max(counts), dtype=torch.int32)
+    for i, first in enumerate(itertools.accumulate([0] + counts[:-1])):
+        table[i, :counts[i]] = order[first:first + counts[i]]
+    return pages, table.to(x.device)
+
+
+def _nf_paged(page, lens, seed):
+    """The forward over K and V in pages (``paginate``, made once per input on the first call:
+    the correctness check, untimed)."""
+    import numba_flash as nf
+
+    made = {}
+
+    def fwd(q, k, v, cu, max_len, causal):
+        key = (k.data_ptr(), v.data_ptr())
+        if key not in made:
+            (k_pages, table), (v_pages, _) = (paginate(x, lens, page, seed) for x in (k, v))
+            made.clear()
+            made[key] = k_pages, v_pages, table
+        k_pages, v_pages, table = made[key]
+        return nf.flash_attn_varlen_func(q, k_pages, v_pages, cu, cu, max_len, max_len,
+                                         causal=causal, block_table=table)
+
+    return fwd, None
+
+
 def _nf_dense(batch, n):
     import numba_flash as nf
 
@@ -107,6 +150,7 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=2048, help="Hq * D")
     p.add_argument("--min-len", type=int, default=128)
     p.add_argument("--max-len", type=int, default=4096)
+    p.add_argument("--pages", default="16,64", help="page sizes of the nf-paged providers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-plot", action="store_true")
@@ -127,6 +171,8 @@ def main(argv=None):
           f"{args.tokens / len(lens):.0f}; nf-dense: {dense_batch} x {mean}", flush=True)
     providers = {"nf-varlen": _nf_varlen(), "torch-varlen": _torch_varlen(),
                  "nf-dense": _nf_dense(dense_batch, mean)}
+    for page in filter(None, args.pages.split(",")):
+        providers[f"nf-paged-{page}"] = _nf_paged(int(page), lens, args.seed)
     causal_list = [False, True] if args.causal == "both" else [args.causal == "1"]
     points = [(m, dt, d, c) for m in args.modes.split(",") for dt in args.dtypes.split(",")
               for d in map(int, args.head_dims.split(",")) for c in causal_list]
@@ -139,6 +185,8 @@ def main(argv=None):
         ref = providers["nf-varlen"][0](q, k, v, cu, max_len, causal).float()
         timers = {}
         for name, (fwd, bwd) in providers.items():
+            if mode == "bwd" and bwd is None:
+                continue
             n_tokens = dense_batch * mean if name == "nf-dense" else args.tokens
             x = [t[:n_tokens] for t in (q, k, v, dout)]
             out = fwd(*x[:3], cu, max_len, causal).float().reshape(n_tokens, heads, d)
@@ -166,16 +214,17 @@ def main(argv=None):
             point.append(dict(mode=mode, dtype=dtype, head_dim=d, causal=int(causal),
                               provider=name, ms=ms, tflops=flops / ms / 1e9))
         # TFLOP/s ratios: nf-dense does other work (equal sequences) in the same tokens
-        anchor = next((r["tflops"] for r in point if r["provider"] == ANCHOR), float("nan"))
-        for r in point:
-            r["vs_" + ANCHOR] = r["tflops"] / anchor
+        for name in (ANCHOR, "nf-varlen"):
+            anchor = next((r["tflops"] for r in point if r["provider"] == name), float("nan"))
+            for r in point:
+                r["vs_" + name] = r["tflops"] / anchor
         rows += point
         common.write_csv(out_dir / "varlen.csv", rows)
         print(f"[{i + 1}/{len(points)}] {mode} {dtype} D={d} causal={int(causal)}: " + ", ".join(
             f"{r['provider']} {r['tflops']:.0f} TFLOP/s" for r in point),
             flush=True)
     print(common.format_table(rows, ["mode", "dtype", "head_dim", "causal", "provider", "ms",
-                                     "tflops", "vs_" + ANCHOR]))
+                                     "tflops", "vs_" + ANCHOR, "vs_nf-varlen"]))
     if not args.no_plot:
         plot(rows, out_dir / "varlen.png")
     return 0

@@ -64,13 +64,17 @@ def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     like q, lse (Hq, total_q) float32 (``out=`` and ``lse=`` take caller buffers). Every rule of ``flash_attn_fwd`` holds per sequence
     (bottom-right causal, rows that see no key); rows of no sequence are not written. Offsets
     are read on the device only: values outside the arrays or past the bounds are clamped and
-    reported by ``check_errors()``. window_size, softcap, alibi_slopes, learnable_sink and
-    block_table other than their defaults raise ``NotImplementedError``.
+    reported by ``check_errors()``. ``block_table`` (B, max_blocks) int32 makes k and v pages
+    (num_pages, page_size, Hk, D) of any page size: key j of sequence b is row ``j %
+    page_size`` of page ``block_table[b, j // page_size]``, and ``cu_seqlens_k`` (or
+    ``seqused_k``) gives only each sequence's number of keys; an entry that is not a page reads
+    as zeros and is reported. window_size, softcap, alibi_slopes and learnable_sink other than
+    their defaults raise ``NotImplementedError``.
     """
-    validate.attention_options(window_size, softcap, alibi_slopes, learnable_sink, block_table)
+    validate.attention_options(window_size, softcap, alibi_slopes, learnable_sink)
     dev = device.current()
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              causal, softmax_scale, seqused_k)
+                              causal, softmax_scale, seqused_k, block_table)
     _, total_q, hq, d = problem.q.shape
     o, lse, _ = _forward(problem, backend, out, (total_q, hq, d), (hq, total_q), stream, dev,
                          lse)
@@ -86,7 +90,8 @@ def _forward(problem, backend, out, out_shape, lse_shape, stream, dev, lse=None)
     given = [t is not None for t in (out, lse)]
     o = validate.out_buffer(out, q, out_shape, q.fmt)
     lse = validate.out_buffer(lse, q, lse_shape, "float32", "lse")
-    validate.refuse_overlap([t for t, g in zip((o, lse), given) if g], [q, problem.k, problem.v])
+    validate.refuse_overlap([t for t, g in zip((o, lse), given) if g],
+                            [t for t in (q, problem.k, problem.v, problem.block_table) if t])
     # launch() prepares first: tiles that do not fit the device or a grid past CUDA's limits
     # are refused before the kernel runs, with nothing of the caller's written.
     config, args = spec.config(problem), _args(problem, out=o, lse=lse)
@@ -98,7 +103,8 @@ def _args(problem, **tensors):
     """A launch's arguments: the problem's q, k, v and scale, the status word, and ``tensors``
     (outputs, lse, the backward's inputs). Varlen: ``tensors`` are packed rows, which the
     kernels see per sequence as (B, total, ...) with a batch stride of 0, and the offsets and
-    bounds join them (``seqused_k`` an empty array when not given)."""
+    bounds join them (``seqused_k`` an empty array when not given), with the block table of
+    paged K/V."""
     args = dict(q=problem.q, k=problem.k, v=problem.v, scale=problem.scale,
                 status=status.word(problem.q), **tensors)
     if problem.cu_seqlens_q is not None:
@@ -108,6 +114,8 @@ def _args(problem, **tensors):
         args.update(cu_seqlens_q=problem.cu_seqlens_q, cu_seqlens_k=problem.cu_seqlens_k,
                     seqused_k=arrays.prefix(problem.cu_seqlens_k, 0) if used is None else used,
                     max_seqlen_q=problem.max_seqlen[0], max_seqlen_k=problem.max_seqlen[1])
+        if problem.block_table is not None:
+            args.update(block_table=problem.block_table)
     return args
 
 

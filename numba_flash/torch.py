@@ -105,18 +105,20 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None, backend="auto", *
 def _flash_attn_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                            cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                            softmax_scale: Optional[float], causal: bool,
-                           seqused_k: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
+                           seqused_k: Optional[Tensor], block_table: Optional[Tensor],
+                           backend: str) -> tuple[Tensor, Tensor]:
     # Rows of no sequence, which the kernels do not write, read as rows that see no key.
     out = torch.zeros_like(q)
     lse = q.new_full((q.shape[1], q.shape[0]), float("inf"), dtype=torch.float32)
     return api.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
-                                     seqused_k=seqused_k, backend=backend, out=out, lse=lse)
+                                     seqused_k=seqused_k, block_table=block_table,
+                                     backend=backend, out=out, lse=lse)
 
 
 @_flash_attn_varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      seqused_k, backend):
+      seqused_k, block_table, backend):
     total_q, hq, _ = q.shape
     return _new(q, q.shape), _new(q, (hq, total_q), torch.float32)
 
@@ -142,20 +144,23 @@ def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 
 def _save_varlen(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, seqused_k, _ = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, seqused_k, block_table, _ = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
     ctx.args = (max_q, max_k, softmax_scale, causal)
+    ctx.paged = block_table is not None
     ctx.mark_non_differentiable(lse)
 
 
 def _varlen_backward(ctx, dout, _dlse):
+    if ctx.paged:
+        raise NotImplementedError("block_table: the backward of paged K/V is not implemented")
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
     dq, dk, dv = _flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args,
                                         seqused_k)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("numba_flash::flash_attn_varlen_fwd", _varlen_backward,
@@ -169,10 +174,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """Differentiable ``numba_flash.flash_attn_varlen_func`` on packed torch tensors: ``out``,
     or ``(out, lse)`` with ``return_lse=True`` (lse (Hq, total_q), not differentiable). Rows
     of no sequence read as rows that see no key (out 0, lse +inf) and get zero gradients. The options ``numba_flash.flash_attn_varlen_fwd``
-    refuses are refused here before the operation."""
-    validate.attention_options(window_size, softcap, alibi_slopes, learnable_sink, block_table)
+    refuses are refused here before the operation. Paged K/V (``block_table``) runs forward
+    only, as in flash-attn: asked for with gradients enabled on q, k or v it raises
+    ``NotImplementedError`` before anything runs."""
+    validate.attention_options(window_size, softcap, alibi_slopes, learnable_sink)
+    if block_table is not None and torch.is_grad_enabled() and any(
+            t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("block_table: the backward of paged K/V is not implemented "
+                                  "(call under torch.no_grad() or detach q, k and v)")
     out, lse = _flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                      max_seqlen_k, softmax_scale, causal, seqused_k, backend)
+                                      max_seqlen_k, softmax_scale, causal, seqused_k,
+                                      block_table, backend)
     return (out, lse) if return_lse else out
 
 

@@ -155,13 +155,15 @@ def attention(q, k, v, causal, softmax_scale):
     return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal))
 
 
-def _qkv(q, k, v, ndim):
-    """q, k, v adapted and checked, dense (B, S, H, D) or packed (total, H, D): one dtype, k and
-    v alike, the head dim shared and allowed, Hq a multiple of Hk, and (dense) one batch."""
-    q, k, v = _tensor(q, "q", ndim), _tensor(k, "k", ndim), _tensor(v, "v", ndim)
+def _qkv(q, k, v, ndim, q_ndim=None):
+    """q, k, v adapted and checked, dense (B, S, H, D) or packed (total, H, D), k and v
+    ``ndim``-dimensional (pages: q packed, ``q_ndim`` 3): one dtype, k and v alike, the head dim
+    shared and allowed, Hq a multiple of Hk, and (dense) one batch."""
+    q = _tensor(q, "q", q_ndim or ndim)
+    k, v = _tensor(k, "k", ndim), _tensor(v, "v", ndim)
     _same_format(q, k, v)
     hq, d = q.shape[-2:]
-    if ndim == 4 and (k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]):
+    if ndim == 4 and q.ndim == 4 and (k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]):
         raise ValueError(f"k, v: batch {k.shape[0]}, {v.shape[0]} differs from q's {q.shape[0]}")
     if k.shape != v.shape:
         raise ValueError(f"v: shape {v.shape} differs from k's {k.shape}")
@@ -175,12 +177,15 @@ def _qkv(q, k, v, ndim):
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-           softmax_scale, seqused_k=None):
-    """The checks of the varlen calls: packed q (total_q, Hq, D), k and v (total_k, Hk, D),
-    offsets (B + 1,) and seqused_k (B,) int32, positive max_seqlen_q / max_seqlen_k. Returns the
-    ``Attention`` problem, its q, k, v seen as (B, total, H, D) with a batch stride of 0. The
-    offsets' values stay on the device (the kernels bound them, ``common/masks.py``)."""
-    q, k, v = _qkv(q, k, v, 3)
+           softmax_scale, seqused_k=None, block_table=None):
+    """The checks of the varlen calls: packed q (total_q, Hq, D), k and v (total_k, Hk, D) or,
+    with a block table (B, max_blocks) int32, pages (num_pages, page_size, Hk, D); offsets (B +
+    1,) and seqused_k (B,) int32, positive max_seqlen_q / max_seqlen_k. Returns the
+    ``Attention`` problem, its q (and unpaged k, v) seen as (B, total, H, D) with a batch stride
+    of 0. The offsets' and the table's values stay on the device (the kernels bound them,
+    ``common/masks.py``, ``common/paged_kv.py``)."""
+    paged = block_table is not None
+    q, k, v = _qkv(q, k, v, 4 if paged else 3, q_ndim=3)
     cu_q = index_array(cu_seqlens_q, "cu_seqlens_q", (None,))
     if cu_q.shape[0] < 2:
         raise ValueError(f"cu_seqlens_q: expected shape (B + 1,) with B >= 1, got {cu_q.shape}")
@@ -188,12 +193,17 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     cu_k = index_array(cu_seqlens_k, "cu_seqlens_k", (b + 1,))
     if seqused_k is not None:
         seqused_k = index_array(seqused_k, "seqused_k", (b,))
+    if paged:
+        block_table = index_array(block_table, "block_table", (b, None))
     max_q = positive_int(max_seqlen_q, "max_seqlen_q")
     max_k = positive_int(max_seqlen_k, "max_seqlen_k")
     _check_causal(causal)
-    q, k, v = (arrays.batched(t, b) for t in (q, k, v))
+    q = arrays.batched(q, b)
+    if not paged:
+        k, v = arrays.batched(k, b), arrays.batched(v, b)
     return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal), cu_seqlens_q=cu_q,
-                     cu_seqlens_k=cu_k, seqused_k=seqused_k, max_seqlen=(max_q, max_k))
+                     cu_seqlens_k=cu_k, seqused_k=seqused_k, max_seqlen=(max_q, max_k),
+                     block_table=block_table)
 
 
 def backward(problem, dout, out, lse):

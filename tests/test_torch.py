@@ -93,6 +93,32 @@ def _varlen_inputs(rng, fmt="float32"):
     return host, np.array([0, 3, 8], np.int32), np.array([0, 4, 7], np.int32)
 
 
+def _paged(packed, cu_k):
+    """k and v of ``_varlen_inputs`` in pages of 2 keys, the table naming them in reverse."""
+    keys = [(0, 2), (2, 4), (4, 6), (6, 7)]  # sequence 0: keys 0..3, sequence 1: keys 4..6
+    pages = []
+    for x in packed[1:]:
+        p = np.zeros((4, 2, *x.shape[1:]), x.dtype)
+        for i, (lo, hi) in enumerate(keys):
+            p[3 - i, :hi - lo] = x[lo:hi]
+        pages.append(_tensor(p))
+    return pages, _tensor(np.array([[3, 2], [1, 0]], np.int32))
+
+
+def test_paged_varlen_runs_forward_only_and_matches_the_packed_call(rng):
+    packed, cu_q, cu_k = _varlen_inputs(rng)
+    (k_pages, v_pages), table = _paged(packed, cu_k)
+    q, k, v = (_leaf(x) for x in packed)
+    cu = [_tensor(c) for c in (cu_q, cu_k)]
+    with pytest.raises(NotImplementedError, match="^block_table: the backward"):
+        nft.flash_attn_varlen_func(q, k_pages, v_pages, *cu, 5, 4, block_table=table)
+    with torch.no_grad():
+        paged = nft.flash_attn_varlen_func(q, k_pages, v_pages, *cu, 5, 4, causal=True,
+                                           block_table=table, backend="simt")
+    want = nft.flash_attn_varlen_func(q, k, v, *cu, 5, 4, causal=True, backend="simt")
+    assert torch.equal(paged, want.detach())
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_varlen_loss_backward_matches_the_packed_reference(causal, rng):
     host, cu_q, cu_k = _varlen_inputs(rng)
@@ -154,10 +180,14 @@ def _opcheck_cases(rng):
     pq, pk, pv = (_leaf(x) for x in packed)
     cu = (_tensor(cu_q), _tensor(cu_k))
     p_out, p_lse = ops.flash_attn_varlen_fwd(pq.detach(), pk.detach(), pv.detach(), *cu, 5, 4,
-                                             None, True, None, "simt")
+                                             None, True, None, None, "simt")
+    pages, table = _paged(packed, cu_k)
     return {
         "flash_attn_varlen_fwd": (ops.flash_attn_varlen_fwd.default,
-                                  (pq, pk, pv, *cu, 5, 4, None, True, None, "simt")),
+                                  (pq, pk, pv, *cu, 5, 4, None, True, None, None, "simt")),
+        "flash_attn_varlen_fwd paged": (ops.flash_attn_varlen_fwd.default,
+                                        (pq.detach(), *pages, *cu, 5, 4, None, True, None,
+                                         table, "simt")),
         "flash_attn_varlen_bwd": (ops.flash_attn_varlen_bwd.default,
                                   (_tensor(packed[0]), pq.detach(), pk.detach(), pv.detach(),
                                    p_out, p_lse, *cu, 5, 4, None, True, None)),
@@ -184,7 +214,7 @@ def _kvcache_inputs(rng):
 
 
 @pytest.mark.parametrize("name", ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_varlen_fwd",
-                                  "flash_attn_varlen_bwd", "get_mla_metadata",
+                                  "flash_attn_varlen_fwd paged", "flash_attn_varlen_bwd", "get_mla_metadata",
                                   "flash_mla_with_kvcache", "flash_attn_with_kvcache"])
 def test_operation_passes_opcheck(name, rng):
     """Schema, fake implementation (shapes, dtypes, strides), autograd registration and AOT

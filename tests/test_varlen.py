@@ -126,6 +126,74 @@ def test_offsets_only_the_device_sees_are_bounded_and_reported(rng, cu_q, max_q)
     nf.check_errors()  # cleared
 
 
+def paginate(rng, x, cu, page_size, width):
+    """Packed rows ``x`` (total, H, D) as pages of ``page_size`` rows behind a block table
+    (B, width): each sequence's keys from its key 0 in pages of its own, the pages shuffled,
+    table entries past a sequence's pages a page number that does not exist (never read)."""
+    b = len(cu) - 1
+    counts = [-(-(cu[i + 1] - cu[i]) // page_size) for i in range(b)]
+    order = rng.permutation(sum(counts) + 1)  # one page that no sequence owns
+    pages = np.zeros((len(order), page_size, *x.shape[1:]), x.dtype)
+    table = np.full((b, width), len(order) + 5, np.int32)
+    slot = 0
+    for i in range(b):
+        for blk in range(counts[i]):
+            rows = x[cu[i] + blk * page_size:min(cu[i + 1], cu[i] + (blk + 1) * page_size)]
+            pages[order[slot], :len(rows)] = rows
+            table[i, blk] = order[slot]
+            slot += 1
+    return pages, table
+
+
+PAGED_CASES = [("simt", None, "float32", True, 3, None),
+               ("tc", "wgmma", "float16", True, 5, None),
+               ("tc", "mma", "bfloat16", False, 2, [2, 1])]
+
+
+@pytest.mark.parametrize("backend, fam, fmt, causal, page_size, used", PAGED_CASES)
+def test_paged_varlen_forward_matches_the_packed_reference(rng, backend, fam, fmt, causal,
+                                                            page_size, used):
+    """K and V in shuffled pages of odd sizes behind a block table (whose unused entries are
+    not pages: never read), against the reference of the same keys packed."""
+    lengths_q, lengths_k = [4, 3], [7, 2]
+    q, k, v, cu_q, cu_k = packed(rng, lengths_q, lengths_k, fmt)
+    width = -(-max(lengths_k) // page_size) + 1
+    (k_pages, table), (v_pages, _) = (paginate(np.random.default_rng(7), x, cu_k, page_size,
+                                               width) for x in (k, v))
+    used_k = None if used is None else int32_array(used)
+    out = nan_like(q)
+    with family(fam) if fam else device.plan_for(device.current()):
+        o, lse = nf.flash_attn_varlen_fwd(
+            to_device(q), to_device(k_pages), to_device(v_pages), int32_array(cu_q),
+            int32_array(cu_k), max(lengths_q), max(lengths_k), causal=causal, backend=backend,
+            out=out, seqused_k=used_k, block_table=int32_array(table))
+    mask = ref.varlen_mask(cu_q, cu_k, len(q), len(k), causal,
+                           seqused_k=None if used is None else np.array(used, np.int32))
+    want, want_lse, lowp = reference_forward(q, k, v, mask)
+    rows = slice(0, cu_q[-1])
+    assert_close_rule(to_host(o)[rows], want[rows], lowp[rows], fmt)
+    assert_lse(to_host(lse)[:, rows], want_lse[:, rows])
+    assert np.isnan(to_host(o)[cu_q[-1]:].astype(np.float32)).all(), "a row of no sequence written"
+    nf.check_errors()
+
+
+@pytest.mark.parametrize("entry, cu_k, message", [(9, [0, 3, 6], "block_table"),
+                                                  (-1, [0, 3, 6], "block_table"),
+                                                  (0, [0, 3, 12], "cu_seqlens_k")])
+def test_paged_keys_only_the_device_sees_are_bounded_and_reported(rng, entry, cu_k, message):
+    """A table entry that is not a page reads as zeros; a sequence longer than its table's
+    pages is cut to them: nothing outside k, v or the table is read (the simulator raises on
+    an out-of-range index), and check_errors names the argument."""
+    q, _, _, cu_q, _ = packed(rng, [2, 3], [3, 3], "float32", extra=0)
+    k, v = (randn(rng, (4, 2, 1, 16), "float32") for _ in range(2))
+    table = np.array([[0, 1, 2], [3, entry, 1]], np.int32)  # 3 pages of 2 keys a sequence
+    nf.flash_attn_varlen_fwd(to_device(q), to_device(k), to_device(v), int32_array(cu_q),
+                             int32_array(np.array(cu_k, np.int32)), 3, 9, backend="simt",
+                             block_table=int32_array(table))
+    with pytest.raises(RuntimeError, match=message):
+        nf.check_errors()
+
+
 def test_seqused_k_past_its_sequence_is_bounded_and_reported(rng):
     q, k, v, cu_q, cu_k = packed(rng, [2, 3], [3, 3], "float32", extra=0)
     nf.flash_attn_varlen_fwd(to_device(q), to_device(k), to_device(v), int32_array(cu_q),
@@ -133,6 +201,11 @@ def test_seqused_k_past_its_sequence_is_bounded_and_reported(rng):
                              seqused_k=int32_array([5, -1]))
     with pytest.raises(RuntimeError, match="seqused_k"):
         nf.check_errors()
+
+
+def _pages(rng):
+    return dict(k=to_device(randn(rng, (3, 4, 1, 16), "float16")),
+                v=to_device(randn(rng, (3, 4, 1, 16), "float16")))
 
 
 def _good(rng):
@@ -158,8 +231,13 @@ REFUSALS = {
                   ValueError, r"^seqused_k: expected shape \(2,\)"),
     "window": (lambda g, rng: dict(window_size=(4, 0)), NotImplementedError, "^window_size"),
     "softcap": (lambda g, rng: dict(softcap=30.0), NotImplementedError, "^softcap"),
-    "block_table": (lambda g, rng: dict(block_table=int32_array([[0], [1]])),
-                    NotImplementedError, "^block_table"),
+    "paged k rank": (lambda g, rng: dict(block_table=int32_array([[0], [1]])),
+                     ValueError, "^k: expected 4 dimensions"),
+    "table shape": (lambda g, rng: dict(block_table=int32_array([0, 1]), **_pages(rng)),
+                    ValueError, r"^block_table: expected shape \(2, n\)"),
+    "table dtype": (lambda g, rng: dict(block_table=int32_array([[0], [1]], np.int64),
+                                        **_pages(rng)),
+                    TypeError, "^block_table: expected int32"),
 }
 
 

@@ -5,7 +5,7 @@ Every forward kernel (``simt/forward.py``, ``tc/forward_mma.py``, ``tc/forward_w
 
     q, k, v, out (B, S, H, D) in 16-bit bits or float32, lse (B, Hq, Sq) float32,
     Sq, Sk, Hq, group = Hq / Hk (int32), scale_log2 = softmax_scale * log2(e) (float32),
-    cu_seqlens_q, cu_seqlens_k, seqused_k, status (int32, 1-D)
+    cu_seqlens_q, cu_seqlens_k, seqused_k, status (int32, 1-D), block_table (int32, 2-D)
 
 on a grid of one CTA per BLOCK_M query rows of one (batch, query head): ``(ceil(Sq /
 BLOCK_M), B * Hq)``, the B * Hq rows folded into y and z past 65535 (``common/grid.py``).
@@ -13,7 +13,9 @@ Varlen batches (``AttentionConfig.varlen``) are the same kernels over views: the
 H, D) reaches them as (B, total, H, D) with a batch stride of 0 (``validate.varlen``, lse (Hq, total)
 likewise), Sq and Sk are max_seqlen_q / max_seqlen_k, and each CTA finds its sequence's rows from
 the offsets (``common/masks.make_seqlen_info``); a dense call passes the status word in place of
-the three offset arrays, which its kernels never read. The
+the three offset arrays, which its kernels never read. Paged K/V (``AttentionConfig.paged``,
+varlen only) passes k and v as their pages (num_pages, page_size, Hk, D) and the block table;
+every other forward call passes the status word, seen as a (1, 1) array, in its place. The
 backward is three kernels, each a ``KernelSpec`` base below that a family's module completes
 with its tiles and factory: the preprocess ``D_i = rowsum(dO_i * O_i)``, dK/dV (one CTA per
 BLOCK_N keys of one kv head) and dQ (one CTA per BLOCK_M queries).
@@ -30,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import types
 
+from ..runtime import arrays
 from ..runtime.launcher import cdiv
 from ..runtime.spec import SM80, SM90, KernelSpec, Sample
 from .common.formats import storage_type
@@ -48,21 +51,24 @@ class AttentionConfig(NamedTuple):
     causal: bool
     fmt: str  # storage format of q, k, v and the outputs
     varlen: bool = False  # packed sequences behind cu_seqlens_q / cu_seqlens_k
+    paged: bool = False   # varlen K and V in pages behind a block table (forward only)
 
 
 def config_of(problem, causal=None):
     """The ``AttentionConfig`` of an ``Attention`` problem (``causal`` overrides its mask)."""
     return AttentionConfig(problem.head_dim, problem.causal if causal is None else causal,
-                           problem.fmt, problem.cu_seqlens_q is not None)
+                           problem.fmt, problem.cu_seqlens_q is not None,
+                           problem.block_table is not None)
 
 
 def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
     """An attention kernel's ``Sample`` of ``config`` with tile entry ``entry``, labelled
-    ``<kernel> d=<head dim>[ tiles=<entry>] causal=<causal> <format>[ varlen]``."""
+    ``<kernel> d=<head dim>[ tiles=<entry>] causal=<causal> <format>[ varlen][ paged]``."""
     config = AttentionConfig(*config)
     tiles = "" if entry is None else f" tiles={entry}"
     label = f"{kernel} d={config.head_dim}{tiles} causal={config.causal} {config.fmt}"
-    return Sample(label + (" varlen" if config.varlen else ""), tuple(config), entry, ccs=ccs)
+    label += (" varlen" if config.varlen else "") + (" paged" if config.paged else "")
+    return Sample(label, tuple(config), entry, ccs=ccs)
 
 
 def tensor_type(fmt, ndim=4):
@@ -72,6 +78,7 @@ def tensor_type(fmt, ndim=4):
 
 
 I1 = types.Array(types.int32, 1, "A")
+I2 = types.Array(types.int32, 2, "A")
 # cu_seqlens_q, cu_seqlens_k, seqused_k, status: the last arguments of every attention kernel
 SEQUENCES = (I1, I1, I1, I1)
 
@@ -108,15 +115,17 @@ class ForwardSpec(KernelSpec):
 
     def signature(self, config):
         t = tensor_type(config.fmt)
-        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES)
+        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES, I2)
 
     def grid(self, config, tiles, p):
         b, _, hq, _ = p["q"].shape
         return (cdiv(grid_lengths(p)[0], tiles.BLOCK_M), *fold(b * hq))
 
     def arguments(self, config, p):
+        table = p.get("block_table")
         return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
-                np.float32(p["scale"] * LOG2E), *_sequences(p))
+                np.float32(p["scale"] * LOG2E), *_sequences(p),
+                arrays.batched(p["status"], 1) if table is None else table)
 
 
 class PreprocessSpec(KernelSpec):

@@ -118,16 +118,20 @@ def _simt_decode_config(problem):
                                        problem.key_start is not None)
 
 
-# Packed sequences (kernels/attention.py): every forward and backward kernel runs them.
+# Packed sequences (kernels/attention.py): every forward and backward kernel runs them, and
+# every forward kernel reads their K and V from pages behind a block table too.
 VARLEN = frozenset(("cu_seqlens_q", "cu_seqlens_k", "seqused_k"))
+PAGED_VARLEN = VARLEN | {"block_table"}
 # flash_attn_with_kvcache's decode: V in its own cache, keys from a per-sequence start.
 KVCACHE = frozenset(("v_cache", "key_start"))
 
 ENTRIES = (
     Entry("tc.forward_wgmma", "forward", "tc", (tc_forward_wgmma.SPEC,), _on("wgmma"),
-          honours=VARLEN),
-    Entry("tc.forward_mma", "forward", "tc", (tc_forward_mma.SPEC,), _anywhere, honours=VARLEN),
-    Entry("simt.forward", "forward", "simt", (simt_forward.SPEC,), _anywhere, honours=VARLEN),
+          honours=PAGED_VARLEN),
+    Entry("tc.forward_mma", "forward", "tc", (tc_forward_mma.SPEC,), _anywhere,
+          honours=PAGED_VARLEN),
+    Entry("simt.forward", "forward", "simt", (simt_forward.SPEC,), _anywhere,
+          honours=PAGED_VARLEN),
     Entry("tc.backward_wgmma", "backward", "tc",
           (tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ), _wgmma_backward, honours=VARLEN),
     Entry("tc.backward_mma", "backward", "tc", (tc_backward_mma.DKDV, tc_backward_mma.DQ),

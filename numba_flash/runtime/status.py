@@ -23,15 +23,16 @@ BAD_CACHE_LENGTH = 1 << 7   # kvcache: keys past the cache, a left padding outsi
 MESSAGES = {
     BAD_METADATA: "tile_scheduler_metadata: a row names requests outside the batch "
                   "(its parts were skipped)",
-    BAD_TABLE_ENTRY: "block_table: an entry inside a sequence is not a page of k_cache "
-                     "(its rows were read as zeros)",
+    BAD_TABLE_ENTRY: "block_table: an entry inside a sequence is not a page of the cache "
+                     "(k_cache, or the paged k and v; its rows were read as zeros)",
     PAST_TABLE: "cache_seqlens: a length reaches past the block table's columns "
                 "(the rows past it were read as zeros)",
     BAD_SPLITS: "num_splits: split counts name accumulator slots that do not exist "
                 "(those partial results were dropped)",
     NEGATIVE_LENGTH: "cache_seqlens: a length is negative (read as 0)",
     BAD_SEQLENS: "cu_seqlens_q, cu_seqlens_k or seqused_k: an offset decreases or runs past its "
-                 "array, or a length exceeds max_seqlen_q / max_seqlen_k or its sequence (the "
+                 "array, or a length exceeds max_seqlen_q / max_seqlen_k, its sequence or its "
+                 "block table (the "
                  "sequence was cut to what lies inside; rows past it were not computed)",
     BAD_CACHE_INDEX: "cache_batch_idx: an entry is not a row of the cache (that sequence "
                      "appended nothing and attended no key)",

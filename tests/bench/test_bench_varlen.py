@@ -26,3 +26,22 @@ def test_parse_args(bench_module):
     a = bench_module("bench_varlen").parse_args([])
     assert (a.modes, a.dtypes, a.head_dims, a.causal) == ("fwd,bwd", "bfloat16", "64,128", "both")
     assert (a.tokens, a.min_len, a.max_len, a.repeats) == (32768, 128, 4096, 3)
+
+
+def test_paginate_puts_each_key_where_the_table_says(bench_module):
+    """Key j of sequence b is row j % page of page table[b, j // page]; pages hold one
+    sequence each and the padding rows are zero."""
+    import torch
+
+    bv = bench_module("bench_varlen")
+    lens, page = [5, 1, 4], 2
+    x = torch.arange(10 * 3, dtype=torch.float32).view(10, 3, 1) + 1
+    pages, table = bv.paginate(x, lens, page, seed=4)
+    assert pages.shape == (3 + 1 + 2, page, 3, 1) and table.dtype == torch.int32
+    start = 0
+    for b, n in enumerate(lens):
+        for j in range(n):
+            assert torch.equal(pages[table[b, j // page], j % page], x[start + j])
+        start += n
+    assert (pages != 0).sum() == x.numel()  # every row once, the padding zero
+    assert sorted(table[0].tolist() + table[1, :1].tolist() + table[2, :2].tolist()) == list(range(6))

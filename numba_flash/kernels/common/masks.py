@@ -19,7 +19,7 @@ from numba import cuda
 from .status import BAD_SEQLENS, report
 
 
-def make_seqlen_info(VARLEN):
+def make_seqlen_info(VARLEN, PAGED=False):
     """Device function ``seqlen_info(b, seqlen_q, seqlen_k, total_q, total_k, cu_seqlens_q,
     cu_seqlens_k, seqused_k, status) -> (q0, k0, seqlen_q, seqlen_k, diag)``: where batch entry
     ``b``'s queries and keys start in their arrays, how many there are, and the causal offset
@@ -30,9 +30,12 @@ def make_seqlen_info(VARLEN):
     kernel is given. Varlen (``VARLEN``, packed sequences): sequence b owns rows
     ``cu_seqlens[b] .. cu_seqlens[b + 1]`` of arrays ``total_q`` / ``total_k`` rows long, and
     uses its first ``seqused_k[b]`` keys when ``seqused_k`` is not empty; ``seqlen_q`` and
-    ``seqlen_k`` are max_seqlen_q / max_seqlen_k, the bounds the grid was sized by. Offsets are
-    values only the device sees: each is clamped into its array and its bound, so no row outside
-    the arrays is ever touched, and a clamp reports BAD_SEQLENS."""
+    ``seqlen_k`` are max_seqlen_q / max_seqlen_k, the bounds the grid was sized by. Paged K/V
+    (``PAGED``, with VARLEN): the keys live behind the block table, each sequence's from its
+    key 0 on (``k0 = 0``), ``cu_seqlens_k`` gives only their number, and ``total_k`` is the
+    table's capacity (its width times the page size). Offsets are values only the device sees:
+    each is clamped into its array and its bound, so no row outside the arrays is ever touched,
+    and a clamp reports BAD_SEQLENS."""
 
     @cuda.jit(device=True, inline="always")
     def dense(b, seqlen_q, seqlen_k, total_q, total_k, cu_seqlens_q, cu_seqlens_k, seqused_k,
@@ -44,12 +47,18 @@ def make_seqlen_info(VARLEN):
                status):
         q0 = min(max(cu_seqlens_q[b], 0), total_q)
         q1 = min(max(cu_seqlens_q[b + 1], q0), total_q)
-        k0 = min(max(cu_seqlens_k[b], 0), total_k)
-        k1 = min(max(cu_seqlens_k[b + 1], k0), total_k)
         len_q = min(q1 - q0, seqlen_q)
-        len_k = min(k1 - k0, seqlen_k)
-        bad = (q0 != cu_seqlens_q[b] or q1 != cu_seqlens_q[b + 1] or len_q != q1 - q0
-               or k0 != cu_seqlens_k[b] or k1 != cu_seqlens_k[b + 1] or len_k != k1 - k0)
+        bad = q0 != cu_seqlens_q[b] or q1 != cu_seqlens_q[b + 1] or len_q != q1 - q0
+        if PAGED:  # only the number of keys: they start at the table's first page
+            k0 = 0
+            keys = cu_seqlens_k[b + 1] - cu_seqlens_k[b]
+            len_k = min(max(keys, 0), seqlen_k, total_k)
+            bad = bad or len_k != keys
+        else:
+            k0 = min(max(cu_seqlens_k[b], 0), total_k)
+            k1 = min(max(cu_seqlens_k[b + 1], k0), total_k)
+            len_k = min(k1 - k0, seqlen_k)
+            bad = bad or k0 != cu_seqlens_k[b] or k1 != cu_seqlens_k[b + 1] or len_k != k1 - k0
         if seqused_k.shape[0] > 0:
             used = seqused_k[b]
             bad = bad or used < 0 or used > len_k
@@ -58,6 +67,7 @@ def make_seqlen_info(VARLEN):
             report(status, BAD_SEQLENS)
         return q0, k0, len_q, len_k, len_k - len_q
 
+    assert VARLEN or not PAGED
     return varlen if VARLEN else dense
 
 

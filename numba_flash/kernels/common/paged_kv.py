@@ -58,7 +58,7 @@ accumulators is not written. Each of these sets its bit of the status word (``st
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, uint64
+from numba import cuda, float32, int32, uint32, uint64
 
 from ... import scheduler
 from ..instructions import convert, memory
@@ -111,6 +111,30 @@ def make_page_lookup(NO_PAGE):
         return page_of(entry, blk, block_table, num_pages, status)
 
     return table_entry, page_of, lookup
+
+
+def make_key_row(PAGED, NO_PAGE=-1):
+    """Device function ``key_row(k, block_table, b, n, status) -> (bb, row, valid)``: where key
+    ``n`` of batch entry ``b`` lies in ``k``. Dense and packed rows: ``k[b, n]``. Paged
+    (``PAGED``, k (num_pages, page_size, H, D)): slot ``n % page_size`` of page
+    ``block_table[b, n // page_size]``, not valid (and its status bit set, ``make_page_lookup``)
+    when that block lies past the table's width or its entry is not a page of k. The attention
+    kernels' paged K/V reads go through here; n >= 0, so the division is unsigned."""
+    table_entry, page_of, _ = make_page_lookup(NO_PAGE)
+
+    @cuda.jit(device=True, inline="always")
+    def in_rows(k, block_table, b, n, status):
+        return b, n, True
+
+    @cuda.jit(device=True, inline="always")
+    def in_pages(k, block_table, b, n, status):
+        page_size = uint32(k.shape[1])
+        blk = uint32(n) // page_size
+        page, valid = page_of(table_entry(block_table, b, blk), blk, block_table, k.shape[0],
+                              status)
+        return page, n - blk * page_size, valid
+
+    return in_pages if PAGED else in_rows
 
 
 def make_row_copy(COLS, TPR, FMT, VEC):

@@ -45,6 +45,9 @@ Varlen (packed sequences, kernels/attention.py)
     The grid is sized by max_seqlen_q; each CTA takes its sequence's offsets and lengths from
     ``make_seqlen_info``, returns at once when its query tile lies past the sequence's end, and
     otherwise runs the dense code on views of the arrays from the sequence's first row on.
+    Paged K/V (``PAGED``): K and V are pages behind a block table, and each key row is looked up
+    in the table as it is loaded (``common/paged_kv.make_key_row``); a bad entry reads as zeros
+    and is reported.
 
 Limits
     HEAD_DIM a multiple of 8 up to 256; any Sq, Sk; strides other than the last honoured.
@@ -64,6 +67,7 @@ from ..common.epilogue import lse_of
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
 from ..common.masks import make_kv_end, make_mask, make_needs_mask, make_seqlen_info
+from ..common.paged_kv import make_key_row
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
 
@@ -83,7 +87,7 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 
 @lru_cache(maxsize=None)
-def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, PAGED=False):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS
@@ -94,7 +98,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     Q_STRIDE, K_STRIDE, P_STRIDE = strides(BLOCK_M, BLOCK_N)
     SCRATCH = sync.scratch_size(THREADS)
     load_qt = make_tile_loader(BLOCK_M, HEAD_DIM, 1, Q_STRIDE, FMT)  # Q^T: row stride 1
-    seqlen_info = make_seqlen_info(VARLEN)
+    seqlen_info = make_seqlen_info(VARLEN, PAGED)
+    key_row = make_key_row(PAGED)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
     masked_out = make_mask(CAUSAL)
@@ -104,7 +109,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_fwd_simt(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
-                       cu_seqlens_q, cu_seqlens_k, seqused_k, status):
+                       cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table):
         smem = cuda.shared.array(0, float32)
         scratch = cuda.shared.array(SCRATCH, float32)
         tid = cuda.threadIdx.x
@@ -117,14 +122,16 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
         b = bh // n_heads_q
         h = bh - b * n_heads_q
         hk = h // group
+        keys = block_table.shape[1] * k.shape[1] if PAGED else k.shape[1]  # rows of K
         q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
-            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            b, seqlen_q, seqlen_k, q.shape[1], keys, cu_seqlens_q, cu_seqlens_k, seqused_k,
             status)
         if VARLEN:  # the sequence's rows: each array from its first row on
             if m0 >= seqlen_q:
                 return  # a query tile past the sequence's end
             q, out, lse = q[:, q0:], out[:, q0:], lse[:, :, q0:]
-            k, v = k[:, k0:], v[:, k0:]
+            if not PAGED:  # paged keys are found through the table (key_row)
+                k, v = k[:, k0:], v[:, k0:]
 
         # Q_i -> shared (transposed), pre-scaled so that S is in base-2 units.
         load_qt(smem, Q_OFF, q, b, m0, h, seqlen_q, scale_log2, tid)
@@ -151,8 +158,11 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
                 kx = ZERO
                 vx = ZERO
                 if n0 + c < seqlen_k:
-                    kx = load(k[b, n0 + c, hk, d])
-                    vx = load(v[b, n0 + c, hk, d])
+                    # k[b, n0 + c], or (paged) the page and slot the block table gives
+                    kb, kr, found = key_row(k, block_table, b, n0 + c, status)
+                    if found:
+                        kx = load(k[kb, kr, hk, d])
+                        vx = load(v[kb, kr, hk, d])
                 smem[K_OFF + d * K_STRIDE + c] = kx
                 smem[V_OFF + c * HEAD_DIM + d] = vx
             cuda.syncthreads()
@@ -240,16 +250,17 @@ class Spec(ForwardSpec):
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                   config.fmt, config.varlen)
+                                   config.fmt, config.varlen, config.paged)
 
     def samples(self):
         """The smallest head dim, the largest of each tile class (causal or not, each format)
-        one between classes, and one varlen."""
+        one between classes, and one varlen and one paged varlen."""
         configs = [(8, True, "bfloat16")]
         configs += [(d, causal, fmt) for d, _ in TILES for causal in (False, True)
                     for fmt in FLOAT_FORMATS]
         configs.append((72, False, "bfloat16"))
         configs.append((64, True, "bfloat16", True))  # varlen
+        configs.append((64, True, "bfloat16", True, True))  # varlen, paged K/V
         return [sample("simt fwd", config) for config in configs]
 
 

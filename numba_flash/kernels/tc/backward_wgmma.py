@@ -133,7 +133,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     mma_t = wgmma.mma_ss(FMT, BLOCK_M, 0)    # S^T = K Q^T, dP^T = V dO^T: Q, dO read K-major
     mma_g = wgmma.mma_rs(FMT, DPAD, 1)       # dV += P^T dO, dK += dS^T Q: dO, Q read MN-major
     pack_a = make_pack_a(FMT)
-    copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
+    copy_slot, copy_tile, _ = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
     pack = convert.pack(FMT)
     write_rows = make_row_writer(HEAD_DIM, BLOCK_N)
     seqlen_info = make_seqlen_info(VARLEN)
@@ -297,7 +297,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     mma_s = wgmma.mma_ss(FMT, BLOCK_N, 0)    # S = Q K^T, dP = dO V^T: K, V read K-major
     mma_q = wgmma.mma_rs(FMT, DPAD, 1)       # dQ += dS K: K read MN-major
     pack_a = make_pack_a(FMT)
-    copy_slot, copy_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
+    copy_slot, copy_tile, _ = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
     pack = convert.pack(FMT)
     write_rows = make_row_writer(HEAD_DIM, BLOCK_M)
     seqlen_info = make_seqlen_info(VARLEN)

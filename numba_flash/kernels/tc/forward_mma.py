@@ -159,7 +159,8 @@ def _make_products(MT, NT, DT, KSTEPS, STRIDE, FMT):
 
 
 @lru_cache(maxsize=None)
-def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False):
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False,
+                        PAGED=False):
     """Python kernel function for one configuration (``SPEC`` compiles it).
     Each of the NWARPS warps owns MT = BLOCK_M / (16 NWARPS) m16 tiles of query rows: with
     MT = 2 every K/V fragment loaded by ldmatrix feeds two mma instead of one."""
@@ -179,7 +180,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
     pack = convert.pack(FMT)
     shfl_xor = sync.shfl_xor
     scores, accumulate = _make_products(MT, NT, DT, KSTEPS, STRIDE, FMT)
-    seqlen_info = make_seqlen_info(VARLEN)
+    seqlen_info = make_seqlen_info(VARLEN, PAGED)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL)
     NEG_INF = constants.NEG_INF
@@ -190,10 +191,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
     ALIGN_MASK = uint64(15)
     # Q, K, V tiles global -> shared: each thread always copies the same 16-byte chunk column,
     # so only the row offset changes from copy to copy (common/copies.py).
-    copy_slot, load_tile = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
+    copy_slot, load_tile, load_paged_kv = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
 
     def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
-                     cu_seqlens_q, cu_seqlens_k, seqused_k, status):
+                     cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -218,22 +219,28 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
         h = bh - b * n_heads_q
         hk = h // group
 
+        keys = block_table.shape[1] * k.shape[1] if PAGED else k.shape[1]  # rows of K
         q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
-            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            b, seqlen_q, seqlen_k, q.shape[1], keys, cu_seqlens_q, cu_seqlens_k, seqused_k,
             status)
         if VARLEN:  # the sequence's rows: each array from its first row on
             if m0 >= seqlen_q:
                 return  # a query tile past the sequence's end
             q, out, lse = q[:, q0:], out[:, q0:], lse[:, :, q0:]
-            k, v = k[:, k0:], v[:, k0:]
+            if not PAGED:  # paged keys are found through the table (load_paged_kv)
+                k, v = k[:, k0:], v[:, k0:]
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
         # Prologue: Q and the first K/V tile in flight together; Q is needed first.
         load_tile(smem, Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, copy_r0, copy_c)
         if n_tiles > 0:
-            load_tile(smem, K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
-            load_tile(smem, V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
+            if PAGED:
+                load_paged_kv(smem, K_OFF, V_OFF, k, v, block_table, b, 0, hk,
+                              BLOCK_N, seqlen_k, copy_r0, copy_c, status)
+            else:
+                load_tile(smem, K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
+                load_tile(smem, V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
         memory.cp_async_commit()
         memory.cp_async_wait(0)
         cuda.syncthreads()
@@ -263,10 +270,14 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
             cuda.syncthreads()     # ... for every thread, and every warp is done with tile j - 1,
             if j + 1 < n_tiles:    # so its buffer can take tile j + 1 while tile j is computed
                 nxt = TILE - buf
-                load_tile(smem, K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
-                          copy_r0, copy_c)
-                load_tile(smem, V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
-                          copy_r0, copy_c)
+                if PAGED:
+                    load_paged_kv(smem, K_OFF + nxt, V_OFF + nxt, k, v, block_table, b,
+                                  n0 + BLOCK_N, hk, BLOCK_N, seqlen_k, copy_r0, copy_c, status)
+                else:
+                    load_tile(smem, K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                              copy_r0, copy_c)
+                    load_tile(smem, V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                              copy_r0, copy_c)
                 memory.cp_async_commit()
             k_tile = k_lane + buf
             v_tile = v_lane + buf
@@ -358,6 +369,11 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
 # A100 (164 KiB) or an sm_86/89 part takes 32 keys (68 KiB).
 TILES = ((64, ((128, 64, 4, 0),)), (128, ((128, 64, 4, 0), (128, 32, 4, 0))),
          (256, ((64, 32, 4, 0),)))
+# A varlen CTA computes its sequence's bounds (seqlen_q, seqlen_k, diag, its rows' offsets),
+# which a dense one reads from its parameters: those few registers more spill the MT = 2 tiles
+# (about 250 bytes at D = 128 on sm_80), so packed sequences take one m16 tile per warp. At
+# D = 256 that still spills (about 190 bytes on sm_80): the varlen A100 path's open cost.
+VARLEN_TILES = ((128, ((64, 64, 4, 0),)), (256, ((64, 32, 4, 0),)))
 
 
 class Spec(ForwardSpec):
@@ -365,7 +381,8 @@ class Spec(ForwardSpec):
     unroll_loops = True
 
     def entry(self, config, device):
-        options = next(t for limit, t in TILES if config.head_dim <= limit)
+        table = VARLEN_TILES if config.varlen else TILES
+        options = next(t for limit, t in table if config.head_dim <= limit)
         per_sm = device.shared_per_sm if device is not None else None
         fits = [t for t in options if per_sm is None
                 or 2 * (self.tiles(config, t).shared_bytes + SHARED_RESERVED_PER_BLOCK) <= per_sm]
@@ -377,17 +394,19 @@ class Spec(ForwardSpec):
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                   config.fmt, tiles.threads // 32, config.varlen)
+                                   config.fmt, tiles.threads // 32, config.varlen,
+                                   config.paged)
 
     def samples(self):
         """A 32 x 16 tile of two warps at head dim 16 and every entry of the table at the largest
         head dim it serves, causal or not, in both formats; head dim 8 with the table's entry;
-        varlen at head dim 128."""
+        varlen at head dim 128, with and without paged K/V."""
         entries = [(16, (32, 16, 2, 0))] + [(d, t) for d, options in TILES for t in options]
         return [sample("tc mma fwd", (d, causal, fmt), entry) for d, entry in entries
                 for causal in (False, True) for fmt in HALF_FORMATS] + [
                     sample("tc mma fwd", (8, True, "float16")),
-                    sample("tc mma fwd", (128, True, "bfloat16", True))]
+                    sample("tc mma fwd", (128, True, "bfloat16", True)),
+                    sample("tc mma fwd", (128, True, "bfloat16", True, True))]
 
 
 SPEC = Spec()

@@ -82,7 +82,7 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 
 @lru_cache(maxsize=None)
-def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, PAGED=False):
     """Python kernel function for one configuration (``SPEC`` compiles it, for
     sm_90a)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
@@ -101,7 +101,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     mma_o = wgmma.mma_rs(FMT, DPAD, 1)      # O += P V, V read MN-major
     pack = convert.pack(FMT)
     shfl_xor = sync.shfl_xor
-    seqlen_info = make_seqlen_info(VARLEN)
+    seqlen_info = make_seqlen_info(VARLEN, PAGED)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(1, NT, DT, BLOCK_N, CAUSAL)
     NEG_INF = constants.NEG_INF
@@ -115,10 +115,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     BUF_STEP = TILE * 2 // 16
 
     write_rows = make_row_writer(HEAD_DIM, BLOCK_M)
-    copy_slot, load_tile = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
+    copy_slot, load_tile, load_paged_kv = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
 
     def flash_fwd_wgmma(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
-                        cu_seqlens_q, cu_seqlens_k, seqused_k, status):
+                        cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -138,22 +138,28 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
         h = bh - b * n_heads_q
         hk = int32(convert.div_u32(h, group))
 
+        keys = block_table.shape[1] * k.shape[1] if PAGED else k.shape[1]  # rows of K
         q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
-            b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
+            b, seqlen_q, seqlen_k, q.shape[1], keys, cu_seqlens_q, cu_seqlens_k, seqused_k,
             status)
         if VARLEN:  # the sequence's rows: each array from its first row on
             if m0 >= seqlen_q:
                 return  # a query tile past the sequence's end
             q, out, lse = q[:, q0:], out[:, q0:], lse[:, :, q0:]
-            k, v = k[:, k0:], v[:, k0:]
+            if not PAGED:  # paged keys are found through the table (load_paged_kv)
+                k, v = k[:, k0:], v[:, k0:]
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
         # Prologue: Q and the first K/V tile in flight together.
         load_tile(smem, base + Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, copy_r0, copy_c)
         if n_tiles > 0:
-            load_tile(smem, base + K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
-            load_tile(smem, base + V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
+            if PAGED:
+                load_paged_kv(smem, base + K_OFF, base + V_OFF, k, v, block_table, b, 0, hk,
+                              BLOCK_N, seqlen_k, copy_r0, copy_c, status)
+            else:
+                load_tile(smem, base + K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
+                load_tile(smem, base + V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
         memory.cp_async_commit()
 
         # Descriptors of this warpgroup's Q rows and of the first K and V buffers.
@@ -182,10 +188,15 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
             cuda.syncthreads()       # ... for every thread; every warpgroup is done with tile j - 1
             if j + 1 < n_tiles:
                 nxt = TILE - (j & 1) * TILE
-                load_tile(smem, base + K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
-                          copy_r0, copy_c)
-                load_tile(smem, base + V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
-                          copy_r0, copy_c)
+                if PAGED:
+                    load_paged_kv(smem, base + K_OFF + nxt, base + V_OFF + nxt, k, v,
+                                  block_table, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k, copy_r0,
+                                  copy_c, status)
+                else:
+                    load_tile(smem, base + K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                              copy_r0, copy_c)
+                    load_tile(smem, base + V_OFF + nxt, v, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
+                              copy_r0, copy_c)
                 memory.cp_async_commit()
             buf = uint64((j & 1) * BUF_STEP)
 
@@ -270,15 +281,17 @@ class Spec(ForwardSpec):
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                   config.fmt, config.varlen)
+                                   config.fmt, config.varlen, config.paged)
 
     def samples(self):
         """Every entry of the table at the largest head dim it serves and three warpgroups of 64
-        rows at head dim 8, causal or not, in both formats; varlen at head dim 128."""
+        rows at head dim 8, causal or not, in both formats; varlen at head dim 128,
+        with and without paged K/V."""
         rows = TILES + ((8, ((192, 32, 12, 0),) * 2),)
         return [sample("tc wgmma fwd", (d, causal, fmt), entries[int(causal)], ccs=(SM90A,))
                 for d, entries in rows for causal in (False, True) for fmt in HALF_FORMATS] + [
-                    sample("tc wgmma fwd", (128, True, "bfloat16", True), ccs=(SM90A,))]
+                    sample("tc wgmma fwd", (128, True, "bfloat16", True), ccs=(SM90A,)),
+                    sample("tc wgmma fwd", (128, True, "bfloat16", True, True), ccs=(SM90A,))]
 
 
 SPEC = Spec()

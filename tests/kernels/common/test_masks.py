@@ -85,9 +85,10 @@ def test_q_begin_is_the_tile_of_the_first_row_that_sees_the_keys(causal, seqlen_
         assert begins[j] % BLOCK_M == 0 and begins[j] <= first < begins[j] + BLOCK_M, j
 
 
-def probe_seqlen_info(varlen, seqlen_q, seqlen_k, total_q, total_k, cu_q, cu_k, used):
+def probe_seqlen_info(varlen, seqlen_q, seqlen_k, total_q, total_k, cu_q, cu_k, used,
+                      paged=False):
     """Each batch entry's (q0, k0, Sq, Sk, diag) from make_seqlen_info, and the status word."""
-    seqlen_info = make_seqlen_info(varlen)
+    seqlen_info = make_seqlen_info(varlen, paged)
 
     @cuda.jit
     def probe(seqlen_q, seqlen_k, total_q, total_k, cu_q, cu_k, used, status, got):
@@ -125,6 +126,16 @@ def test_seqlen_info_clamps_offsets_into_the_arrays_and_bounds_and_reports(cu_q,
                                                                            want):
     got, status = probe_seqlen_info(True, 5, 4, 7, 6, cu_q, cu_k, used)
     assert got.tolist() == want and status == BAD_SEQLENS
+
+
+def test_seqlen_info_of_paged_keys_counts_them_from_the_first_page():
+    """Paged K/V: every sequence's keys start at key 0 of its table row; cu_seqlens_k gives
+    only their number, bounded by max_seqlen_k and the table's capacity (total_k)."""
+    cu_q, cu_k = [0, 3, 3, 8], [0, 4, 6, 9]
+    got, status = probe_seqlen_info(True, 5, 4, 8, 8, cu_q, cu_k, [], paged=True)
+    assert got.tolist() == [[0, 0, 3, 4, 1], [3, 0, 0, 2, 2], [3, 0, 5, 3, -2]] and status == 0
+    got, status = probe_seqlen_info(True, 5, 9, 8, 6, cu_q, [5, 14, 12, 13], [], paged=True)
+    assert got[:, 3].tolist() == [6, 0, 1] and status == BAD_SEQLENS  # past the table, negative
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -3,15 +3,17 @@ written out in NumPy (packed query row r is token r // group of s_q, it sees the
 below n_hi and, causal, those below seqlen - (s_q - 1 - token)); the pieces of a plan
 (``piece_of``) against ``scheduler.part_pieces``; the staged output of a piece
 (``make_piece_out``) against the rows its fragments hold; the block-table lookup
-(``make_page_lookup``) against a table with bad entries."""
+(``make_page_lookup``) against a table with bad entries; where a key lives (``make_key_row``),
+in rows and in pages."""
 
 import numpy as np
 import pytest
 from numba import cuda, float32, int32, uint16, uint32
 
 from numba_flash import scheduler
-from numba_flash.kernels.common.paged_kv import (make_page_lookup, make_paged_kv_walk,
-                                                 make_piece_out, make_row_keys)
+from numba_flash.kernels.common.paged_kv import (make_key_row, make_page_lookup,
+                                                 make_paged_kv_walk, make_piece_out,
+                                                 make_row_keys)
 from numba_flash.kernels.common.status import (BAD_SPLITS, BAD_TABLE_ENTRY, NEGATIVE_LENGTH,
                                                PAST_TABLE)
 
@@ -279,3 +281,31 @@ def test_a_page_lookup_bounds_the_entry_and_reports_it(lookup_probe):
     for way in range(2):
         np.testing.assert_array_equal(got[..., way], want)
         np.testing.assert_array_equal(got_status[..., way], want_status)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_key_row_finds_a_key_in_its_rows_or_behind_the_table(paged):
+    """Pages of 3 rows: key n of entry b is slot n % 3 of page table[b, n // 3]; an entry that
+    is not a page (5 of 4 pages, -1) is not valid and sets BAD_TABLE_ENTRY. Unpaged, key n of
+    entry b is row n of b, always valid."""
+    key_row = make_key_row(paged)
+    table = np.array([[2, 0, 5], [1, -1, 3]], np.int32)
+
+    @cuda.jit
+    def probe(k, table, status, got):
+        b, n = cuda.blockIdx.x, cuda.threadIdx.x
+        bb, row, valid = key_row(k, table, b, n, status)
+        got[b, n, 0], got[b, n, 1], got[b, n, 2] = bb, row, valid
+
+    got, status = np.full((2, 9, 3), -7, np.int64), np.zeros(1, np.int32)
+    probe[2, 9](np.zeros((4, 3, 1, 8), np.float32), table, status, got)
+    n = np.arange(9)
+    if not paged:
+        assert (got[..., 0] == [[0], [1]]).all() and (got[..., 1] == n).all()
+        assert got[..., 2].all() and status[0] == 0
+        return
+    assert (got[..., 1] == n % 3).all()
+    valid = (table[:, n // 3] >= 0) & (table[:, n // 3] < 4)
+    assert (got[..., 2] == valid).all()
+    assert (got[..., 0][valid] == table[:, n // 3][valid]).all()
+    assert status[0] == BAD_TABLE_ENTRY

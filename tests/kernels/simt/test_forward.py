@@ -78,7 +78,8 @@ def test_flash_attn_func_returns_out_or_out_and_lse(rng):
 def test_every_specialization_compiles_without_spills():
     """The largest head dim of each tile class (most registers), causal or not, 16- and 32-bit
     storage; bfloat16 (which differs from float16 only in its conversions) and the smallest
-    head dims once."""
+    head dims once; paged varlen K/V once."""
     configs = [(d, causal, fmt) for d in (64, 128, 256) for causal in (False, True)
                for fmt in ("float16", "float32")] + [(8, True, "bfloat16"), (72, False, "bfloat16")]
+    configs.append((128, True, "bfloat16", True, True))
     assert_compiles_clean("simt.forward", [(config, None) for config in configs])

@@ -52,9 +52,11 @@ def test_output_view_with_rows_off_16_byte_alignment(rng):
 
 
 def test_every_specialization_compiles_to_mma_without_spills():
-    """Every tile entry, causal and not, each in one 16-bit format (``helpers.FMTS``)."""
+    """Every tile entry, causal and not, each in one 16-bit format (``helpers.FMTS``); paged
+    varlen K/V at head dim 128 (its table lookups add registers)."""
     configs = [((d, causal, FMTS[causal]), tiles) for d, options in forward_mma.TILES
                for tiles in options for causal in (False, True)] + [((8, True, "float16"), None)]
+    configs.append(((128, True, "bfloat16", True, True), None))
     assert_compiles_clean("tc.forward_mma", configs,
                           must_contain=("mma.sync.aligned.m16n8k16", "ldmatrix", "cp.async",
                                         "st.global.v4.b32"))

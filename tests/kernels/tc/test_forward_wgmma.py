@@ -57,10 +57,11 @@ def test_three_warpgroups_and_causal_tiles_in_any_order(rng):
 
 
 def test_every_specialization_compiles_to_wgmma_without_spills():
-    """Every tile entry, causal and not, each in one 16-bit format (``helpers.FMTS``)."""
+    """Every tile entry, causal and not, each in one 16-bit format (``helpers.FMTS``); paged
+    varlen K/V at head dim 128 (its table lookups add registers)."""
     configs = [((d, causal, FMTS[causal]), None) for d, _ in forward_wgmma.TILES
                for causal in (False, True)]
-    configs.append(((8, True, "float16"), None))
+    configs += [((8, True, "float16"), None), ((128, True, "bfloat16", True, True), None)]
     assert_compiles_clean("tc.forward_wgmma", configs, ccs=((9, 0, "a"),),
                           must_contain=("wgmma.mma_async.sync.aligned", "cp.async",
                                         "fence.proxy.async", "st.global.v4.b32"),
