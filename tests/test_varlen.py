@@ -177,6 +177,29 @@ def test_paged_varlen_forward_matches_the_packed_reference(rng, backend, fam, fm
     nf.check_errors()
 
 
+@pytest.mark.parametrize("fam, tiles", [("wgmma", (64, 16, 4, 0)), ("mma", (32, 16, 2, 0))])
+def test_paged_tiles_past_the_first_read_the_pages_fetched_a_tile_ahead(rng, fam, tiles):
+    """16-key tiles over 37 keys in pages of 3 (a page size below the rows one copy pass
+    covers): the tensor-core kernels read each tile's table entries a tile ahead of its copy."""
+    from numba_flash.kernels.tc import forward_mma, forward_wgmma
+
+    spec = (forward_wgmma if fam == "wgmma" else forward_mma).SPEC
+    lengths_q, lengths_k = [5, 2], [37, 20]
+    q, k, v, cu_q, cu_k = packed(rng, lengths_q, lengths_k, "bfloat16")
+    (k_pages, table), (v_pages, _) = (paginate(np.random.default_rng(3), x, cu_k, 3, 14)
+                                      for x in (k, v))
+    with family(fam), spec.forcing(tiles):
+        o, lse = nf.flash_attn_varlen_fwd(
+            to_device(q), to_device(k_pages), to_device(v_pages), int32_array(cu_q),
+            int32_array(cu_k), 5, 37, causal=True, backend="tc", block_table=int32_array(table))
+    mask = ref.varlen_mask(cu_q, cu_k, len(q), len(k), True)
+    want, want_lse, lowp = reference_forward(q, k, v, mask)
+    rows = slice(0, cu_q[-1])
+    assert_close_rule(to_host(o)[rows], want[rows], lowp[rows], "bfloat16")
+    assert_lse(to_host(lse)[:, rows], want_lse[:, rows])
+    nf.check_errors()
+
+
 @pytest.mark.parametrize("entry, cu_k, message", [(9, [0, 3, 6], "block_table"),
                                                   (-1, [0, 3, 6], "block_table"),
                                                   (0, [0, 3, 12], "cu_seqlens_k")])

@@ -62,7 +62,7 @@ Limits
 
 from functools import lru_cache
 
-from numba import cuda, float32, uint16, uint32, uint64
+from numba import cuda, float32, int32, uint16, uint32, uint64
 
 from ...runtime.device import SHARED_RESERVED_PER_BLOCK
 from ...runtime.spec import Tiles
@@ -70,7 +70,7 @@ from ..attention import HALF_FORMATS, ForwardSpec, sample
 from ..common import constants
 from ..instructions import convert, memory, sync
 from ..instructions import mma as mma_sync
-from ..common.copies import make_tile_copy
+from ..common.copies import make_page_fetch, make_tile_copy
 from ..common.epilogue import lse_of, store_chunk
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
@@ -192,6 +192,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
     # Q, K, V tiles global -> shared: each thread always copies the same 16-byte chunk column,
     # so only the row offset changes from copy to copy (common/copies.py).
     copy_slot, load_tile, load_paged_kv = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
+    PAGE_ROWS, fetch_pages = make_page_fetch(DPAD, THREADS, BLOCK_N)
 
     def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                      cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table):
@@ -230,14 +231,17 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
             if not PAGED:  # paged keys are found through the table (load_paged_kv)
                 k, v = k[:, k0:], v[:, k0:]
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
+        pages = cuda.local.array(PAGE_ROWS, int32)  # paged: table entries of the next tile
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
         # Prologue: Q and the first K/V tile in flight together; Q is needed first.
         load_tile(smem, Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, copy_r0, copy_c)
         if n_tiles > 0:
-            if PAGED:
-                load_paged_kv(smem, K_OFF, V_OFF, k, v, block_table, b, 0, hk,
-                              BLOCK_N, seqlen_k, copy_r0, copy_c, status)
+            if PAGED:  # the first tile's pages now; from here on a tile ahead (common/copies.py)
+                fetch_pages(pages, block_table, b, 0, seqlen_k, copy_r0, k.shape[1])
+                load_paged_kv(smem, K_OFF, V_OFF, k, v, pages, 0, hk, BLOCK_N,
+                              seqlen_k, copy_r0, copy_c, status)
+                fetch_pages(pages, block_table, b, BLOCK_N, seqlen_k, copy_r0, k.shape[1])
             else:
                 load_tile(smem, K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
                 load_tile(smem, V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
@@ -271,8 +275,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
             if j + 1 < n_tiles:    # so its buffer can take tile j + 1 while tile j is computed
                 nxt = TILE - buf
                 if PAGED:
-                    load_paged_kv(smem, K_OFF + nxt, V_OFF + nxt, k, v, block_table, b,
-                                  n0 + BLOCK_N, hk, BLOCK_N, seqlen_k, copy_r0, copy_c, status)
+                    load_paged_kv(smem, K_OFF + nxt, V_OFF + nxt, k, v, pages, n0 + BLOCK_N,
+                                  hk, BLOCK_N, seqlen_k, copy_r0, copy_c, status)
+                    fetch_pages(pages, block_table, b, n0 + 2 * BLOCK_N, seqlen_k, copy_r0,
+                                k.shape[1])
                 else:
                     load_tile(smem, K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
                               copy_r0, copy_c)

@@ -56,7 +56,7 @@ from ...runtime.spec import SM90A, Tiles
 from ..attention import HALF_FORMATS, ForwardSpec, sample
 from ..common import constants
 from ..instructions import convert, memory, sync, wgmma
-from ..common.copies import make_swizzled_copy
+from ..common.copies import make_page_fetch, make_swizzled_copy
 from ..common.epilogue import lse_of, make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
@@ -116,6 +116,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
 
     write_rows = make_row_writer(HEAD_DIM, BLOCK_M)
     copy_slot, load_tile, load_paged_kv = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
+    PAGE_ROWS, fetch_pages = make_page_fetch(DPAD, THREADS, BLOCK_N)
 
     def flash_fwd_wgmma(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                         cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table):
@@ -149,14 +150,17 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
             if not PAGED:  # paged keys are found through the table (load_paged_kv)
                 k, v = k[:, k0:], v[:, k0:]
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
+        pages = cuda.local.array(PAGE_ROWS, int32)  # paged: table entries of the next tile
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
         # Prologue: Q and the first K/V tile in flight together.
         load_tile(smem, base + Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, copy_r0, copy_c)
         if n_tiles > 0:
-            if PAGED:
-                load_paged_kv(smem, base + K_OFF, base + V_OFF, k, v, block_table, b, 0, hk,
-                              BLOCK_N, seqlen_k, copy_r0, copy_c, status)
+            if PAGED:  # the first tile's pages now; from here on a tile ahead (common/copies.py)
+                fetch_pages(pages, block_table, b, 0, seqlen_k, copy_r0, k.shape[1])
+                load_paged_kv(smem, base + K_OFF, base + V_OFF, k, v, pages, 0, hk, BLOCK_N,
+                              seqlen_k, copy_r0, copy_c, status)
+                fetch_pages(pages, block_table, b, BLOCK_N, seqlen_k, copy_r0, k.shape[1])
             else:
                 load_tile(smem, base + K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
                 load_tile(smem, base + V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
@@ -189,9 +193,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
             if j + 1 < n_tiles:
                 nxt = TILE - (j & 1) * TILE
                 if PAGED:
-                    load_paged_kv(smem, base + K_OFF + nxt, base + V_OFF + nxt, k, v,
-                                  block_table, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k, copy_r0,
-                                  copy_c, status)
+                    load_paged_kv(smem, base + K_OFF + nxt, base + V_OFF + nxt, k, v, pages,
+                                  n0 + BLOCK_N, hk, BLOCK_N, seqlen_k, copy_r0, copy_c, status)
+                    fetch_pages(pages, block_table, b, n0 + 2 * BLOCK_N, seqlen_k, copy_r0,
+                                k.shape[1])
                 else:
                     load_tile(smem, base + K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
                               copy_r0, copy_c)
