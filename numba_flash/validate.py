@@ -195,6 +195,11 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
         seqused_k = index_array(seqused_k, "seqused_k", (b,))
     if paged:
         block_table = index_array(block_table, "block_table", (b, None))
+        for t in (k, v):  # the kernels address rows as page * stride + slot * stride, 32-bit
+            if not all(0 <= st * t.itemsize < 2 ** 32 for st in t.strides[:2]):
+                raise ValueError(f"{t.name}: pages and their rows must be 0 to 4 GiB apart "
+                                 f"(non-negative strides under 2**32 bytes), got strides "
+                                 f"{t.strides}")
     max_q = positive_int(max_seqlen_q, "max_seqlen_q")
     max_k = positive_int(max_seqlen_k, "max_seqlen_k")
     _check_causal(causal)

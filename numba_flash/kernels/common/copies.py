@@ -23,9 +23,7 @@ Every 16-byte copy needs a 16-byte aligned global address: rows and the data poi
 multiples of 16 bytes, which the host checks before it launches a kernel built on this.
 """
 
-from numba import cuda
-
-from numba import int32, uint32
+from numba import cuda, int32, uint32, uint64
 
 from ..instructions import memory, wgmma
 from .paged_kv import make_page_lookup
@@ -101,6 +99,17 @@ def _paged_source(entry, n, seqlen, slot, num_pages, status):
     return entry, slot, valid
 
 
+@cuda.jit(device=True, inline="always")
+def _row_addresses(k_head, v_head, page, slot, k, v):
+    """Global addresses of row ``slot`` of page ``page`` in K and V, from their addresses at
+    page 0, row 0 (this thread's head and column): 32 x 32-bit products (one IMAD.WIDE each;
+    the host checks that page and row strides fit in 32 bits), where an element index would
+    take 64-bit products of all four indices, twice."""
+    p, s = uint64(uint32(page)), uint64(uint32(slot))
+    return (k_head + p * uint64(uint32(k.strides[0])) + s * uint64(uint32(k.strides[1])),
+            v_head + p * uint64(uint32(v.strides[0])) + s * uint64(uint32(v.strides[1])))
+
+
 def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
     """``(copy_slot, copy_rows, copy_paged_kv)``: ``copy_slot(tid) -> (r0, c)``, the thread's
     first row and its chunk's first column; ``copy_rows(smem, offset, src, b, row0, head, NROWS,
@@ -110,7 +119,7 @@ def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
     seqlen, r0, c, status)`` the same for keys ``row0 ..`` from paged K and V into the tiles at
     ``k_off`` and ``v_off``, from the pages ``make_page_fetch`` read into ``entries``."""
     CHUNKS, CHUNK_SLOTS, ROWS_PER_PASS, TID_MASK = _geometry(DPAD, THREADS)
-    copy16 = memory.cp_async_16_zfill
+    copy16, copy16_at = memory.cp_async_16_zfill, memory.cp_async_16_zfill_at
 
     @cuda.jit(device=True, inline="always")
     def copy_slot(tid):
@@ -132,6 +141,8 @@ def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
                       status):
         if CHUNKS == CHUNK_SLOTS or c < DPAD:
             col = c if c < HEAD_DIM else 0
+            k_head = memory.global_address(k, (0, 0, head, col))
+            v_head = memory.global_address(v, (0, 0, head, col))
             n = row0 + r0
             slot, slot_step, _, _ = _page_steps(n, k.shape[1], ROWS_PER_PASS)
             for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
@@ -140,8 +151,9 @@ def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
                     page, s, valid = _paged_source(entries[i], n + i * ROWS_PER_PASS, seqlen,
                                                    slot, k.shape[0], status)
                     ok = valid and c < HEAD_DIM
-                    copy16(smem, k_off + r * STRIDE + c, k, (page, s, head, col), ok)
-                    copy16(smem, v_off + r * STRIDE + c, v, (page, s, head, col), ok)
+                    k_at, v_at = _row_addresses(k_head, v_head, page, s, k, v)
+                    copy16_at(smem, k_off + r * STRIDE + c, k_at, ok)
+                    copy16_at(smem, v_off + r * STRIDE + c, v_at, ok)
                 slot += slot_step
                 if slot >= k.shape[1]:
                     slot -= k.shape[1]
@@ -158,7 +170,7 @@ def make_swizzled_copy(HEAD_DIM, DPAD, THREADS):
     into the tile at ``offset`` (rows past ``seqlen`` and padding columns: zeros);
     ``copy_paged_kv`` as ``make_tile_copy``'s, into swizzled tiles."""
     CHUNKS, CHUNK_SLOTS, ROWS_PER_PASS, TID_MASK = _geometry(DPAD, THREADS)
-    copy16 = memory.cp_async_16_zfill
+    copy16, copy16_at = memory.cp_async_16_zfill, memory.cp_async_16_zfill_at
 
     @cuda.jit(device=True, inline="always")
     def copy_slot(tid):
@@ -182,6 +194,8 @@ def make_swizzled_copy(HEAD_DIM, DPAD, THREADS):
         if CHUNKS == CHUNK_SLOTS or c < CHUNKS:
             col = 8 * c
             src_col = col if col < HEAD_DIM else 0
+            k_head = memory.global_address(k, (0, 0, head, src_col))
+            v_head = memory.global_address(v, (0, 0, head, src_col))
             n = row0 + r0
             slot, slot_step, _, _ = _page_steps(n, k.shape[1], ROWS_PER_PASS)
             for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
@@ -191,8 +205,9 @@ def make_swizzled_copy(HEAD_DIM, DPAD, THREADS):
                                                    slot, k.shape[0], status)
                     at = wgmma.tile_offset(r, col, NROWS)
                     ok = valid and col < HEAD_DIM
-                    copy16(smem, k_off + at, k, (page, s, head, src_col), ok)
-                    copy16(smem, v_off + at, v, (page, s, head, src_col), ok)
+                    k_at, v_at = _row_addresses(k_head, v_head, page, s, k, v)
+                    copy16_at(smem, k_off + at, k_at, ok)
+                    copy16_at(smem, v_off + at, v_at, ok)
                 slot += slot_step
                 if slot >= k.shape[1]:
                     slot -= k.shape[1]

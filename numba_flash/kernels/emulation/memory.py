@@ -97,6 +97,22 @@ def cp_async_16_zfill(smem, offset, gmem, index, valid):
 
 
 @cuda.jit(device=True)
+def cp_async_16_zfill_at(smem, offset, address, valid):
+    """``cp_async_16_zfill`` from the host address ``global_address`` (plus byte offsets)
+    gives: 16 bytes copied from there, or 16 zero bytes when ``valid`` is false."""
+    flat = smem.reshape(-1)
+    n = CP_ASYNC_BYTES // flat.itemsize
+    offset = int(offset)
+    _require_aligned("cp.async shared (destination)", offset * flat.itemsize,
+                     f"element {offset} of the shared array")
+    _require_aligned("cp.async global (source)", int(address), "an address from global_address")
+    chunk = np.zeros(n, flat.dtype)
+    if valid:
+        ctypes.memmove(chunk.ctypes.data, int(address), CP_ASYNC_BYTES)
+    flat[offset:offset + n] = chunk
+
+
+@cuda.jit(device=True)
 def cp_async_commit():
     """Close the current group of copies (nothing to do: emulated copies are immediate)."""
     return None

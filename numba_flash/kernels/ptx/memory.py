@@ -125,6 +125,31 @@ def cp_async_16_zfill(typingctx, smem, offset, gmem, index, valid):
 
 
 @intrinsic
+def cp_async_16_zfill_at(typingctx, smem, offset, address, valid):
+    """``cp_async_16_zfill`` from a global ``address`` (from ``global_address`` plus byte
+    offsets, 16-byte aligned) instead of an array element: a kernel that finds its rows through
+    a table adds two 32 x 32-bit products to a base, where an element index costs 64-bit
+    products of every index. ``address`` must lie inside the source array even when ``valid``
+    is false."""
+    if not (isinstance(smem, types.Array) and is_int(offset) and is_int(address)
+            and isinstance(valid, (types.Boolean, types.Integer))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        dst = shared_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        src = context.cast(builder, args[2], sig.args[2], types.uint64)
+        ok = context.cast(builder, args[3], sig.args[3], types.boolean)
+        size = builder.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0))
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I32, I64, I32]),
+                           "cp.async.cg.shared.global [$0], [$1], 16, $2;",
+                           "r,l,r,~{memory}", side_effect=True)
+        builder.call(asm, [dst, src, size])
+        return context.get_dummy_value()
+
+    return types.void(smem, offset, address, valid), codegen
+
+
+@intrinsic
 def cp_async_commit(typingctx):
     """``cp.async.commit_group``: close the current group of asynchronous copies."""
 

@@ -1,10 +1,11 @@
-"""The memory instructions of kernels/ptx/memory.py: cp.async (16-byte, zfill) and its groups,
-shared and global addresses, 16-byte global stores; and the emulation's refusal of the
-misaligned addresses that stop a GPU kernel (cudaErrorMisalignedAddress)."""
+"""The memory instructions of kernels/ptx/memory.py: cp.async (16-byte, zfill, from an element
+or an address) and its groups, shared and global addresses, 16-byte global stores; and the
+emulation's refusal of the misaligned addresses that stop a GPU kernel
+(cudaErrorMisalignedAddress)."""
 
 import numpy as np
 import pytest
-from numba import cuda, float32, uint16
+from numba import cuda, float32, uint16, uint64
 
 from helpers import SIMULATOR, to_device, to_host
 from numba_flash.kernels.instructions import memory
@@ -51,6 +52,32 @@ def test_cp_async_copies():
     np.testing.assert_array_equal(out32, g32)
     assert addr[0] % 16 == 0  # SHARED_ALIGN
     assert (addr[1], addr[2]) == (16, 16)  # byte offsets
+
+
+@cuda.jit
+def _copy_at_kernel(g16, rows, s_out):
+    """cp.async from addresses: thread t copies chunk t % 4 of row rows[t // 4] of g16 (its
+    address: global_address of row 0 plus rows * the row stride), zero-filled where rows < 0."""
+    tid = cuda.threadIdx.x
+    s16 = cuda.shared.array(128, uint16, alignment=SHARED_ALIGN)
+    row, chunk = rows[tid >> 2], tid & 3
+    base = memory.global_address(g16, (0, chunk * 8))
+    memory.cp_async_16_zfill_at(s16, tid * 8, base + uint64(max(row, 0) * g16.strides[0]),
+                                row >= 0)
+    memory.cp_async_commit()
+    memory.cp_async_wait_all()
+    cuda.syncthreads()
+    for j in range(8):
+        s_out[tid * 8 + j] = s16[tid * 8 + j]
+
+
+def test_cp_async_from_an_address_copies_that_row_or_zeros():
+    g16 = np.random.default_rng(6).integers(1, 1 << 16, size=(5, 32), dtype=np.uint16)
+    rows = np.array([3, -1, 0, 4], np.int32)
+    out = np.zeros(128, np.uint16)
+    _copy_at_kernel[1, 16](to_device(g16), to_device(rows), out)
+    want = np.where(rows[:, None] >= 0, g16[np.maximum(rows, 0)], 0)
+    np.testing.assert_array_equal(to_host(out).reshape(4, 32), want)
 
 
 @cuda.jit
