@@ -12,12 +12,13 @@ offset is done once per kernel (``copy_slot``). An invalid chunk reads from row 
 column with the zero-fill size, so no address outside the tensor is formed.
 
 Paged K/V (varlen over a block table): each factory's third function copies the K and V rows
-of one tile together from the pages that ``make_page_fetch`` read from the table one tile
-earlier. A table read waits for global memory, and the address of a row's copy waits for its
-read: read just before the copies, the lookups put that wait (and an integer division per row)
-in front of every tile, which ran paged tiles at 0.53-0.71x the unpaged ones on an H200. Read a
-tile ahead, they land while the tile before is computed. A row whose entry is not a page reads
-nothing, is zero-filled (as a row past the sequence is) and is reported.
+of one tile together, from global addresses (``cp_async_16_zfill_at``), each row's page and slot
+read from a small row table in shared memory that the tile's owners wrote a tile earlier
+(``make_paged_rows``: thread t looks up row t, its table read issued two tiles ahead). Each of
+a row's CHUNK_SLOTS copying threads looking the row up itself, with 64-bit index products, cost
+a paged tile half again the instructions of an unpaged one (0.53-0.71x the unpaged forward on an
+H200). A row whose entry is not a page reads nothing, is zero-filled (as a row past the sequence
+is) and is reported by its owner.
 
 Every 16-byte copy needs a 16-byte aligned global address: rows and the data pointer must be
 multiples of 16 bytes, which the host checks before it launches a kernel built on this.
@@ -41,62 +42,91 @@ def _geometry(DPAD, THREADS):
     return CHUNKS, CHUNK_SLOTS, THREADS // CHUNK_SLOTS, (1 << (THREADS - 1).bit_length()) - 1
 
 
-@cuda.jit(device=True, inline="always")
-def _page_steps(n, page_size, rows_per_pass):
-    """(slot, slot_step, blk, blk_step): key n's slot and block, and what a step of
-    ``rows_per_pass`` keys adds to each: two shifts for a page size that is a power of two (the
-    sizes serving engines use), else two unsigned divisions (about 20 instructions each)."""
-    size = uint32(page_size)
-    if size & (size - uint32(1)) == 0:
-        shift = cuda.popc(size - uint32(1))
-        blk = uint32(n) >> shift
-        blk_step = uint32(rows_per_pass) >> shift
-    else:
-        blk = uint32(n) // size
-        blk_step = uint32(rows_per_pass) // size
-    return (int32(n - blk * size), int32(rows_per_pass - blk_step * size), int32(blk),
-            int32(blk_step))
+ROW_WORDS = 2  # 32-bit words a key row takes in the shared row table: its page and slot
 
 
-def make_page_fetch(DPAD, THREADS, NROWS):
-    """``(PAGE_ROWS, fetch_pages)``: ``fetch_pages(entries, block_table, b, row0, seqlen, r0,
-    page_size)`` reads into ``entries`` (PAGE_ROWS int32, local) the table entries of this
-    thread's rows ``row0 + r0 + i * ROWS_PER_PASS`` of an NROWS-key tile of batch entry b
-    (NO_PAGE past ``seqlen`` or the table's width), for ``copy_paged_kv`` a tile later."""
-    ROWS_PER_PASS = _geometry(DPAD, THREADS)[2]
-    PAGE_ROWS = (NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS
+def make_paged_steps(copy_paged_kv, THREADS, NROWS):
+    """``(paged_first, paged_next)``: the paged K/V pipeline of a forward kernel whose tiles
+    are NROWS keys, around its ``copy_paged_kv`` (the third function of either tile factory).
+
+    The block table's rows go through a row table in shared memory, ``words`` from word
+    ``rows_w``: two buffers of NROWS rows, ROW_WORDS words each (its page plus one, 0 for a row
+    that reads as zeros, and its slot). Thread ``t < NROWS`` owns row t of every tile: it reads the
+    row's table entry two tiles before the tile is copied, so that the read's latency hides
+    behind the products of a tile, and writes the row's page and slot a tile before, which every
+    copying thread reads after the next barrier.
+
+        paged_first(smem, words, rows_w, k_off, v_off, k, v, block_table, b, hk, seqlen, r0, c,
+                    status) -> entry
+            rows of tiles 0 and 1 written, a barrier, tile 0's copies issued; returns the
+            entry of tile 2 (its read in flight)
+        paged_next(smem, words, rows_w, k_off, v_off, k, v, block_table, b, hk, j, seqlen, r0,
+                   c, entry, status) -> entry
+            after the barrier of tile j: tile j + 1's copies issued, tile j + 2's rows written
+            over tile j's, tile j + 3's entry read
+
+    The page and slot of a key: shifts for a page size that is a power of two (the sizes
+    serving engines use), else an unsigned division."""
+    assert THREADS >= NROWS
     table_entry = make_page_lookup(NO_PAGE)[0]
+    TABLE = ROW_WORDS * NROWS  # words of one buffer
 
     @cuda.jit(device=True, inline="always")
-    def fetch_pages(entries, block_table, b, row0, seqlen, r0, page_size):
-        n = row0 + r0
-        slot, slot_step, blk, blk_step = _page_steps(n, page_size, ROWS_PER_PASS)
-        for i in range(PAGE_ROWS):
-            entry = NO_PAGE
-            if (NROWS % ROWS_PER_PASS == 0 or r0 + i * ROWS_PER_PASS < NROWS) and \
-                    n + i * ROWS_PER_PASS < seqlen:
-                entry = table_entry(block_table, b, blk)
-            entries[i] = entry
-            slot += slot_step
-            blk += blk_step
-            if slot >= page_size:
-                slot -= page_size
-                blk += 1
+    def block_of(n, page_size):
+        size = uint32(page_size)
+        if size & (size - uint32(1)) == 0:
+            return uint32(n) >> cuda.popc(size - uint32(1))
+        return uint32(n) // size
 
-    return PAGE_ROWS, fetch_pages
+    @cuda.jit(device=True, inline="always")
+    def fetch_entry(block_table, b, n, seqlen, page_size):
+        entry = NO_PAGE
+        if n < seqlen:
+            entry = table_entry(block_table, b, block_of(n, page_size))
+        return entry
 
+    @cuda.jit(device=True, inline="always")
+    def publish_row(words, at, entry, n, seqlen, num_pages, page_size, status):
+        t = cuda.threadIdx.x
+        page = NO_PAGE
+        if n < seqlen:
+            if entry >= 0 and entry < num_pages:
+                page = entry
+            else:
+                report(status, BAD_TABLE_ENTRY)
+        words[at + ROW_WORDS * t] = uint32(page + 1)  # 0: NO_PAGE (the words are unsigned)
+        words[at + ROW_WORDS * t + 1] = uint32(n - block_of(n, page_size) * uint32(page_size))
 
-@cuda.jit(device=True, inline="always")
-def _paged_source(entry, n, seqlen, slot, num_pages, status):
-    """(page, slot, valid) of a key row from its fetched table entry: (0, 0, False), a
-    zero-filled copy from row 0, past ``seqlen`` or for an entry that is not a page (reported)."""
-    valid = n < seqlen
-    if valid and not (entry >= 0 and entry < num_pages):
-        report(status, BAD_TABLE_ENTRY)
-        valid = False
-    if not valid:
-        entry, slot = 0, 0
-    return entry, slot, valid
+    @cuda.jit(device=True, inline="always")
+    def paged_first(smem, words, rows_w, k_off, v_off, k, v, block_table, b, hk, seqlen, r0, c,
+                    status):
+        t = cuda.threadIdx.x
+        entry = NO_PAGE
+        if t < NROWS:
+            for tile in range(2):
+                n = tile * NROWS + t
+                publish_row(words, rows_w + tile * TABLE,
+                            fetch_entry(block_table, b, n, seqlen, k.shape[1]), n, seqlen,
+                            k.shape[0], k.shape[1], status)
+            entry = fetch_entry(block_table, b, 2 * NROWS + t, seqlen, k.shape[1])
+        cuda.syncthreads()
+        copy_paged_kv(smem, words, rows_w, k_off, v_off, k, v, hk, NROWS, r0, c)
+        return entry
+
+    @cuda.jit(device=True, inline="always")
+    def paged_next(smem, words, rows_w, k_off, v_off, k, v, block_table, b, hk, j, seqlen, r0,
+                   c, entry, status):
+        copy_paged_kv(smem, words, rows_w + ((j + 1) & 1) * TABLE, k_off, v_off, k, v, hk,
+                      NROWS, r0, c)
+        t = cuda.threadIdx.x
+        if t < NROWS:
+            n = (j + 2) * NROWS + t
+            publish_row(words, rows_w + (j & 1) * TABLE, entry, n, seqlen, k.shape[0],
+                        k.shape[1], status)
+            entry = fetch_entry(block_table, b, n + NROWS, seqlen, k.shape[1])
+        return entry
+
+    return paged_first, paged_next
 
 
 @cuda.jit(device=True, inline="always")
@@ -115,9 +145,10 @@ def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
     first row and its chunk's first column; ``copy_rows(smem, offset, src, b, row0, head, NROWS,
     seqlen, r0, c)`` issues the thread's copies of rows ``row0 .. row0 + NROWS - 1`` of ``src[b,
     :, head, :]`` into ``smem[offset + r * STRIDE + col]`` (rows past ``seqlen`` and padding
-    columns: zeros); ``copy_paged_kv(smem, k_off, v_off, k, v, entries, row0, head, NROWS,
-    seqlen, r0, c, status)`` the same for keys ``row0 ..`` from paged K and V into the tiles at
-    ``k_off`` and ``v_off``, from the pages ``make_page_fetch`` read into ``entries``."""
+    columns: zeros); ``copy_paged_kv(smem, words, rows_at, k_off, v_off, k, v, head, NROWS, r0,
+    c)`` the same for a tile of paged K and V into the tiles at ``k_off`` and ``v_off``, each
+    row's page and slot read from the shared row table at word ``rows_at`` (``make_paged_rows``;
+    page NO_PAGE: zeros)."""
     CHUNKS, CHUNK_SLOTS, ROWS_PER_PASS, TID_MASK = _geometry(DPAD, THREADS)
     copy16, copy16_at = memory.cp_async_16_zfill, memory.cp_async_16_zfill_at
 
@@ -137,26 +168,20 @@ def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
                            (b, row0 + r if valid else 0, head, col), valid and c < HEAD_DIM)
 
     @cuda.jit(device=True, inline="always")
-    def copy_paged_kv(smem, k_off, v_off, k, v, entries, row0, head, NROWS, seqlen, r0, c,
-                      status):
+    def copy_paged_kv(smem, words, rows_at, k_off, v_off, k, v, head, NROWS, r0, c):
         if CHUNKS == CHUNK_SLOTS or c < DPAD:
             col = c if c < HEAD_DIM else 0
             k_head = memory.global_address(k, (0, 0, head, col))
             v_head = memory.global_address(v, (0, 0, head, col))
-            n = row0 + r0
-            slot, slot_step, _, _ = _page_steps(n, k.shape[1], ROWS_PER_PASS)
             for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
                 r = r0 + i * ROWS_PER_PASS
                 if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
-                    page, s, valid = _paged_source(entries[i], n + i * ROWS_PER_PASS, seqlen,
-                                                   slot, k.shape[0], status)
-                    ok = valid and c < HEAD_DIM
-                    k_at, v_at = _row_addresses(k_head, v_head, page, s, k, v)
+                    page = int32(words[rows_at + ROW_WORDS * r]) - 1
+                    ok = page >= 0 and c < HEAD_DIM
+                    k_at, v_at = _row_addresses(k_head, v_head, max(page, 0),
+                                                words[rows_at + ROW_WORDS * r + 1], k, v)
                     copy16_at(smem, k_off + r * STRIDE + c, k_at, ok)
                     copy16_at(smem, v_off + r * STRIDE + c, v_at, ok)
-                slot += slot_step
-                if slot >= k.shape[1]:
-                    slot -= k.shape[1]
 
     return copy_slot, copy_rows, copy_paged_kv
 
@@ -189,27 +214,21 @@ def make_swizzled_copy(HEAD_DIM, DPAD, THREADS):
                            (b, row0 + r if valid else 0, head, src_col), valid and col < HEAD_DIM)
 
     @cuda.jit(device=True, inline="always")
-    def copy_paged_kv(smem, k_off, v_off, k, v, entries, row0, head, NROWS, seqlen, r0, c,
-                      status):
+    def copy_paged_kv(smem, words, rows_at, k_off, v_off, k, v, head, NROWS, r0, c):
         if CHUNKS == CHUNK_SLOTS or c < CHUNKS:
             col = 8 * c
             src_col = col if col < HEAD_DIM else 0
             k_head = memory.global_address(k, (0, 0, head, src_col))
             v_head = memory.global_address(v, (0, 0, head, src_col))
-            n = row0 + r0
-            slot, slot_step, _, _ = _page_steps(n, k.shape[1], ROWS_PER_PASS)
             for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
                 r = r0 + i * ROWS_PER_PASS
                 if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
-                    page, s, valid = _paged_source(entries[i], n + i * ROWS_PER_PASS, seqlen,
-                                                   slot, k.shape[0], status)
+                    page = int32(words[rows_at + ROW_WORDS * r]) - 1
+                    ok = page >= 0 and col < HEAD_DIM
+                    k_at, v_at = _row_addresses(k_head, v_head, max(page, 0),
+                                                words[rows_at + ROW_WORDS * r + 1], k, v)
                     at = wgmma.tile_offset(r, col, NROWS)
-                    ok = valid and col < HEAD_DIM
-                    k_at, v_at = _row_addresses(k_head, v_head, page, s, k, v)
                     copy16_at(smem, k_off + at, k_at, ok)
                     copy16_at(smem, v_off + at, v_at, ok)
-                slot += slot_step
-                if slot >= k.shape[1]:
-                    slot -= k.shape[1]
 
     return copy_slot, copy_tile, copy_paged_kv

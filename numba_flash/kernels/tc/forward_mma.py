@@ -62,7 +62,7 @@ Limits
 
 from functools import lru_cache
 
-from numba import cuda, float32, int32, uint16, uint32, uint64
+from numba import cuda, float32, uint16, uint32, uint64
 
 from ...runtime.device import SHARED_RESERVED_PER_BLOCK
 from ...runtime.spec import Tiles
@@ -70,7 +70,7 @@ from ..attention import HALF_FORMATS, ForwardSpec, sample
 from ..common import constants
 from ..instructions import convert, memory, sync
 from ..instructions import mma as mma_sync
-from ..common.copies import make_page_fetch, make_tile_copy
+from ..common.copies import ROW_WORDS, make_paged_steps, make_tile_copy
 from ..common.epilogue import lse_of, store_chunk
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
@@ -86,12 +86,14 @@ def padded_head_dim(head_dim):
     return -(-head_dim // 16) * 16
 
 
-def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
+def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, PAGED=False):
     """Q and the K, V double buffers, in 16-bit elements (the module's "Shared memory"); the
-    epilogue stages O over Q."""
+    epilogue stages O over Q. Paged K/V adds the row table (two buffers of BLOCK_N rows of
+    ROW_WORDS 32-bit words)."""
     stride = padded_head_dim(HEAD_DIM) + PAD
+    rows = [("rows", 2 * BLOCK_N * ROW_WORDS * 2)] if PAGED else []
     return SharedLayout(2, [("q", BLOCK_M * stride), ("k", 2 * BLOCK_N * stride),
-                            ("v", 2 * BLOCK_N * stride), ("o", BLOCK_M * stride, "q")])
+                            ("v", 2 * BLOCK_N * stride), *rows, ("o", BLOCK_M * stride, "q")])
 
 
 def _make_products(MT, NT, DT, KSTEPS, STRIDE, FMT):
@@ -172,7 +174,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
     KSTEPS = DPAD // 16          # k-steps of Q K^T
     NT = BLOCK_N // 8            # 8-column tiles of S
     DT = DPAD // 8               # 8-column tiles of O
-    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, PAGED)
     Q_OFF, K_OFF, V_OFF, O_OFF = lay.q, lay.k, lay.v, lay.o
     TILE = BLOCK_N * STRIDE      # elements of one K (or V) buffer
     SCRATCH = mma_sync.scratch_size(THREADS)  # words the emulated warp instructions exchange
@@ -192,7 +194,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
     # Q, K, V tiles global -> shared: each thread always copies the same 16-byte chunk column,
     # so only the row offset changes from copy to copy (common/copies.py).
     copy_slot, load_tile, load_paged_kv = make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS)
-    PAGE_ROWS, fetch_pages = make_page_fetch(DPAD, THREADS, BLOCK_N)
+    paged_first, paged_next = make_paged_steps(load_paged_kv, THREADS, BLOCK_N)
+    ROWS_OFF = lay.rows if PAGED else 0
 
     def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                      cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table):
@@ -231,17 +234,16 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
             if not PAGED:  # paged keys are found through the table (load_paged_kv)
                 k, v = k[:, k0:], v[:, k0:]
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
-        pages = cuda.local.array(PAGE_ROWS, int32)  # paged: table entries of the next tile
+        rows_w = ROWS_OFF >> 1  # paged: the row table, in 32-bit words
+        entry = -1              # ... and the table entry this thread reads ahead
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
         # Prologue: Q and the first K/V tile in flight together; Q is needed first.
         load_tile(smem, Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, copy_r0, copy_c)
         if n_tiles > 0:
-            if PAGED:  # the first tile's pages now; from here on a tile ahead (common/copies.py)
-                fetch_pages(pages, block_table, b, 0, seqlen_k, copy_r0, k.shape[1])
-                load_paged_kv(smem, K_OFF, V_OFF, k, v, pages, 0, hk, BLOCK_N,
-                              seqlen_k, copy_r0, copy_c, status)
-                fetch_pages(pages, block_table, b, BLOCK_N, seqlen_k, copy_r0, k.shape[1])
+            if PAGED:  # rows through the shared row table (common/copies.py)
+                entry = paged_first(smem, smem_words, rows_w, K_OFF, V_OFF, k, v,
+                                    block_table, b, hk, seqlen_k, copy_r0, copy_c, status)
             else:
                 load_tile(smem, K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
                 load_tile(smem, V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
@@ -275,10 +277,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
             if j + 1 < n_tiles:    # so its buffer can take tile j + 1 while tile j is computed
                 nxt = TILE - buf
                 if PAGED:
-                    load_paged_kv(smem, K_OFF + nxt, V_OFF + nxt, k, v, pages, n0 + BLOCK_N,
-                                  hk, BLOCK_N, seqlen_k, copy_r0, copy_c, status)
-                    fetch_pages(pages, block_table, b, n0 + 2 * BLOCK_N, seqlen_k, copy_r0,
-                                k.shape[1])
+                    entry = paged_next(smem, smem_words, rows_w, K_OFF + nxt, V_OFF + nxt,
+                                       k, v, block_table, b, hk, j, seqlen_k, copy_r0, copy_c,
+                                       entry, status)
                 else:
                     load_tile(smem, K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
                               copy_r0, copy_c)
@@ -396,7 +397,8 @@ class Spec(ForwardSpec):
 
     def tiles(self, config, entry):
         bm, bn, warps, regs = entry
-        return Tiles(bm, bn, 32 * warps, shared_layout(bm, bn, config.head_dim).bytes, regs)
+        return Tiles(bm, bn, 32 * warps,
+                     shared_layout(bm, bn, config.head_dim, config.paged).bytes, regs)
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,

@@ -56,7 +56,7 @@ from ...runtime.spec import SM90A, Tiles
 from ..attention import HALF_FORMATS, ForwardSpec, sample
 from ..common import constants
 from ..instructions import convert, memory, sync, wgmma
-from ..common.copies import make_page_fetch, make_swizzled_copy
+from ..common.copies import ROW_WORDS, make_paged_steps, make_swizzled_copy
 from ..common.epilogue import lse_of, make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
@@ -72,12 +72,14 @@ def padded_head_dim(head_dim):
     return wgmma.padded_cols(head_dim)
 
 
-def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
+def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, PAGED=False):
     """Q and the K, V double buffers, in 16-bit elements from the aligned base, with the
-    alignment reserve (the module's "Shared memory"); the epilogue stages O over Q."""
+    alignment reserve (the module's "Shared memory"); the epilogue stages O over Q. Paged K/V
+    adds the row table (two buffers of BLOCK_N rows of ROW_WORDS 32-bit words)."""
     dpad = padded_head_dim(HEAD_DIM)
+    rows = [("rows", 2 * BLOCK_N * ROW_WORDS * 2)] if PAGED else []
     return SharedLayout(2, [("q", BLOCK_M * dpad), ("k", 2 * BLOCK_N * dpad),
-                            ("v", 2 * BLOCK_N * dpad), ("o", BLOCK_M * dpad, "q")],
+                            ("v", 2 * BLOCK_N * dpad), *rows, ("o", BLOCK_M * dpad, "q")],
                         reserve=wgmma.TILE_ALIGN)
 
 
@@ -92,7 +94,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
     NT = BLOCK_N // 8            # 8-column tiles of S
     DT = DPAD // 8               # 8-column tiles of O
     S_REGS, O_REGS = 4 * NT, 4 * DT  # accumulator registers per thread (constants for fences)
-    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM)
+    lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, PAGED)
     Q_OFF, K_OFF, V_OFF, O_OFF = lay.q, lay.k, lay.v, lay.o
     TILE = BLOCK_N * DPAD        # elements of one K (or V) buffer
     SCRATCH = wgmma.scratch_size(THREADS)
@@ -116,7 +118,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
 
     write_rows = make_row_writer(HEAD_DIM, BLOCK_M)
     copy_slot, load_tile, load_paged_kv = make_swizzled_copy(HEAD_DIM, DPAD, THREADS)
-    PAGE_ROWS, fetch_pages = make_page_fetch(DPAD, THREADS, BLOCK_N)
+    paged_first, paged_next = make_paged_steps(load_paged_kv, THREADS, BLOCK_N)
+    ROWS_OFF = lay.rows if PAGED else 0
 
     def flash_fwd_wgmma(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                         cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table):
@@ -150,17 +153,16 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
             if not PAGED:  # paged keys are found through the table (load_paged_kv)
                 k, v = k[:, k0:], v[:, k0:]
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
-        pages = cuda.local.array(PAGE_ROWS, int32)  # paged: table entries of the next tile
+        rows_w = (base + ROWS_OFF) >> 1  # paged: the row table, in 32-bit words
+        entry = -1                          # ... and the table entry this thread reads ahead
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
         # Prologue: Q and the first K/V tile in flight together.
         load_tile(smem, base + Q_OFF, q, b, m0, h, BLOCK_M, seqlen_q, copy_r0, copy_c)
         if n_tiles > 0:
-            if PAGED:  # the first tile's pages now; from here on a tile ahead (common/copies.py)
-                fetch_pages(pages, block_table, b, 0, seqlen_k, copy_r0, k.shape[1])
-                load_paged_kv(smem, base + K_OFF, base + V_OFF, k, v, pages, 0, hk, BLOCK_N,
-                              seqlen_k, copy_r0, copy_c, status)
-                fetch_pages(pages, block_table, b, BLOCK_N, seqlen_k, copy_r0, k.shape[1])
+            if PAGED:  # rows through the shared row table (common/copies.py)
+                entry = paged_first(smem, smem_words, rows_w, base + K_OFF, base + V_OFF, k, v,
+                                    block_table, b, hk, seqlen_k, copy_r0, copy_c, status)
             else:
                 load_tile(smem, base + K_OFF, k, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
                 load_tile(smem, base + V_OFF, v, b, 0, hk, BLOCK_N, seqlen_k, copy_r0, copy_c)
@@ -193,10 +195,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
             if j + 1 < n_tiles:
                 nxt = TILE - (j & 1) * TILE
                 if PAGED:
-                    load_paged_kv(smem, base + K_OFF + nxt, base + V_OFF + nxt, k, v, pages,
-                                  n0 + BLOCK_N, hk, BLOCK_N, seqlen_k, copy_r0, copy_c, status)
-                    fetch_pages(pages, block_table, b, n0 + 2 * BLOCK_N, seqlen_k, copy_r0,
-                                k.shape[1])
+                    entry = paged_next(smem, smem_words, rows_w, base + K_OFF + nxt,
+                                       base + V_OFF + nxt, k, v, block_table, b, hk, j, seqlen_k,
+                                       copy_r0, copy_c, entry, status)
                 else:
                     load_tile(smem, base + K_OFF + nxt, k, b, n0 + BLOCK_N, hk, BLOCK_N, seqlen_k,
                               copy_r0, copy_c)
@@ -282,7 +283,8 @@ class Spec(ForwardSpec):
 
     def tiles(self, config, entry):
         bm, bn, warps, regs = entry
-        return Tiles(bm, bn, 32 * warps, shared_layout(bm, bn, config.head_dim).bytes, regs)
+        return Tiles(bm, bn, 32 * warps,
+                     shared_layout(bm, bn, config.head_dim, config.paged).bytes, regs)
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
