@@ -25,7 +25,9 @@ which the combine kernel merges.
 
 ``make_page_lookup`` returns the block-table lookup every decode goes through (``row_source``
 above, the TMA tiles of the Hopper decodes): a table entry to a page of the cache, bounded, with
-its status bit on a bad one.
+its status bit on a bad one. ``make_key_row`` is where a key of ordinary attention lies, in rows
+or (paged varlen) behind the table: the SIMT forward's per-element lookup (the tensor-core
+forwards go through a shared row table, ``copies.make_paged_steps``).
 
 ``make_piece_out`` returns how the tensor-core decodes write a finished piece's O_i: through
 shared memory, so that whole rows leave as 16-byte stores. Written straight from the fragments,

@@ -57,7 +57,9 @@ Limits
     past this kernel: warpgroup MMA reading K and V straight from shared memory).
     Dense batches, or packed varlen sequences (``VARLEN``): each CTA takes its sequence's
     rows from ``common/masks.make_seqlen_info`` and returns when its tile lies past the
-    sequence's end (kernels/attention.py).
+    sequence's end (kernels/attention.py). Paged K/V (``PAGED``, varlen): each K/V tile's rows
+    come through a row table in shared memory (2 x BLOCK_N x 8 bytes more), written a tile ahead
+    by one owner thread per row from the block table (``common/copies.make_paged_steps``).
 """
 
 from functools import lru_cache
