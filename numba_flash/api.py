@@ -383,9 +383,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     key_start = arrays.empty(q, (b,), "int32", "key_start")
     table = c.block_table if c.block_table is not None else arrays.empty(q, (b, 1), "int32",
                                                                           "table")
-    problem = Decode(q_rot, c.k_cache, table, lengths, d, c.scale, c.causal,
-                              v_cache=c.v_cache,
-                              key_start=key_start if c.cache_leftpad is not None else None)
+    problem = Decode(q_rot, c.k_cache, table, lengths, d, c.scale, c.causal, v_cache=c.v_cache,
+                     key_start=key_start if c.cache_leftpad is not None else None)
     decode, config = backends.decode_spec(backend, problem, dev)
     o = validate.out_buffer(out, q, q.shape, q.fmt)
     if out is not None:
