@@ -29,7 +29,9 @@ def warmup(configs):
     ``head_dim``, ``dtype`` (a name, NumPy or torch dtype), ``causal`` (default False) and
     ``backend`` (default ``"auto"``) for ``flash_attn_fwd`` / ``flash_attn_func`` /
     ``flash_attn_bwd`` and their varlen forms (``flash_attn_varlen_fwd`` / ``_func`` /
-    ``_bwd``, whose kernels are compiled apart); for ``flash_mla_with_kvcache`` also ``head_dim_v``, ``s_q`` (default 1),
+    ``_bwd``, whose kernels are compiled apart; the forward ones take ``paged``, a bool, default
+    False, for K and V behind a block table); for ``flash_mla_with_kvcache`` also
+    ``head_dim_v``, ``s_q`` (default 1),
     ``num_heads_q`` and ``num_heads_k`` (it compiles the planner and the combine too); for
     ``flash_attn_with_kvcache`` ``s_q``, ``num_heads_q``, ``num_heads_k`` and what decides its
     kernels besides: ``paged``, ``leftpad`` (bools, default False) and ``rotary`` (None,
@@ -62,9 +64,14 @@ def warmup(configs):
         if call == "flash_attn_with_kvcache":
             _warmup_kvcache(config, where, fmt, d, options)
             continue
+        if call in ("flash_attn_varlen_fwd", "flash_attn_varlen_func") and \
+                config.pop("paged", False):  # k, v one page of one row: never read
+            options["block_table"] = _zeros((1, 1), "int32")
         _refuse_extra_keys(config, where)
         if call.startswith("flash_attn_varlen"):  # one empty sequence: the kernels all the same
-            q, k, v = (_zeros((1, 1, d), fmt) for _ in range(3))
+            q = _zeros((1, 1, d), fmt)
+            k, v = (_zeros((1, 1, 1, d) if "block_table" in options else (1, 1, d), fmt)
+                    for _ in range(2))
             cu = _zeros((2,), "int32")
             if call == "flash_attn_varlen_bwd":
                 flash_attn_varlen_bwd(_zeros((1, 1, d), fmt), q, k, v, _zeros((1, 1, d), fmt),

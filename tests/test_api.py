@@ -143,10 +143,12 @@ def test_warmup_compiles_the_kernels_a_call_picks():
         spec.forget()
     nf.warmup([dict(call="flash_attn_func", head_dim=8, dtype=np.float32, causal=True),
                dict(call="flash_attn_varlen_func", head_dim=8, dtype=np.float32),
+               dict(call="flash_attn_varlen_fwd", head_dim=8, dtype=np.float32, paged=True),
                dict(call="flash_mla_with_kvcache", head_dim=16, head_dim_v=8, num_heads_q=1,
                     num_heads_k=1, dtype="float32")])
     assert [key[0] for key in forward.SPEC._kernels] == [
-        forward.SPEC.Config(8, True, "float32"), forward.SPEC.Config(8, False, "float32", True)]
+        forward.SPEC.Config(8, True, "float32"), forward.SPEC.Config(8, False, "float32", True),
+        forward.SPEC.Config(8, False, "float32", True, True)]
     assert len(mla_decode.SPEC._kernels) == len(combine.SPEC._kernels) == 1
     assert len(mla_metadata.SPEC._kernels) == 1
 
@@ -157,6 +159,8 @@ def test_warmup_compiles_the_kernels_a_call_picks():
     (dict(call="flash_attn_fwd", head_dim=8, dtype="int8"), TypeError, r"configs\[0\]\['dtype'\]"),
     (dict(call="flash_attn_fwd", head_dim=8, dtype="float16", heads=2), ValueError,
      r"configs\[0\]: unknown keys \['heads'\]"),
+    (dict(call="flash_attn_varlen_bwd", head_dim=8, dtype="float16", paged=True), ValueError,
+     r"configs\[0\]: unknown keys \['paged'\]"),
     (dict(call="flash_attn_bwd", head_dim=12, dtype="float16"), ValueError, "^q: head dim"),
     (dict(call="flash_attn_fwd", head_dim=8, dtype="float32", backend="tc"), ValueError,
      "^backend"),
