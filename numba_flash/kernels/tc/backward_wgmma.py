@@ -336,6 +336,10 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
             b, seqlen_q, seqlen_k, q.shape[1], k.shape[1], cu_seqlens_q, cu_seqlens_k, seqused_k,
             status)
         if VARLEN:  # the sequence's rows: each array from its first row on
+            # Bounds read from memory are not warp-uniform to ptxas, which then serializes the
+            # wgmma of every branch and loop they decide (C7519): broadcast, they are.
+            seqlen_q, seqlen_k = sync.warp_uniform(seqlen_q), sync.warp_uniform(seqlen_k)
+            diag = seqlen_k - seqlen_q
             if m0 >= seqlen_q:
                 return  # a query tile past the sequence's end
             q, dout, out, dq = q[:, q0:], dout[:, q0:], out[:, q0:], dq[:, q0:]
@@ -456,7 +460,10 @@ TILES = ((64, ((128, 128), (128, 128)), ((128, 64, 128), (128, 128))),
 
 
 def _entry(config, column):
-    return next(t for t in TILES if config.head_dim <= t[0])[column][int(config.causal)]
+    """The table's tiles for ``config``; varlen kernels without the register cap (the bounds
+    they compute take the few registers more that would spill under it)."""
+    entry = next(t for t in TILES if config.head_dim <= t[0])[column][int(config.causal)]
+    return entry[:2] if config.varlen else entry
 
 
 def _samples(kernel, column):

@@ -151,6 +151,8 @@ def test_every_specialization_compiles_to_wgmma_without_spills():
                    for row in backward_wgmma.TILES for causal in (False, True)]
         configs.append(((8, True, "float16"), None))
         configs.append(((72, False, "bfloat16"), None))
+        # varlen: bounds read from memory must reach the wgmma as warp-uniform (no C7519)
+        configs += [((128, True, "bfloat16", True), None), ((64, False, "float16", True), None)]
         assert_compiles_clean(f"tc.backward_wgmma:{name}", configs, ccs=((9, 0, "a"),),
                               must_contain=("wgmma.mma_async.sync.aligned", "cp.async"),
                               must_not_log=("C7509", "C7510", "C7511", "C7514", "C7515",
