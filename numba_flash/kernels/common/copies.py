@@ -140,6 +140,36 @@ def _row_addresses(k_head, v_head, page, slot, k, v):
             v_head + p * uint64(uint32(v.strides[0])) + s * uint64(uint32(v.strides[1])))
 
 
+def _make_paged_kv_copy(HEAD_DIM, DPAD, THREADS, column, tile_at):
+    """The third function of either tile factory, ``copy_paged_kv(smem, words, rows_at, k_off,
+    v_off, k, v, head, NROWS, r0, c)``, for its layout: ``column(c)`` is the element column of
+    the thread's chunk slot ``c`` (as its ``copy_slot`` gives it), ``tile_at(r, col, NROWS)``
+    the element offset of row r, column col in a tile."""
+    CHUNKS, CHUNK_SLOTS, ROWS_PER_PASS, _ = _geometry(DPAD, THREADS)
+    column = cuda.jit(device=True, inline="always")(column)
+    copy16_at = memory.cp_async_16_zfill_at
+
+    @cuda.jit(device=True, inline="always")
+    def copy_paged_kv(smem, words, rows_at, k_off, v_off, k, v, head, NROWS, r0, c):
+        col = column(c)
+        if CHUNKS == CHUNK_SLOTS or col < DPAD:  # the thread's chunk slot lies in the row
+            src_col = col if col < HEAD_DIM else 0
+            k_head = memory.global_address(k, (0, 0, head, src_col))
+            v_head = memory.global_address(v, (0, 0, head, src_col))
+            for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
+                r = r0 + i * ROWS_PER_PASS
+                if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
+                    page = int32(words[rows_at + ROW_WORDS * r]) - 1
+                    ok = page >= 0 and col < HEAD_DIM
+                    k_at, v_at = _row_addresses(k_head, v_head, max(page, 0),
+                                                words[rows_at + ROW_WORDS * r + 1], k, v)
+                    at = tile_at(r, col, NROWS)
+                    copy16_at(smem, k_off + at, k_at, ok)
+                    copy16_at(smem, v_off + at, v_at, ok)
+
+    return copy_paged_kv
+
+
 def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
     """``(copy_slot, copy_rows, copy_paged_kv)``: ``copy_slot(tid) -> (r0, c)``, the thread's
     first row and its chunk's first column; ``copy_rows(smem, offset, src, b, row0, head, NROWS,
@@ -150,7 +180,7 @@ def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
     row's page and slot read from the shared row table at word ``rows_at`` (``make_paged_rows``;
     page NO_PAGE: zeros)."""
     CHUNKS, CHUNK_SLOTS, ROWS_PER_PASS, TID_MASK = _geometry(DPAD, THREADS)
-    copy16, copy16_at = memory.cp_async_16_zfill, memory.cp_async_16_zfill_at
+    copy16 = memory.cp_async_16_zfill
 
     @cuda.jit(device=True, inline="always")
     def copy_slot(tid):
@@ -168,20 +198,10 @@ def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
                            (b, row0 + r if valid else 0, head, col), valid and c < HEAD_DIM)
 
     @cuda.jit(device=True, inline="always")
-    def copy_paged_kv(smem, words, rows_at, k_off, v_off, k, v, head, NROWS, r0, c):
-        if CHUNKS == CHUNK_SLOTS or c < DPAD:
-            col = c if c < HEAD_DIM else 0
-            k_head = memory.global_address(k, (0, 0, head, col))
-            v_head = memory.global_address(v, (0, 0, head, col))
-            for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
-                r = r0 + i * ROWS_PER_PASS
-                if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
-                    page = int32(words[rows_at + ROW_WORDS * r]) - 1
-                    ok = page >= 0 and c < HEAD_DIM
-                    k_at, v_at = _row_addresses(k_head, v_head, max(page, 0),
-                                                words[rows_at + ROW_WORDS * r + 1], k, v)
-                    copy16_at(smem, k_off + r * STRIDE + c, k_at, ok)
-                    copy16_at(smem, v_off + r * STRIDE + c, v_at, ok)
+    def tile_at(r, col, NROWS):
+        return r * STRIDE + col
+
+    copy_paged_kv = _make_paged_kv_copy(HEAD_DIM, DPAD, THREADS, lambda c: c, tile_at)
 
     return copy_slot, copy_rows, copy_paged_kv
 
@@ -195,7 +215,7 @@ def make_swizzled_copy(HEAD_DIM, DPAD, THREADS):
     into the tile at ``offset`` (rows past ``seqlen`` and padding columns: zeros);
     ``copy_paged_kv`` as ``make_tile_copy``'s, into swizzled tiles."""
     CHUNKS, CHUNK_SLOTS, ROWS_PER_PASS, TID_MASK = _geometry(DPAD, THREADS)
-    copy16, copy16_at = memory.cp_async_16_zfill, memory.cp_async_16_zfill_at
+    copy16 = memory.cp_async_16_zfill
 
     @cuda.jit(device=True, inline="always")
     def copy_slot(tid):
@@ -213,22 +233,7 @@ def make_swizzled_copy(HEAD_DIM, DPAD, THREADS):
                     copy16(smem, offset + wgmma.tile_offset(r, col, NROWS), src,
                            (b, row0 + r if valid else 0, head, src_col), valid and col < HEAD_DIM)
 
-    @cuda.jit(device=True, inline="always")
-    def copy_paged_kv(smem, words, rows_at, k_off, v_off, k, v, head, NROWS, r0, c):
-        if CHUNKS == CHUNK_SLOTS or c < CHUNKS:
-            col = 8 * c
-            src_col = col if col < HEAD_DIM else 0
-            k_head = memory.global_address(k, (0, 0, head, src_col))
-            v_head = memory.global_address(v, (0, 0, head, src_col))
-            for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
-                r = r0 + i * ROWS_PER_PASS
-                if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
-                    page = int32(words[rows_at + ROW_WORDS * r]) - 1
-                    ok = page >= 0 and col < HEAD_DIM
-                    k_at, v_at = _row_addresses(k_head, v_head, max(page, 0),
-                                                words[rows_at + ROW_WORDS * r + 1], k, v)
-                    at = wgmma.tile_offset(r, col, NROWS)
-                    copy16_at(smem, k_off + at, k_at, ok)
-                    copy16_at(smem, v_off + at, v_at, ok)
+    copy_paged_kv = _make_paged_kv_copy(HEAD_DIM, DPAD, THREADS, lambda c: 8 * c,
+                                        wgmma.tile_offset)
 
     return copy_slot, copy_tile, copy_paged_kv

@@ -102,6 +102,17 @@ def cp_async_16(typingctx, smem, offset, gmem, index):
     return types.void(smem, offset, gmem, index), codegen
 
 
+def _zfill_copy(context, builder, dst, src, valid, valid_type):
+    """``cp.async`` of 16 bytes from global ``src`` to shared ``dst``, or (``valid`` false)
+    16 zero bytes: the source size operand is 16 or 0."""
+    ok = context.cast(builder, valid, valid_type, types.boolean)
+    size = builder.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0))
+    asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I32, I64, I32]),
+                       "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+                       side_effect=True)
+    builder.call(asm, [dst, src, size])
+
+
 @intrinsic
 def cp_async_16_zfill(typingctx, smem, offset, gmem, index, valid):
     """Like ``cp_async_16`` but writes 16 zero bytes (reading nothing) when ``valid`` is
@@ -113,12 +124,7 @@ def cp_async_16_zfill(typingctx, smem, offset, gmem, index, valid):
     def codegen(context, builder, sig, args):
         dst = shared_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
         src = global_addr(context, builder, sig.args[2], args[2], sig.args[3], args[3])
-        ok = context.cast(builder, args[4], sig.args[4], types.boolean)
-        size = builder.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0))
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I32, I64, I32]),
-                           "cp.async.cg.shared.global [$0], [$1], 16, $2;",
-                           "r,l,r,~{memory}", side_effect=True)
-        builder.call(asm, [dst, src, size])
+        _zfill_copy(context, builder, dst, src, args[4], sig.args[4])
         return context.get_dummy_value()
 
     return types.void(smem, offset, gmem, index, valid), codegen
@@ -138,12 +144,7 @@ def cp_async_16_zfill_at(typingctx, smem, offset, address, valid):
     def codegen(context, builder, sig, args):
         dst = shared_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
         src = context.cast(builder, args[2], sig.args[2], types.uint64)
-        ok = context.cast(builder, args[3], sig.args[3], types.boolean)
-        size = builder.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0))
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I32, I64, I32]),
-                           "cp.async.cg.shared.global [$0], [$1], 16, $2;",
-                           "r,l,r,~{memory}", side_effect=True)
-        builder.call(asm, [dst, src, size])
+        _zfill_copy(context, builder, dst, src, args[3], sig.args[3])
         return context.get_dummy_value()
 
     return types.void(smem, offset, address, valid), codegen
