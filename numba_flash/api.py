@@ -394,7 +394,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     elif c.num_splits > 1:
         parts = c.num_splits * b
     else:
-        parts = scheduler.num_sm_parts(dev.sms, hk, problem.q_rows)
+        parts = scheduler.num_sm_parts(dev.sms * decode.parts_per_sm(config, dev), hk,
+                                       problem.q_rows)
     metadata, num_splits = _plan_arrays(lengths, parts)
     args = _decode_args(problem, decode, config, metadata, num_splits, o, dev)
     # Absent optional arrays reach the kernel as empty ones (or q: never read).

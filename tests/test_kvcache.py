@@ -3,8 +3,11 @@ own cache): the append, rotary, cache_batch_idx, cache_leftpad, paged caches, ca
 splits against reference.kvcache_ref (float64, from flash-attn's definition), every refusal
 before anything is written, and device-only values bounded and reported.
 
-Shapes keep group = Hq / Hk >= 4 (the decode's wide variant) but for one MHA case: under the
-simulator the narrow variant's warp shuffles cost seconds per CTA."""
+Every case runs the decode ``auto`` picks (the tensor-core one, kernels/tc/kvcache_decode_mma.py,
+for 16-bit inputs, head dims that are multiples of 16 and more than one packed row); the SIMT
+decode runs the rest and, by name, the first cases again. Shapes keep group = Hq / Hk >= 4 (the
+SIMT decode's wide variant) but for one MHA case: under the simulator the narrow variant's warp
+shuffles cost seconds per CTA."""
 
 import numpy as np
 import pytest
@@ -22,9 +25,10 @@ def rotary_tables(rng, positions, rotary_dim, fmt):
 
 def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqlens=(5, 30),
         page=None, rotary_dim=0, interleaved=True, causal=False, batch_idx=None, leftpad=None,
-        num_splits=0, int_seqlens=False, softmax_scale=None):
+        num_splits=0, int_seqlens=False, softmax_scale=None, backend="auto", grow=0.0):
     """One call on fresh random inputs against kvcache_ref: out (poisoned), lse and both caches
-    after the append."""
+    after the append. ``grow``: cached key j scaled by 1 + grow j, so that later tiles score
+    ever higher and the running maxima move tile after tile."""
     q = randn(rng, (b, sq, hq, d), fmt)
     rows = b if batch_idx is None else max(batch_idx) + 2
     if page is None:
@@ -35,6 +39,10 @@ def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqle
         k_cache, v_cache = (randn(rng, (b * per_seq + 1, page, hk, d), fmt) for _ in range(2))
         table = rng.permutation(b * per_seq + 1)[:b * per_seq].reshape(b, per_seq)
         table = table.astype(np.int32)
+    if grow:  # (contiguous caches: row j is key j)
+        assert page is None
+        scale = 1 + grow * np.arange(s_c)[:, None, None]
+        k_cache = (k_cache.astype(np.float32) * scale).astype(k_cache.dtype)
     k = v = None
     if s_new:
         k, v = (randn(rng, (b, s_new, hk, d), fmt) for _ in range(2))
@@ -57,7 +65,7 @@ def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqle
         to_device(q), dk_cache, dv_cache, None if k is None else to_device(k),
         None if v is None else to_device(v), None if cos is None else to_device(cos),
         None if sin is None else to_device(sin), rotary_interleaved=interleaved,
-        num_splits=num_splits, return_softmax_lse=True, out=out, **dev)
+        num_splits=num_splits, return_softmax_lse=True, out=out, backend=backend, **dev)
     assert o is out
     nf.check_errors()  # nothing bad was seen
     # The caches: new values exactly, rotated keys within one rounding of the reference's.
@@ -88,12 +96,15 @@ def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqle
     assert_lse(lse, expect_lse)
 
 
-def test_decode_step_appends_one_token_and_attends_gqa(rng):
-    run(rng)
+@pytest.mark.parametrize("backend", ["auto", "simt"])
+def test_decode_step_appends_one_token_and_attends_gqa(rng, backend):
+    run(rng, backend=backend)
 
 
-def test_chunk_with_causal_interleaved_rotary(rng):
-    run(rng, fmt="float16", sq=3, s_new=3, seqlens=(0, 20), rotary_dim=16, causal=True)
+@pytest.mark.parametrize("backend", ["auto", "simt"])
+def test_chunk_with_causal_interleaved_rotary(rng, backend):
+    run(rng, fmt="float16", sq=3, s_new=3, seqlens=(0, 20), rotary_dim=16, causal=True,
+        backend=backend)
 
 
 def test_neox_rotary_over_part_of_the_head_dim_and_a_non_causal_chunk(rng):
@@ -108,9 +119,10 @@ def test_paged_cache_without_new_keys_and_an_empty_sequence(rng):
     run(rng, page=7, s_new=0, seqlens=(0, 12), causal=True, sq=2, s_c=21)
 
 
-def test_cache_batch_idx_and_leftpad(rng):
+@pytest.mark.parametrize("backend", ["auto", "simt"])
+def test_cache_batch_idx_and_leftpad(rng, backend):
     run(rng, batch_idx=[2, 0], leftpad=[3, 10], seqlens=(9, 25), s_new=2, sq=2, causal=True,
-        hq=4)
+        hq=4, backend=backend)
 
 
 def test_one_length_for_all_and_a_split_cache(rng):

@@ -247,6 +247,10 @@ class DecodeSpec(KernelSpec):
     # Runs griddepcontrol.launch_dependents at its start (sm_90 kernels only), so the combine
     # launched behind it may start alongside it (kernels/simt/combine.py).
     allows_dependents = False
+    def parts_per_sm(self, config, device):
+        """Parts per SM a plan deals the keys to (scheduler.num_sm_parts): FlashMLA's one, or
+        as many as the kernel's CTAs that fit on an SM together."""
+        return 1
 
     def code_key(self, config, tiles):
         return config._replace(q_rows=0)  # the tiles hold what q_rows decides

@@ -28,6 +28,7 @@ from .tc import backward_mma as tc_backward_mma
 from .tc import backward_wgmma as tc_backward_wgmma
 from .tc import forward_mma as tc_forward_mma
 from .tc import forward_wgmma as tc_forward_wgmma
+from .tc import kvcache_decode_mma as tc_kvcache_decode_mma
 from .tc import mla_decode_mma as tc_mla_decode_mma
 from .tc import mla_decode_seesaw as tc_mla_decode_seesaw
 from .tc import mla_decode_wgmma as tc_mla_decode_wgmma
@@ -97,6 +98,19 @@ def _seesaw(problem, dev):
     return None
 
 
+def _kvcache_decode(problem, dev):
+    if problem.v_cache is None:
+        return "decodes V from a cache of its own (flash_attn_with_kvcache), not MLA's latent cache"
+    d, dv = problem.head_dim, problem.head_dim_v
+    if not tc_kvcache_decode_mma.supports(d, dv, dev.cc):
+        top = tc_kvcache_decode_mma.max_head_dim(dev.cc)
+        return f"takes head dims that are multiples of 16 up to {top} here, got {d} and {dv}"
+    if not (problem.aligned and problem.cache_aligned):
+        return ("copies rows of q, k_cache and v_cache in 16-byte chunks: their data pointers "
+                "and strides must be multiples of 16 bytes")
+    return None
+
+
 def _decode_key(problem):
     return (problem.q_rows, problem.head_dim, problem.head_dim_v, problem.masked, problem.fmt)
 
@@ -110,6 +124,11 @@ def _tc_decode_config(problem):
 
 def _mma_decode_config(problem):
     return tc_mla_decode_mma.SPEC.Config(*_decode_key(problem), True, False)
+
+
+def _kvcache_decode_config(problem):
+    return tc_kvcache_decode_mma.SPEC.Config(*_decode_key(problem), True, False, True,
+                                             problem.key_start is not None)
 
 
 def _simt_decode_config(problem):
@@ -138,6 +157,8 @@ ENTRIES = (
           _anywhere, honours=VARLEN),
     Entry("simt.backward", "backward", "simt", (simt_backward.DKDV, simt_backward.DQ), _anywhere,
           honours=VARLEN),
+    Entry("tc.kvcache_decode_mma", "decode", "tc", (tc_kvcache_decode_mma.SPEC,),
+          _kvcache_decode, _kvcache_decode_config, honours=KVCACHE),
     Entry("tc.mla_decode_seesaw", "decode", "tc", (tc_mla_decode_seesaw.SPEC,), _seesaw,
           _tc_decode_config),
     Entry("tc.mla_decode_wgmma", "decode", "tc", (tc_mla_decode_wgmma.SPEC,),

@@ -23,6 +23,9 @@ which the combine kernel merges.
     put(out, o_acc, split, req, slot, t, h, col, x, status)  (one output element)
     put_lse(lse, lse_acc, split, req, slot, t, h, m, l, status)  (a row's lse from m_i, l_i)
 
+``make_kv_ring`` returns the ring of cache tiles the decodes of ordinary attention stream through
+(V in its own cache, left padding).
+
 ``make_page_lookup`` returns the block-table lookup every decode goes through (``row_source``
 above, the TMA tiles of the Hopper decodes): a table entry to a page of the cache, bounded, with
 its status bit on a bad one. ``make_key_row`` is where a key of ordinary attention lies, in rows
@@ -259,6 +262,118 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
             lse[req, h, t] = POS_INF if l == ZERO else lse2 * LN2
 
     return cta_work, piece_of, row_source, copy_row, put, put_lse
+
+
+def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC, RING_OFF,
+                 KV_STRIDE, NSTAGES, SEPARATE_V, LEFTPAD):
+    """A ring of NSTAGES cache tiles in shared memory, NSTAGES - 1 of them in flight while one is
+    computed: slot ``s`` at storage element ``RING_OFF + s BLOCK_N KV_STRIDE``, a tile row every
+    KV_STRIDE elements holding the key's HEAD_DIM columns and, where V has its own cache
+    (``SEPARATE_V``, ordinary attention), its HEAD_DIM_V value columns right after them, copied
+    with the same table lookup. TPR threads share a row (lane ``rl = tid % TPR``), so thread
+    ``tid`` copies the ROWS = BLOCK_N TPR / THREADS rows ``row + i THREADS / TPR`` (``row = tid
+    / TPR``). ``LEFTPAD``: a sequence's key ``n`` is cache position ``key_start[req] + n``.
+
+    The lanes of a row copy consecutive 16-byte chunks, so TPR sets how many bytes of one row a
+    warp's copy instruction moves: 8 lanes, a whole 128-byte line (four 32-byte sectors, one L2
+    request). At 2 lanes per row a warp's instruction asks for 16 one-sector pieces of 16 rows,
+    and an H200 decode streaming K and V that way is bound by L2 requests near 2.7 TB/s (L2 94%
+    busy, DRAM 58%: Nsight Compute, B 64, h_kv 8, 16k keys).
+
+        first_key(key_start, req) -> cache position of the sequence's key 0
+        ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n_lo, n_hi,
+                   row, rl, src, valid, page_size, status)
+        ring_next(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi, rd,
+                  row, rl, src, valid, page_size, status)
+    ``src`` (int32 (2, ROWS)) and ``valid`` (boolean (ROWS,)), local arrays, carry the page, slot
+    and validity of the thread's rows of the next tile, looked up a tile before their copies are
+    issued.
+    """
+    SLOT = BLOCK_N * KV_STRIDE
+    STEP = THREADS // TPR  # rows between a thread's rows
+    ROWS = BLOCK_N // STEP
+    assert ROWS * STEP == BLOCK_N
+    WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
+    _, _, row_source, copy_row, _, _ = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
+    copy_v = make_row_copy(HEAD_DIM_V, TPR, FMT, VEC)
+
+    @cuda.jit(device=True, inline="always")
+    def first_key(key_start, req):
+        """Cache position of the sequence's key 0 (its left padding skipped)."""
+        if LEFTPAD:
+            return key_start[req]
+        return int32(0)
+
+    @cuda.jit(device=True, inline="always")
+    def look_up_row(src, valid, i, block_table, num_pages, req, pos, n_end, page_size, status):
+        page, pslot, ok = row_source(block_table, num_pages, req, pos, n_end, page_size, status)
+        src[0, i] = page
+        src[1, i] = pslot
+        valid[i] = ok
+
+    @cuda.jit(device=True, inline="always")
+    def copy_tile_row(tile, at, k_cache, v_cache, hk, src, valid, i, rl):
+        copy_row(tile, at, k_cache, hk, src[0, i], src[1, i], valid[i], rl)
+        if SEPARATE_V:
+            copy_v(tile, at + HEAD_DIM, v_cache, hk, src[0, i], src[1, i], valid[i], rl)
+
+    # The sources of the thread's rows of the tile whose row ``row`` is cache row pos, and their
+    # copies into the tile row at ``at`` and on. One row takes no loop: its array entries are
+    # registers from the start (a loop of one trip, removed late, gave ptxas another schedule).
+    if ROWS == 1:
+        @cuda.jit(device=True, inline="always")
+        def look_up(src, valid, block_table, num_pages, req, pos, n_end, page_size, status):
+            look_up_row(src, valid, 0, block_table, num_pages, req, pos, n_end, page_size, status)
+
+        @cuda.jit(device=True, inline="always")
+        def copy_tile(tile, at, k_cache, v_cache, hk, src, valid, rl):
+            copy_tile_row(tile, at, k_cache, v_cache, hk, src, valid, 0, rl)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def look_up(src, valid, block_table, num_pages, req, pos, n_end, page_size, status):
+            for i in range(ROWS):
+                look_up_row(src, valid, i, block_table, num_pages, req, pos + STEP * i, n_end,
+                            page_size, status)
+
+        @cuda.jit(device=True, inline="always")
+        def copy_tile(tile, at, k_cache, v_cache, hk, src, valid, rl):
+            for i in range(ROWS):
+                copy_tile_row(tile, at + STEP * i * KV_STRIDE, k_cache, v_cache, hk, src, valid,
+                              i, rl)
+
+    @cuda.jit(device=True, inline="always")
+    def ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n_lo, n_hi,
+                   row, rl, src, valid, page_size, status):
+        """Issue the piece's first NSTAGES - 1 tiles, one copy group each (empty past the piece),
+        and look up the sources of the next. Key ``n`` is cache position ``key0 + n``."""
+        for st in range(NSTAGES - 1):
+            n0 = n_lo + st * BLOCK_N
+            if n0 < n_hi:
+                look_up(src, valid, block_table, num_pages, req, key0 + n0 + row, key0 + n_hi,
+                        page_size, status)
+                copy_tile(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, v_cache, hk, src,
+                          valid, rl)
+            memory.cp_async_commit()
+        look_up(src, valid, block_table, num_pages, req,
+                key0 + n_lo + (NSTAGES - 1) * BLOCK_N + row, key0 + n_hi, page_size, status)
+
+    @cuda.jit(device=True, inline="always")
+    def ring_next(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi, rd,
+                  row, rl, src, valid, page_size, status):
+        """Wait for tile n0 (ring slot rd), then issue the tile NSTAGES - 1 ahead into the slot
+        the previous tile was computed in, from the sources looked up a tile ago, and look up
+        those of the tile after it."""
+        memory.cp_async_wait(WAIT)
+        cuda.syncthreads()  # tile n0 has landed; the slot written next is no longer read
+        wr = rd - 1 if rd > 0 else NSTAGES - 1
+        if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:
+            copy_tile(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, v_cache, hk, src,
+                      valid, rl)
+        memory.cp_async_commit()
+        look_up(src, valid, block_table, num_pages, req, key0 + n0 + NSTAGES * BLOCK_N + row,
+                key0 + n_hi, page_size, status)
+
+    return first_key, ring_start, ring_next
 
 
 def make_piece_out(HEAD_DIM_V, VH, BLOCK_M, WARPS, FMT):

@@ -143,14 +143,13 @@ from ...runtime.spec import SM80, SM90, Sample, Tiles
 from ..attention import DecodeSpec, tensor_type
 from ..common import constants, formats
 from ..common.layout import SharedLayout
-from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_row_copy
+from ..common.paged_kv import SCHED_BLOCK, make_kv_ring, make_paged_kv_walk
 from ..instructions import convert, memory, sync
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 THREADS = 256  # per CTA on a GPU (the simulator runs fewer: see LAUNCH_THREADS)
 MAX_HEAD_DIM = 576
 NSTAGES = 3  # cache tiles in the shared ring: two in flight while one is computed
-WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
 NARROW_PAIRS = 18  # query pairs per lane (all rows) up to which the narrow variant runs
 SHORT_ROW = 256  # head dims up to this share a warp among several keys (narrow_lanes)
 SHORT_ROW_ELEMS = 512  # short rows: BLOCK_M x HEAD_DIM up to which the narrow variant runs
@@ -298,67 +297,17 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
 def make_stream(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRIDE,
                 SEPARATE_V, LEFTPAD):
-    """The device functions both variants share: the paged-KV walk (``paged_kv.py``), the cache
-    ring (slot ``s`` at storage element ``RING_OFF + s BLOCK_N KV_STRIDE``, a tile row every
-    KV_STRIDE elements: the key columns, then the value columns when V has its own cache), the
-    first cache position of a sequence's keys and the read of a pair from shared memory."""
+    """The device functions both variants share: the paged-KV walk and its cache ring
+    (``paged_kv.py``: slot ``s`` at storage element ``RING_OFF + s BLOCK_N KV_STRIDE``, a tile
+    row every KV_STRIDE elements: the key columns, then the value columns when V has its own
+    cache) and the read of a pair from shared memory."""
     TPR = THREADS // BLOCK_N  # copy: threads per cache row
-    SLOT = BLOCK_N * KV_STRIDE
     PACKED = FMT != "float32"  # a pair is one 32-bit word
     unpack = convert.unpack(FMT if PACKED else "bfloat16")  # (never called for float32)
-    cta_work, piece_of, row_source, copy_row, put, put_lse = make_paged_kv_walk(
-        HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
-    copy_v = make_row_copy(HEAD_DIM_V, TPR, FMT, VEC)
-
-    @cuda.jit(device=True, inline="always")
-    def first_key(key_start, req):
-        """Cache position of the sequence's key 0 (its left padding skipped)."""
-        if LEFTPAD:
-            return key_start[req]
-        return int32(0)
-
-    @cuda.jit(device=True, inline="always")
-    def copy_kv(tile, at, k_cache, v_cache, hk, page, pslot, ok, rl):
-        copy_row(tile, at, k_cache, hk, page, pslot, ok, rl)
-        if SEPARATE_V:
-            copy_v(tile, at + HEAD_DIM, v_cache, hk, page, pslot, ok, rl)
-
-    @cuda.jit(device=True, inline="always")
-    def ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n_lo, n_hi,
-                   row, rl, page_size, status):
-        """Issue the piece's first NSTAGES - 1 tiles, one copy group each (empty past the piece);
-        return the source of this thread's row of the next tile. Key ``n`` is cache position
-        ``key0 + n``."""
-        for st in range(NSTAGES - 1):
-            n0 = n_lo + st * BLOCK_N
-            if n0 < n_hi:
-                page, pslot, ok = row_source(block_table, num_pages, req, key0 + n0 + row,
-                                             key0 + n_hi, page_size, status)
-                copy_kv(tile, RING_OFF + st * SLOT + row * KV_STRIDE, k_cache, v_cache, hk, page,
-                        pslot, ok, rl)
-            memory.cp_async_commit()
-        page, pslot, ok = row_source(block_table, num_pages, req,
-                                     key0 + n_lo + (NSTAGES - 1) * BLOCK_N + row, key0 + n_hi,
-                                     page_size, status)
-        return page, pslot, ok
-
-    @cuda.jit(device=True, inline="always")
-    def ring_next(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi, rd,
-                  page, pslot, ok, row, rl, page_size, status):
-        """Wait for tile n0 (ring slot rd), then issue the tile NSTAGES - 1 ahead into the slot
-        the previous tile was computed in, from the row source fetched a tile ago; return the
-        source of the tile after it."""
-        memory.cp_async_wait(WAIT)
-        cuda.syncthreads()  # tile n0 has landed; the slot written next is no longer read
-        wr = rd - 1 if rd > 0 else NSTAGES - 1
-        if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:
-            copy_kv(tile, RING_OFF + wr * SLOT + row * KV_STRIDE, k_cache, v_cache, hk, page,
-                    pslot, ok, rl)
-        memory.cp_async_commit()
-        page, pslot, ok = row_source(block_table, num_pages, req,
-                                     key0 + n0 + NSTAGES * BLOCK_N + row, key0 + n_hi, page_size,
-                                     status)
-        return page, pslot, ok
+    cta_work, piece_of, _, _, put, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
+    first_key, ring_start, ring_next = make_kv_ring(
+        HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC, RING_OFF, KV_STRIDE,
+        NSTAGES, SEPARATE_V, LEFTPAD)
 
     @cuda.jit(device=True, inline="always")
     def pair(words, floats, p):
@@ -592,6 +541,8 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
         q_rows = s_q * group
         row = tid // TPR  # copy: this thread's row of every tile,
         rl = tid % TPR  # its lane in the row
+        src = cuda.local.array((2, 1), int32)  # ... where that row lies (make_kv_ring),
+        valid = cuda.local.array(1, types.boolean)  # ... and whether it is read
 
         qv = cuda.local.array((BLOCK_M, NQ, 2), float32)
         O_i = cuda.local.array((BLOCK_M, NV, 2), float32)
@@ -606,17 +557,16 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
                                                        part, req, begin_req, end_req, status)
             cuda.syncthreads()  # the previous piece's partial results are read
             key0 = first_key(key_start, req)
-            page, pslot, ok = ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk,
-                                         key0, n_lo, n_hi, row, rl, page_size, status)
+            ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n_lo, n_hi,
+                       row, rl, src, valid, page_size, status)
             stage_q(q, floats, visible, req, hk, m0, s_q, group, q_rows, seqlen, scale_log2, tid)
             cuda.syncthreads()  # the staged query rows are written
             start_rows(floats, qv, m_i, l_i, O_i, ll)
 
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
-                page, pslot, ok = ring_next(tile, k_cache, v_cache, block_table, num_pages, req,
-                                            hk, key0, n0, n_hi, rd, page, pslot, ok, row, rl,
-                                            page_size, status)
+                ring_next(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi,
+                          rd, row, rl, src, valid, page_size, status)
                 for b in range(BATCHES):  # the warp's keys, KBW KPL at a time
                     key = warp * KPW + b * KBW * KPL  # first tile row of the batch
                     score(words, floats, S, qv, rd, key, kq, ll, scratch, tid)
@@ -818,6 +768,8 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
         q_rows = s_q * group
         row = tid // TPR  # copy: this thread's row of every tile,
         rl = tid % TPR  # its lane in the row
+        src = cuda.local.array((2, 1), int32)  # ... where that row lies (make_kv_ring),
+        valid = cuda.local.array(1, types.boolean)  # ... and whether it is read
 
         # This thread's place in each layout (see the module docstring) and its first pair in
         # the shared tiles it reads in that layout.
@@ -844,8 +796,8 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
                                                        req, begin_req, end_req, status)
             cuda.syncthreads()  # the previous piece's Q tile and row statistics are read
             key0 = first_key(key_start, req)
-            page, pslot, ok = ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk,
-                                         key0, n_lo, n_hi, row, rl, page_size, status)
+            ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n_lo, n_hi,
+                       row, rl, src, valid, page_size, status)
             load_q(tile, q, req, hk, m0, group, q_rows, warp, lane)
 
             # Keys the softmax row may see: all, or (causal) those before its token's diagonal.
@@ -862,9 +814,8 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
                 # Tile n0 lands (the barrier also ends the previous tile's reads of P, alpha).
-                page, pslot, ok = ring_next(tile, k_cache, v_cache, block_table, num_pages, req,
-                                            hk, key0, n0, n_hi, rd, page, pslot, ok, row, rl,
-                                            page_size, status)
+                ring_next(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi,
+                          rd, row, rl, src, valid, page_size, status)
                 kv_at = RING_P + rd * SLOT_P  # the tile's first pair
                 score(words, floats, S, kv, kv_at, q_at, k_at, part_at, ds)
                 cuda.syncthreads()  # the S planes are written

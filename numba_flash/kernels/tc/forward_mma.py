@@ -98,7 +98,7 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, PAGED=False):
                             ("v", 2 * BLOCK_N * stride), *rows, ("o", BLOCK_M * stride, "q")])
 
 
-def _make_products(MT, NT, DT, KSTEPS, STRIDE, FMT):
+def make_products(MT, NT, DT, KSTEPS, STRIDE, FMT):
     """The two products of a key tile, for a warp's MT m16 tiles of query rows (ldmatrix lane
     addresses into shared memory, rows [row][d]):
 
@@ -183,7 +183,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
     SHFL_SCRATCH = sync.scratch_size(THREADS)  # floats the emulated shuffles exchange
     pack = convert.pack(FMT)
     shfl_xor = sync.shfl_xor
-    scores, accumulate = _make_products(MT, NT, DT, KSTEPS, STRIDE, FMT)
+    scores, accumulate = make_products(MT, NT, DT, KSTEPS, STRIDE, FMT)
     seqlen_info = make_seqlen_info(VARLEN, PAGED)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL)
