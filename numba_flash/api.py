@@ -28,7 +28,8 @@ from .runtime.device import SIMULATOR
 
 # ----------------------------------------------------------------------------- attention
 
-def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", out=None, stream=None):
+def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", out=None, stream=None,
+                   window_size=(-1, -1)):
     """Exact attention forward. Returns ``(out, lse)``.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq % Hk == 0; out like q; lse (B, Hq, Sq)
@@ -36,14 +37,18 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     ``causal`` aligns the mask bottom-right (query i sees keys j <= i + Sk - Sq). ``auto`` runs
     the tensor-core kernel for 16-bit inputs on compute capability >= 8.0 whose q, k, v are
     16-byte aligned views, else the CUDA-core one; an explicit ``tc`` refuses unaligned views.
+    ``window_size=(left, right)``: query i sees keys ``i + Sk - Sq - left <= j <= i + Sk - Sq +
+    right`` (-1: unbounded; ``causal`` is ``right = 0``); the key tiles outside are skipped.
     """
-    key, pointers = torch_plans.key(q, k, v, causal, softmax_scale, backend, out, stream)
+    local = validate.window(window_size, causal)
+    key, pointers = (torch_plans.key(q, k, v, causal, softmax_scale, backend, out, stream)
+                     if local is None else (None, None))
     if key is not None:
         result = torch_plans.run(key, pointers)
         if result is not None:
             return result
     dev = device.current()
-    problem = validate.attention(q, k, v, causal, softmax_scale)
+    problem = validate.attention(q, k, v, causal, softmax_scale, window_size)
     b, sq, hq, _ = problem.q.shape
     o, lse, launched = _forward(problem, backend, out, problem.q.shape, (b, hq, sq), stream, dev)
     if key is not None:
@@ -68,13 +73,14 @@ def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     (num_pages, page_size, Hk, D) of any page size: key j of sequence b is row ``j %
     page_size`` of page ``block_table[b, j // page_size]``, and ``cu_seqlens_k`` (or
     ``seqused_k``) gives only each sequence's number of keys; an entry that is not a page reads
-    as zeros and is reported. window_size, softcap, alibi_slopes and learnable_sink other than
-    their defaults raise ``NotImplementedError``.
+    as zeros and is reported. ``window_size`` as in ``flash_attn_fwd``, per sequence (not with
+    ``block_table`` yet); softcap, alibi_slopes and learnable_sink other than their defaults
+    raise ``NotImplementedError``.
     """
-    validate.attention_options(window_size, softcap, alibi_slopes, learnable_sink)
+    validate.attention_options(None, softcap, alibi_slopes, learnable_sink)
     dev = device.current()
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              causal, softmax_scale, seqused_k, block_table)
+                              causal, softmax_scale, seqused_k, block_table, window_size)
     _, total_q, hq, d = problem.q.shape
     o, lse, _ = _forward(problem, backend, out, (total_q, hq, d), (hq, total_q), stream, dev,
                          lse)
@@ -107,6 +113,8 @@ def _args(problem, **tensors):
     paged K/V."""
     args = dict(q=problem.q, k=problem.k, v=problem.v, scale=problem.scale,
                 status=status.word(problem.q), **tensors)
+    if problem.window is not None:
+        args.update(window=problem.window)
     if problem.cu_seqlens_q is not None:
         batch = problem.q.shape[0]
         args.update({name: arrays.batched(t, batch) for name, t in tensors.items()})
@@ -183,9 +191,11 @@ def _backward(problem, backend, dout, out, lse, given, stream, dev):
     return dq.obj, dk.obj, dv.obj
 
 
-def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False, backend="auto"):
+def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False, backend="auto",
+                    window_size=(-1, -1)):
     """``flash_attn_fwd`` returning ``out`` (or ``(out, lse)`` with ``return_lse=True``)."""
-    out, lse = flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend)
+    out, lse = flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
+                              window_size=window_size)
     return (out, lse) if return_lse else out
 
 

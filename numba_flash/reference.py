@@ -23,25 +23,43 @@ def causal_mask(sq, sk):
     return np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
 
 
+def window_mask(sq, sk, window_size, causal=False):
+    """Boolean (sq, sk) mask of flash-attn's ``window_size=(left, right)``: query i sees key j
+    iff ``i + sk - sq - left <= j <= i + sk - sq + right``, a side of -1 unbounded, ``causal``
+    as ``right = 0``."""
+    left, right = window_size
+    right = 0 if causal else right
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    allowed = np.ones((sq, sk), bool)
+    if left >= 0:
+        allowed &= j >= i + sk - sq - left
+    if right >= 0:
+        allowed &= j <= i + sk - sq + right
+    return allowed
+
+
 def _expand_kv(x, hq):
     """(B, Sk, Hk, D) -> (B, Sk, Hq, D): query head h reads kv head h // (Hq // Hk)."""
     return np.repeat(x, hq // x.shape[2], axis=2)
 
 
-def varlen_mask(cu_seqlens_q, cu_seqlens_k, total_q, total_k, causal, seqused_k=None):
+def varlen_mask(cu_seqlens_q, cu_seqlens_k, total_q, total_k, causal, seqused_k=None,
+                window_size=(-1, -1)):
     """Boolean (total_q, total_k) mask of packed rows: query row i sees key row j iff both lie
     in the same sequence b (rows cu_seqlens[b] .. cu_seqlens[b + 1]), j is among its first
-    ``seqused_k[b]`` keys, and (causal) j's position is at most i's + len_k - len_q. Rows of no
-    sequence see nothing. Written from the definition, per row, with no kernel's tiling."""
+    ``seqused_k[b]`` keys, (causal) j's position is at most i's + len_k - len_q, and j lies in
+    the sequence's ``window_size`` (``window_mask``). Rows of no sequence see nothing. Written
+    from the definition, per row, with no kernel's tiling."""
     cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
     allowed = np.zeros((total_q, total_k), bool)
     for b in range(len(cu_q) - 1):
         len_q, len_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
         if seqused_k is not None:
             len_k = min(int(seqused_k[b]), len_k)
+        local = window_mask(len_q, len_k, window_size, causal)
         for i in range(len_q):
             for j in range(len_k):
-                if not causal or j <= i + len_k - len_q:
+                if (not causal or j <= i + len_k - len_q) and local[i, j]:
                     allowed[cu_q[b] + i, cu_k[b] + j] = True
     return allowed
 

@@ -148,11 +148,45 @@ def out_buffer(out, like, shape, fmt, name="out"):
 
 # ----------------------------------------------------------------------------- attention
 
-def attention(q, k, v, causal, softmax_scale):
+def attention(q, k, v, causal, softmax_scale, window_size=None):
     """The checks the attention calls share; returns the ``Attention`` problem."""
     q, k, v = _qkv(q, k, v, 4)
     _check_causal(causal)
-    return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal))
+    return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal),
+                     window=window(window_size, causal))
+
+
+# A window side of -1 (unbounded) reaches the kernels as this many keys: past any sequence, and
+# small enough that a row index plus or minus it stays in int32.
+WINDOW_UNBOUNDED = 1 << 30
+
+
+def window(window_size, causal):
+    """flash-attn's ``window_size=(left, right)`` as the kernels take it: ``(left, right)`` with
+    ``causal`` as ``right = 0`` and an unbounded side (-1) as WINDOW_UNBOUNDED; None where it
+    bounds nothing the causal flag does not (``(-1, -1)``, or ``(-1, right)`` with causal).
+    ``TypeError`` unless a pair of ints, ``ValueError`` for a side below -1."""
+    if window_size is None:
+        return None
+    try:
+        sides = tuple(window_size)
+    except TypeError:
+        raise TypeError(f"window_size: expected a pair of ints, got {window_size!r}") from None
+    if len(sides) != 2 or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                                  for x in sides):
+        raise TypeError(f"window_size: expected a pair of ints, got {window_size!r}")
+    if min(sides) < -1:
+        raise ValueError(f"window_size: each side must be -1 (unbounded) or >= 0, got "
+                         f"{window_size!r}")
+    left, right = (int(x) for x in sides)
+    if causal:
+        right = 0
+    if left == -1 and (right == -1 or causal):
+        return None
+
+    def side(x):
+        return WINDOW_UNBOUNDED if x == -1 else min(x, WINDOW_UNBOUNDED)
+    return side(left), side(right)
 
 
 def _qkv(q, k, v, ndim, q_ndim=None):
@@ -177,7 +211,7 @@ def _qkv(q, k, v, ndim, q_ndim=None):
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-           softmax_scale, seqused_k=None, block_table=None):
+           softmax_scale, seqused_k=None, block_table=None, window_size=None):
     """The checks of the varlen calls: packed q (total_q, Hq, D), k and v (total_k, Hk, D) or,
     with a block table (B, max_blocks) int32, pages (num_pages, page_size, Hk, D); offsets (B +
     1,) and seqused_k (B,) int32, positive max_seqlen_q / max_seqlen_k. Returns the
@@ -203,12 +237,15 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     max_q = positive_int(max_seqlen_q, "max_seqlen_q")
     max_k = positive_int(max_seqlen_k, "max_seqlen_k")
     _check_causal(causal)
+    local = window(window_size, causal)
+    if local is not None and paged:
+        raise NotImplementedError("window_size with block_table: not implemented")
     q = arrays.batched(q, b)
     if not paged:
         k, v = arrays.batched(k, b), arrays.batched(v, b)
     return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal), cu_seqlens_q=cu_q,
                      cu_seqlens_k=cu_k, seqused_k=seqused_k, max_seqlen=(max_q, max_k),
-                     block_table=block_table)
+                     block_table=block_table, window=local)
 
 
 def backward(problem, dout, out, lse):

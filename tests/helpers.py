@@ -127,20 +127,24 @@ def assert_lse(lse, ref):
     assert err.size == 0 or err.max() <= 2e-4, f"lse: error {err.max():.3g}"
 
 
-def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, softmax_scale=None):
+def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, softmax_scale=None,
+                  window_size=(-1, -1)):
     """Run flash_attn_fwd on fresh random inputs (out poisoned with NaN) and check out and lse
-    against the float64 reference with the tolerance rule in docs/design.md."""
+    against the float64 reference with the tolerance rule in docs/design.md (``window_size``:
+    the reference masks by ``reference.window_mask``)."""
     import numba_flash as nf
     from numba_flash import reference as ref
 
     q, k, v = (randn(rng, s, fmt, scale) for s in ((B, Sq, Hq, D), (B, Sk, Hk, D), (B, Sk, Hk, D)))
     out = nan_like(q)
     o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), causal=causal,
-                               softmax_scale=softmax_scale, backend=backend, out=out)
+                               softmax_scale=softmax_scale, backend=backend, out=out,
+                               window_size=window_size)
     assert o is out
-    ro, rl = ref.attention_fwd_ref(q, k, v, causal, softmax_scale)
+    mask = None if tuple(window_size) == (-1, -1) else ref.window_mask(Sq, Sk, window_size, causal)
+    ro, rl = ref.attention_fwd_ref(q, k, v, causal, softmax_scale, mask)
     assert to_host(o).dtype == q.dtype
-    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal, softmax_scale), fmt)
+    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal, softmax_scale, mask), fmt)
     assert_lse(lse, rl)
 
 

@@ -228,3 +228,20 @@ def test_mla_decode_refuses_wrong_out_buffer(rng):
 def test_mla_metadata_refuses_bad_input(args, exc, words):
     with pytest.raises(exc, match=words):
         nf.get_mla_metadata(*args)
+
+
+def test_window_size_as_the_kernels_take_it():
+    from numba_flash.validate import WINDOW_UNBOUNDED as BIG, window
+
+    assert window((-1, -1), False) is None and window((-1, -1), True) is None
+    assert window((-1, 7), True) is None  # causal already bounds the right side
+    assert window((4, 2), False) == (4, 2)
+    assert window((4, 2), True) == (4, 0)  # causal is right = 0
+    assert window((-1, 3), False) == (BIG, 3)
+    assert window((5, -1), False) == (5, BIG)
+    assert window((np.int64(0), 0), False) == (0, 0)
+    assert window((1 << 40, 0), False) == (BIG, 0)
+    for bad, exc in (((1, 2, 3), TypeError), ((1.0, 2), TypeError), ((True, 2), TypeError),
+                     (7, TypeError), ((-2, 0), ValueError)):
+        with pytest.raises(exc, match="^window_size"):
+            window(bad, False)

@@ -237,6 +237,31 @@ def _good(rng):
                 cu_seqlens_k=int32_array(cu_k), max_seqlen_q=3, max_seqlen_k=3)
 
 
+# Windows per sequence: sequence 0 (7 queries, 12 keys: bottom-right offset 5) with left 2 and
+# right 1, sequence 1 empty of queries, sequence 2 (3 queries, 2 keys) causal with left 0.
+WINDOW_CASES = [("simt", None, "bfloat16", False, (2, 1)), ("tc", "mma", "float16", True, (0, -1)),
+                ("tc", "wgmma", "bfloat16", False, (3, 0))]
+
+
+@pytest.mark.parametrize("backend, fam, fmt, causal, window", WINDOW_CASES)
+def test_varlen_sliding_window_matches_the_packed_reference(rng, backend, fam, fmt, causal,
+                                                            window):
+    lengths_q, lengths_k = [7, 0, 3], [12, 4, 2]
+    q, k, v, cu_q, cu_k = packed(rng, lengths_q, lengths_k, fmt)
+    out = nan_like(q)
+    with family(fam) if fam else device.plan_for(device.current()):
+        o, lse = nf.flash_attn_varlen_fwd(
+            to_device(q), to_device(k), to_device(v), int32_array(cu_q), int32_array(cu_k),
+            max(lengths_q), max(lengths_k), causal=causal, window_size=window, backend=backend,
+            out=out)
+    mask = ref.varlen_mask(cu_q, cu_k, len(q), len(k), causal, window_size=window)
+    want, want_lse, lowp = reference_forward(q, k, v, mask)
+    rows = slice(0, cu_q[-1])
+    assert_close_rule(to_host(o)[rows], want[rows], lowp[rows], fmt)
+    assert_lse(to_host(lse)[:, rows], want_lse[:, rows])
+    nf.check_errors()
+
+
 REFUSALS = {
     "q rank": (lambda g, rng: dict(q=to_device(randn(rng, (1, 5, 2, 16), "float16"))),
                ValueError, "^q: expected 3 dimensions"),
@@ -252,7 +277,13 @@ REFUSALS = {
     "max_seqlen": (lambda g, rng: dict(max_seqlen_q=0), ValueError, "^max_seqlen_q"),
     "seqused_k": (lambda g, rng: dict(seqused_k=int32_array([1, 2, 3])),
                   ValueError, r"^seqused_k: expected shape \(2,\)"),
-    "window": (lambda g, rng: dict(window_size=(4, 0)), NotImplementedError, "^window_size"),
+    "window type": (lambda g, rng: dict(window_size=(4.0, 0)), TypeError,
+                    "^window_size: expected a pair of ints"),
+    "window side": (lambda g, rng: dict(window_size=(-2, 0)), ValueError,
+                    "^window_size: each side must be -1"),
+    "window paged": (lambda g, rng: dict(window_size=(4, 0), block_table=int32_array([[0], [1]]),
+                                         **_pages(rng)),
+                     NotImplementedError, "^window_size with block_table"),
     "softcap": (lambda g, rng: dict(softcap=30.0), NotImplementedError, "^softcap"),
     "paged k rank": (lambda g, rng: dict(block_table=int32_array([[0], [1]])),
                      ValueError, "^k: expected 4 dimensions"),

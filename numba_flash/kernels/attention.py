@@ -5,7 +5,8 @@ Every forward kernel (``simt/forward.py``, ``tc/forward_mma.py``, ``tc/forward_w
 
     q, k, v, out (B, S, H, D) in 16-bit bits or float32, lse (B, Hq, Sq) float32,
     Sq, Sk, Hq, group = Hq / Hk (int32), scale_log2 = softmax_scale * log2(e) (float32),
-    cu_seqlens_q, cu_seqlens_k, seqused_k, status (int32, 1-D), block_table (int32, 2-D)
+    cu_seqlens_q, cu_seqlens_k, seqused_k, status (int32, 1-D), block_table (int32, 2-D),
+    window_left, window_right (int32: the sliding window's sides, read with ``window`` only)
 
 on a grid of one CTA per BLOCK_M query rows of one (batch, query head): ``(ceil(Sq /
 BLOCK_M), B * Hq)``, the B * Hq rows folded into y and z past 65535 (``common/grid.py``).
@@ -52,13 +53,18 @@ class AttentionConfig(NamedTuple):
     fmt: str  # storage format of q, k, v and the outputs
     varlen: bool = False  # packed sequences behind cu_seqlens_q / cu_seqlens_k
     paged: bool = False   # varlen K and V in pages behind a block table (forward only)
+    window: bool = False  # a sliding window (forward only): causal holds its right side
 
 
 def config_of(problem, causal=None):
-    """The ``AttentionConfig`` of an ``Attention`` problem (``causal`` overrides its mask)."""
-    return AttentionConfig(problem.head_dim, problem.causal if causal is None else causal,
-                           problem.fmt, problem.cu_seqlens_q is not None,
-                           problem.block_table is not None)
+    """The ``AttentionConfig`` of an ``Attention`` problem (``causal`` overrides its mask). A
+    window is the causal code with the diagonal moved right by its right side and a second,
+    lower diagonal (``masks.make_window``)."""
+    window = problem.window is not None
+    causal = problem.causal if causal is None else causal
+    return AttentionConfig(problem.head_dim, causal or window, problem.fmt,
+                           problem.cu_seqlens_q is not None, problem.block_table is not None,
+                           window)
 
 
 def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
@@ -68,6 +74,7 @@ def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
     tiles = "" if entry is None else f" tiles={entry}"
     label = f"{kernel} d={config.head_dim}{tiles} causal={config.causal} {config.fmt}"
     label += (" varlen" if config.varlen else "") + (" paged" if config.paged else "")
+    label += " window" if config.window else ""
     return Sample(label, tuple(config), entry, ccs=ccs)
 
 
@@ -115,7 +122,7 @@ class ForwardSpec(KernelSpec):
 
     def signature(self, config):
         t = tensor_type(config.fmt)
-        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES, I2)
+        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES, I2, I32, I32)
 
     def grid(self, config, tiles, p):
         b, _, hq, _ = p["q"].shape
@@ -123,9 +130,11 @@ class ForwardSpec(KernelSpec):
 
     def arguments(self, config, p):
         table = p.get("block_table")
+        left, right = p.get("window", (0, 0))
         return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
                 np.float32(p["scale"] * LOG2E), *_sequences(p),
-                arrays.batched(p["status"], 1) if table is None else table)
+                arrays.batched(p["status"], 1) if table is None else table, np.int32(left),
+                np.int32(right))
 
 
 class PreprocessSpec(KernelSpec):

@@ -141,16 +141,18 @@ def _simt_decode_config(problem):
 # every forward kernel reads their K and V from pages behind a block table too.
 VARLEN = frozenset(("cu_seqlens_q", "cu_seqlens_k", "seqused_k"))
 PAGED_VARLEN = VARLEN | {"block_table"}
+# The forward kernels' options: paged varlen and (not paged) a sliding window.
+FORWARD = PAGED_VARLEN | {"window"}
 # flash_attn_with_kvcache's decode: V in its own cache, keys from a per-sequence start.
 KVCACHE = frozenset(("v_cache", "key_start"))
 
 ENTRIES = (
     Entry("tc.forward_wgmma", "forward", "tc", (tc_forward_wgmma.SPEC,), _on("wgmma"),
-          honours=PAGED_VARLEN),
+          honours=FORWARD),
     Entry("tc.forward_mma", "forward", "tc", (tc_forward_mma.SPEC,), _anywhere,
-          honours=PAGED_VARLEN),
+          honours=FORWARD),
     Entry("simt.forward", "forward", "simt", (simt_forward.SPEC,), _anywhere,
-          honours=PAGED_VARLEN),
+          honours=FORWARD),
     Entry("tc.backward_wgmma", "backward", "tc",
           (tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ), _wgmma_backward, honours=VARLEN),
     Entry("tc.backward_mma", "backward", "tc", (tc_backward_mma.DKDV, tc_backward_mma.DQ),

@@ -146,3 +146,33 @@ def make_needs_mask(BLOCK_N, CAUSAL):
         return crosses
 
     return needs_mask
+
+
+def make_window(BLOCK_M, BLOCK_N, WINDOW):
+    """The sliding window of a forward query tile (flash-attn's ``window_size=(left, right)``:
+    query r sees keys ``r + diag - left <= j <= r + diag + right``), as two device functions.
+
+    ``key_window(m0, diag, seqlen_k, left, right) -> (n_start, diag_hi, diag_lo)``: the first
+    key tile the query tile ``m0 ..`` may see (a multiple of BLOCK_N) and the two diagonals
+    relative to it: the kernel views its keys from ``n_start`` on (the tiles before it are
+    never visited, so the cost follows the visible pairs), and the causal rules of this module
+    hold with ``diag_hi`` as the diagonal (right = 0 is causal). Without ``WINDOW``: (0, diag,
+    0). An unbounded side arrives as a bound past any sequence (``validate.window``).
+
+    ``crosses_begin(n0, m0, diag_lo)``: whether the key tile ``n0 ..`` holds a key before the
+    first one some row of the query tile sees (``j < r + diag_lo``): the tiles whose elements
+    need the lower test, besides those ``make_needs_mask`` names."""
+
+    @cuda.jit(device=True, inline="always")
+    def key_window(m0, diag, seqlen_k, left, right):
+        if WINDOW:
+            diag_lo = diag - left
+            n_start = min(max(0, m0 + diag_lo) // BLOCK_N * BLOCK_N, max(seqlen_k, 0))
+            return n_start, diag + right - n_start, diag_lo - n_start
+        return 0, diag, 0
+
+    @cuda.jit(device=True, inline="always")
+    def crosses_begin(n0, m0, diag_lo):
+        return WINDOW and n0 < m0 + BLOCK_M - 1 + diag_lo
+
+    return key_window, crosses_begin

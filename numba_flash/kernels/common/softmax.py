@@ -25,7 +25,7 @@ from numba import cuda, float32
 
 from ..instructions import convert, sync
 from . import constants
-from .masks import make_needs_mask, make_row_end
+from .masks import make_needs_mask, make_row_end, make_window
 
 RESCALE_LOG2 = 8.0  # growth of a row maximum (base 2) that moves m_i: P stays below 2^8
 
@@ -99,32 +99,38 @@ def make_online_update(MT, NT, DT):
     return update
 
 
-def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL):
+def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False):
     """The per-tile step both tc forwards share, as an inline device function: mask S_ij where a
     tile crosses the ragged end or the causal diagonal, then the online softmax with lazy
     rescaling (``make_row_max``, ``make_online_update``). S (MT, NT, 4) holds the thread's C
     fragments of S_ij and leaves holding P_ij (float32); m_i, l_i, m_tile (MT, 2) and O_i (MT,
     DT, 4) follow the C-fragment row ownership (rows ``row_g + 16 mt`` and ``+ 8``, columns
-    ``t2, t2 + 1`` of each 8-column tile)."""
+    ``t2, t2 + 1`` of each 8-column tile). ``WINDOW``: keys before a row's window start
+    (``j < row + diag_lo``, ``masks.make_window``) are masked too, in the tiles that cross it."""
     NEG_INF = constants.NEG_INF
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
+    _, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
     row_end = make_row_end(CAUSAL)
     row_max = make_row_max(MT, NT)
     update = make_online_update(MT, NT, DT)
 
     @cuda.jit(device=True, inline="always")
-    def softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, scale_log2,
-                     shfl_scratch, tid):
-        if needs_mask(n0, m0, diag, seqlen_k):  # the tile crosses the ragged end or the diagonal
+    def softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
+                     scale_log2, shfl_scratch, tid):
+        # Only a tile that crosses the ragged end, the diagonal or (window) a row's first key.
+        if needs_mask(n0, m0, diag, seqlen_k) or crosses_begin(n0, m0, diag_lo):
             # Element (mt, nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 16 mt +
             # 8 (e >> 1). Relative to the thread's first column, a row's end of visible keys
             # is one limit, and each test is a compare of that limit with a constant.
             for mt in range(MT):
                 for half in range(2):
-                    limit = row_end(row_g + 16 * mt + 8 * half, diag, seqlen_k) - (n0 + t2)
+                    row = row_g + 16 * mt + 8 * half
+                    limit = row_end(row, diag, seqlen_k) - (n0 + t2)
+                    begin = row + diag_lo - (n0 + t2)
                     for nt in range(NT):
                         for e in range(2 * half, 2 * half + 2):
-                            if 8 * nt + (e & 1) >= limit:
+                            col = 8 * nt + (e & 1)
+                            if col >= limit or (WINDOW and col < begin):
                                 S[mt, nt, e] = NEG_INF
         row_max(S, m_tile, shfl_scratch, tid)
         update(S, m_i, l_i, O_i, m_tile, scale_log2)

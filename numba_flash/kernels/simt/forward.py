@@ -66,7 +66,8 @@ from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_mask, make_needs_mask, make_seqlen_info
+from ..common.masks import (make_kv_end, make_mask, make_needs_mask, make_seqlen_info,
+                            make_window)
 from ..common.paged_kv import make_key_row
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
@@ -87,7 +88,8 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 
 @lru_cache(maxsize=None)
-def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, PAGED=False):
+def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, PAGED=False,
+                        WINDOW=False):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS
@@ -103,13 +105,15 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
     masked_out = make_mask(CAUSAL)
+    key_window, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
     load, store = formats.loader(FMT), formats.storer(FMT)
     shfl_xor = sync.shfl_xor
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_fwd_simt(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
-                       cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table):
+                       cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table,
+                       window_left, window_right):
         smem = cuda.shared.array(0, float32)
         scratch = cuda.shared.array(SCRATCH, float32)
         tid = cuda.threadIdx.x
@@ -132,6 +136,11 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
             q, out, lse = q[:, q0:], out[:, q0:], lse[:, :, q0:]
             if not PAGED:  # paged keys are found through the table (key_row)
                 k, v = k[:, k0:], v[:, k0:]
+        # Sliding window: keys from the first tile it reaches, diagonals relative to it.
+        n_start, diag, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
+        if WINDOW:
+            k, v = k[:, n_start:], v[:, n_start:]
+            seqlen_k -= n_start
 
         # Q_i -> shared (transposed), pre-scaled so that S is in base-2 units.
         load_qt(smem, Q_OFF, q, b, m0, h, seqlen_q, scale_log2, tid)
@@ -177,11 +186,13 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
                     for j in range(TN):
                         S[i, j] += a * smem[K_OFF + d * K_STRIDE + lane + LANES_PER_ROW * j]
 
-            if needs_mask(n0, m0, diag, seqlen_k):  # the tile crosses the ragged end or diagonal
+            # Only tiles that cross the ragged end, the diagonal or the window's start.
+            if needs_mask(n0, m0, diag, seqlen_k) or crosses_begin(n0, m0, diag_lo):
                 for i in range(TM):
                     for j in range(TN):
-                        if masked_out(m0 + row0 + i, n0 + lane + LANES_PER_ROW * j, diag,
-                                      seqlen_k):
+                        key = n0 + lane + LANES_PER_ROW * j
+                        if masked_out(m0 + row0 + i, key, diag, seqlen_k) or (
+                                WINDOW and key < m0 + row0 + i + diag_lo):
                             S[i, j] = NEG_INF
 
             # Online softmax: new row maxima, rescale the old state, P_ij = exp2(S - m_new).
@@ -250,17 +261,20 @@ class Spec(ForwardSpec):
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                   config.fmt, config.varlen, config.paged)
+                                   config.fmt, config.varlen, config.paged, config.window)
 
     def samples(self):
         """The smallest head dim, the largest of each tile class (causal or not, each format)
-        one between classes, and one varlen and one paged varlen."""
+        one between classes, one varlen and one paged varlen, and a sliding window dense and
+        varlen."""
         configs = [(8, True, "bfloat16")]
         configs += [(d, causal, fmt) for d, _ in TILES for causal in (False, True)
                     for fmt in FLOAT_FORMATS]
         configs.append((72, False, "bfloat16"))
         configs.append((64, True, "bfloat16", True))  # varlen
         configs.append((64, True, "bfloat16", True, True))  # varlen, paged K/V
+        configs.append((64, True, "float16", False, False, True))  # sliding window
+        configs.append((64, True, "bfloat16", True, False, True))  # varlen, sliding window
         return [sample("simt fwd", config) for config in configs]
 
 

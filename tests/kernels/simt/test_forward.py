@@ -7,6 +7,7 @@ import numba_flash as nf
 from numba_flash import reference as ref
 from helpers import (SIMULATOR, assert_close_rule, assert_compiles_clean, assert_lse, check_forward,
                      randn, to_device, to_host)
+from kernels._window_cases import CASES as WINDOW_CASES, case_id as window_id
 
 # (B, Sq, Sk, Hq, Hk, D, causal, fmt): odd lengths, Sq != Sk both ways, GQA/MQA, head dims 8..256.
 CASES_SIM = [
@@ -35,6 +36,12 @@ CASES = CASES_SIM if SIMULATOR else CASES_GPU
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_forward_matches_reference(case, rng):
     check_forward(rng, *case, backend="simt")
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=window_id)
+def test_sliding_window_matches_reference(case, rng):
+    *shape, window_size = case
+    check_forward(rng, *shape, backend="simt", window_size=window_size)
 
 
 def test_large_logits_stay_finite(rng):

@@ -12,6 +12,7 @@ from numba_flash.runtime import device
 from kernels.tc._forward_cases import (CASES, check_growing_row_maxima, check_large_logits,
                                        check_output_view_off_16_byte_alignment,
                                        planned_for_family)
+from kernels._window_cases import CASES as WINDOW_CASES, case_id as window_id
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -33,6 +34,12 @@ def wgmma_family():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_forward_matches_reference(case, rng):
     check_forward(rng, *case, backend="tc")
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=window_id)
+def test_sliding_window_matches_reference(case, rng):
+    *shape, window_size = case
+    check_forward(rng, *shape, backend="tc", window_size=window_size)
 
 
 def test_large_logits_stay_finite(rng):

@@ -1,0 +1,25 @@
+"""The sliding-window cases every forward family runs (simt/test_forward.py, tc/test_forward.py,
+tc/test_forward_wgmma.py): (B, Sq, Sk, Hq, Hk, D, causal, fmt, window_size) against the float64
+reference masked from flash-attn's definition (``reference.window_mask``)."""
+
+from helpers import SIMULATOR
+
+CASES_SIM = [
+    (1, 20, 33, 2, 1, 16, False, "float16", (4, 2)),     # both sides, Sk > Sq, GQA
+    (1, 33, 9, 1, 1, 16, True, "bfloat16", (3, -1)),     # causal + left; rows that see no key
+    (1, 5, 70, 1, 1, 16, False, "float16", (10, -1)),    # left only: the first tiles skipped
+    (1, 7, 7, 1, 1, 16, False, "bfloat16", (0, 0)),      # the diagonal alone
+    (1, 6, 6, 1, 1, 16, False, "float16", (100, 100)),   # wider than the sequence: no window
+    (1, 9, 40, 1, 1, 16, False, "bfloat16", (-1, 3)),    # right only, not causal
+]
+CASES_GPU = [
+    (2, 1000, 1000, 8, 2, 64, True, "bfloat16", (256, -1)),
+    (1, 777, 1531, 4, 4, 128, False, "float16", (100, 50)),
+    (1, 4096, 4096, 2, 1, 128, True, "float16", (1024, 0)),
+    (1, 300, 300, 2, 1, 256, False, "bfloat16", (0, 0)),
+]
+CASES = CASES_SIM if SIMULATOR else CASES_GPU
+
+
+def case_id(case):
+    return "-".join(map(str, case[:-1])) + f"-w{case[-1][0]},{case[-1][1]}"
