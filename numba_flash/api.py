@@ -128,7 +128,7 @@ def _args(problem, **tensors):
 
 
 def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, backend="auto",
-                   dq=None, dk=None, dv=None, stream=None):
+                   dq=None, dk=None, dv=None, stream=None, window_size=(-1, -1)):
     """Gradients of exact attention for the incoming ``dout``. Returns ``(dq, dk, dv)``.
 
     ``out`` and ``lse`` are what ``flash_attn_fwd`` returned for the same q, k, v, causal and
@@ -138,9 +138,10 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     ``auto`` runs the tensor-core kernels for 16-bit inputs on compute capability >= 8.0 whose
     q, k, v and dout (and out, for the wgmma pair, whose dQ kernel computes D_i) are 16-byte
     aligned views, else the CUDA-core ones; an explicit ``tc`` refuses unaligned views.
+    ``window_size`` as in the forward: the key tiles outside a window are skipped here too.
     """
     dev = device.current()
-    problem = validate.attention(q, k, v, causal, softmax_scale)
+    problem = validate.attention(q, k, v, causal, softmax_scale, window_size)
     dout, out, lse = validate.backward(problem, dout, out, lse)
     return _backward(problem, backend, dout, out, lse, (dq, dk, dv), stream, dev)
 
@@ -153,12 +154,13 @@ def flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     dv)``: packed like q, k, v; dout and out (total_q, Hq, D), lse (Hq, total_q) as the forward
     returned them, with the same offsets, bounds, causal, softmax_scale and seqused_k. Rows of
     no sequence (and keys past ``seqused_k``) get no gradient written. Deterministic, like
-    ``flash_attn_bwd``; the same options raise ``NotImplementedError`` as in the forward.
+    ``flash_attn_bwd``; ``window_size`` and the options that raise ``NotImplementedError`` as in
+    the forward.
     """
-    validate.attention_options(window_size, softcap, alibi_slopes, learnable_sink)
+    validate.attention_options(None, softcap, alibi_slopes, learnable_sink)
     dev = device.current()
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              causal, softmax_scale, seqused_k)
+                              causal, softmax_scale, seqused_k, window_size=window_size)
     dout, out, lse = validate.backward(problem, dout, out, lse)
     return _backward(problem, backend, dout, out, lse, (dq, dk, dv), stream, dev)
 

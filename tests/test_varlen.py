@@ -262,6 +262,28 @@ def test_varlen_sliding_window_matches_the_packed_reference(rng, backend, fam, f
     nf.check_errors()
 
 
+# (the wgmma pair's windows run in its dense tests: simulated, its varlen step costs a minute)
+@pytest.mark.parametrize("backend, fam, fmt, causal, window", WINDOW_CASES[:2])
+def test_varlen_sliding_window_backward_matches_the_packed_reference(rng, backend, fam, fmt,
+                                                                     causal, window):
+    lengths_q, lengths_k = [7, 0, 3], [12, 4, 2]
+    q, k, v, cu_q, cu_k = packed(rng, lengths_q, lengths_k, fmt, extra=0)
+    dout = randn(rng, q.shape, fmt)
+    args = [to_device(x) for x in (dout, q, k, v)]
+    bounds = (int32_array(cu_q), int32_array(cu_k), max(lengths_q), max(lengths_k))
+    with family(fam) if fam else device.plan_for(device.current()):
+        out, lse = nf.flash_attn_varlen_fwd(*args[1:], *bounds, causal=causal,
+                                            window_size=window, backend=backend)
+        grads = nf.flash_attn_varlen_bwd(*args, out, lse, *bounds, causal=causal,
+                                         window_size=window, backend=backend)
+    mask = ref.varlen_mask(cu_q, cu_k, len(q), len(k), causal, window_size=window)
+    want = ref.attention_bwd_ref(dout[None], q[None], k[None], v[None], mask=mask)
+    lowp = ref.attention_bwd_lowp(dout[None], q[None], k[None], v[None], mask=mask)
+    for name, got, w, lp in zip(("dq", "dk", "dv"), grads, want, lowp):
+        assert_close_rule(got, w[0], lp[0], fmt, factor=3.0, what=name)
+    nf.check_errors()
+
+
 REFUSALS = {
     "q rank": (lambda g, rng: dict(q=to_device(randn(rng, (1, 5, 2, 16), "float16"))),
                ValueError, "^q: expected 3 dimensions"),

@@ -53,7 +53,7 @@ class AttentionConfig(NamedTuple):
     fmt: str  # storage format of q, k, v and the outputs
     varlen: bool = False  # packed sequences behind cu_seqlens_q / cu_seqlens_k
     paged: bool = False   # varlen K and V in pages behind a block table (forward only)
-    window: bool = False  # a sliding window (forward only): causal holds its right side
+    window: bool = False  # a sliding window: causal holds its right side
 
 
 def config_of(problem, causal=None):
@@ -130,11 +130,9 @@ class ForwardSpec(KernelSpec):
 
     def arguments(self, config, p):
         table = p.get("block_table")
-        left, right = p.get("window", (0, 0))
         return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
                 np.float32(p["scale"] * LOG2E), *_sequences(p),
-                arrays.batched(p["status"], 1) if table is None else table, np.int32(left),
-                np.int32(right))
+                arrays.batched(p["status"], 1) if table is None else table, *_window(p))
 
 
 class PreprocessSpec(KernelSpec):
@@ -146,7 +144,7 @@ class PreprocessSpec(KernelSpec):
     def config(self, problem):
         # One code for both masks, and for varlen batches: the rows are independent, so the
         # host hands it the packed rows as one batch entry.
-        return config_of(problem, causal=False)._replace(varlen=False)
+        return config_of(problem)._replace(causal=False, varlen=False, window=False)
 
     def signature(self, config):
         t = tensor_type(config.fmt)
@@ -159,6 +157,12 @@ class PreprocessSpec(KernelSpec):
     def arguments(self, config, p):
         _, sq, hq, _ = p["out"].shape
         return p["out"], p["dout"], p["delta"], np.int32(sq), np.int32(hq)
+
+
+def _window(p):
+    """The last two arguments of every forward, dK/dV and dQ kernel: the sliding window's left
+    and right sides (``validate.window``), read only by the kernels of a ``window`` config."""
+    return tuple(np.int32(x) for x in p.get("window", (0, 0)))
 
 
 def _scales(p):
@@ -175,7 +179,7 @@ class DkdvSpec(KernelSpec):
     def signature(self, config):
         t = tensor_type(config.fmt)
         return types.void(t, t, t, t, F32_3D, F32_3D, t, t, I32, I32, I32, I32, F32, F32,
-                          *SEQUENCES)
+                          *SEQUENCES, I32, I32)
 
     def grid(self, config, tiles, p):
         b, _, hk, _ = p["k"].shape
@@ -184,7 +188,8 @@ class DkdvSpec(KernelSpec):
     def arguments(self, config, p):
         sq, sk, _, group = _sizes(p)
         return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dk"], p["dv"],
-                sq, sk, np.int32(p["k"].shape[2]), group, *_scales(p), *_sequences(p))
+                sq, sk, np.int32(p["k"].shape[2]), group, *_scales(p), *_sequences(p),
+                *_window(p))
 
 
 class DqSpec(KernelSpec):
@@ -197,7 +202,8 @@ class DqSpec(KernelSpec):
 
     def signature(self, config):
         t = tensor_type(config.fmt)
-        return types.void(t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32, *SEQUENCES)
+        return types.void(t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32, *SEQUENCES,
+                          I32, I32)
 
     def grid(self, config, tiles, p):
         b, _, hq, _ = p["q"].shape
@@ -205,7 +211,7 @@ class DqSpec(KernelSpec):
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dq"], *_sizes(p),
-                *_scales(p), *_sequences(p))
+                *_scales(p), *_sequences(p), *_window(p))
 
 
 class DqDeltaSpec(DqSpec):
@@ -218,11 +224,11 @@ class DqDeltaSpec(DqSpec):
     def signature(self, config):
         t = tensor_type(config.fmt)
         return types.void(t, t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32,
-                          *SEQUENCES)
+                          *SEQUENCES, I32, I32)
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["dout"], p["out"], p["lse"], p["delta"], p["dq"],
-                *_sizes(p), *_scales(p), *_sequences(p))
+                *_sizes(p), *_scales(p), *_sequences(p), *_window(p))
 
 
 class DecodeConfig(NamedTuple):

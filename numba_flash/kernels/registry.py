@@ -141,8 +141,9 @@ def _simt_decode_config(problem):
 # every forward kernel reads their K and V from pages behind a block table too.
 VARLEN = frozenset(("cu_seqlens_q", "cu_seqlens_k", "seqused_k"))
 PAGED_VARLEN = VARLEN | {"block_table"}
-# The forward kernels' options: paged varlen and (not paged) a sliding window.
+# A sliding window runs in every forward and backward kernel (not with paged K/V yet).
 FORWARD = PAGED_VARLEN | {"window"}
+BACKWARD = VARLEN | {"window"}
 # flash_attn_with_kvcache's decode: V in its own cache, keys from a per-sequence start.
 KVCACHE = frozenset(("v_cache", "key_start"))
 
@@ -154,11 +155,11 @@ ENTRIES = (
     Entry("simt.forward", "forward", "simt", (simt_forward.SPEC,), _anywhere,
           honours=FORWARD),
     Entry("tc.backward_wgmma", "backward", "tc",
-          (tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ), _wgmma_backward, honours=VARLEN),
+          (tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ), _wgmma_backward, honours=BACKWARD),
     Entry("tc.backward_mma", "backward", "tc", (tc_backward_mma.DKDV, tc_backward_mma.DQ),
-          _anywhere, honours=VARLEN),
+          _anywhere, honours=BACKWARD),
     Entry("simt.backward", "backward", "simt", (simt_backward.DKDV, simt_backward.DQ), _anywhere,
-          honours=VARLEN),
+          honours=BACKWARD),
     Entry("tc.kvcache_decode_mma", "decode", "tc", (tc_kvcache_decode_mma.SPEC,),
           _kvcache_decode, _kvcache_decode_config, honours=KVCACHE),
     Entry("tc.mla_decode_seesaw", "decode", "tc", (tc_mla_decode_seesaw.SPEC,), _seesaw,

@@ -13,13 +13,44 @@ def inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt, scale=1.0):
     return [randn(rng, s, fmt, scale) for s in shapes]
 
 
-def check_gradients(grads, dout, q, k, v, causal, fmt, softmax_scale=None):
-    """dq, dk, dv against the reference: shapes, dtypes and the 3x rule."""
-    want = ref.attention_bwd_ref(dout, q, k, v, causal, softmax_scale)
-    lowp = ref.attention_bwd_lowp(dout, q, k, v, causal, softmax_scale)
+def check_gradients(grads, dout, q, k, v, causal, fmt, softmax_scale=None, mask=None):
+    """dq, dk, dv against the reference: shapes, dtypes and the 3x rule (``mask``: the keys
+    each query sees, in place of ``causal``)."""
+    want = ref.attention_bwd_ref(dout, q, k, v, causal, softmax_scale, mask)
+    lowp = ref.attention_bwd_lowp(dout, q, k, v, causal, softmax_scale, mask)
     for name, got, w, lp, like in zip(("dq", "dk", "dv"), grads, want, lowp, (q, k, v)):
         assert to_host(got).shape == like.shape and to_host(got).dtype == like.dtype, name
         assert_close_rule(got, w, lp, fmt, factor=3.0, what=name)
+
+
+# Sliding windows, (B, Sq, Sk, Hq, Hk, D, causal, fmt, window_size): both sides across several
+# tiles of both kernels, causal with a left side, a right side alone; rows whose window holds no
+# key (Sq > Sk) and GQA.
+WINDOW_CASES_SIM = [
+    (1, 37, 45, 2, 1, 16, False, "bfloat16", (5, 3)),
+    (1, 20, 33, 1, 1, 16, True, "float16", (4, -1)),
+    (1, 40, 9, 1, 1, 16, False, "bfloat16", (-1, 2)),
+]
+WINDOW_CASES_GPU = [
+    (2, 1000, 1000, 8, 2, 64, True, "bfloat16", (256, -1)),
+    (1, 777, 1531, 4, 4, 128, False, "float16", (100, 50)),
+    (1, 1531, 777, 4, 1, 128, True, "bfloat16", (0, -1)),
+]
+WINDOW_CASES = WINDOW_CASES_SIM if SIMULATOR else WINDOW_CASES_GPU
+
+
+def window_id(case):
+    return "-".join(map(str, case[:-1])) + f"-w{case[-1][0]},{case[-1][1]}"
+
+
+def check_window(rng, backward, case):
+    """A windowed forward and backward (``backward`` takes ``window_size``) against the
+    reference masked by ``reference.window_mask``."""
+    B, Sq, Sk, Hq, Hk, D, causal, fmt, window = case
+    dout, q, k, v = inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt)
+    grads = backward(dout, q, k, v, causal, window_size=window)
+    check_gradients(grads, dout, q, k, v, causal, fmt,
+                    mask=ref.window_mask(Sq, Sk, window, causal))
 
 
 # Checks every backward family runs; ``backward(dout, q, k, v, causal, softmax_scale=None)``

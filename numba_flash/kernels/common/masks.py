@@ -159,9 +159,15 @@ def make_window(BLOCK_M, BLOCK_N, WINDOW):
     hold with ``diag_hi`` as the diagonal (right = 0 is causal). Without ``WINDOW``: (0, diag,
     0). An unbounded side arrives as a bound past any sequence (``validate.window``).
 
+    ``query_window(n0, diag, seqlen_q, left, right) -> (q_end, diag_hi, diag_lo)``: the
+    transposed view, for the key tile ``n0 ..`` of a dK/dV kernel: the queries from ``q_end`` on
+    see none of its keys (they are past the window's left side: ``i > j - diag + left``), so the
+    kernel's queries end there; the diagonals are absolute. Without ``WINDOW``: (seqlen_q,
+    diag, 0).
+
     ``crosses_begin(n0, m0, diag_lo)``: whether the key tile ``n0 ..`` holds a key before the
-    first one some row of the query tile sees (``j < r + diag_lo``): the tiles whose elements
-    need the lower test, besides those ``make_needs_mask`` names."""
+    first one some row of the query tile ``m0 ..`` sees (``j < r + diag_lo``): the tiles whose
+    elements need the lower test, besides those ``make_needs_mask`` names."""
 
     @cuda.jit(device=True, inline="always")
     def key_window(m0, diag, seqlen_k, left, right):
@@ -172,7 +178,13 @@ def make_window(BLOCK_M, BLOCK_N, WINDOW):
         return 0, diag, 0
 
     @cuda.jit(device=True, inline="always")
+    def query_window(n0, diag, seqlen_q, left, right):
+        if WINDOW:
+            return min(seqlen_q, max(n0 + BLOCK_N + left - diag, 0)), diag + right, diag - left
+        return seqlen_q, diag, 0
+
+    @cuda.jit(device=True, inline="always")
     def crosses_begin(n0, m0, diag_lo):
         return WINDOW and n0 < m0 + BLOCK_M - 1 + diag_lo
 
-    return key_window, crosses_begin
+    return key_window, query_window, crosses_begin

@@ -109,7 +109,7 @@ def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False):
     (``j < row + diag_lo``, ``masks.make_window``) are masked too, in the tiles that cross it."""
     NEG_INF = constants.NEG_INF
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
-    _, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
+    crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)[2]
     row_end = make_row_end(CAUSAL)
     row_max = make_row_max(MT, NT)
     update = make_online_update(MT, NT, DT)

@@ -76,7 +76,8 @@ from ..attention import DkdvSpec, DqSpec, PreprocessSpec, sample
 from ..common import constants, formats
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_mask, make_q_begin, make_seqlen_info
+from ..common.masks import (make_kv_end, make_mask, make_q_begin, make_seqlen_info,
+                            make_window)
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
 
@@ -179,7 +180,7 @@ def make_preprocess_kernel(HEAD_DIM, FMT):
 # ----------------------------------------------------------------------------- kernel 1: dK, dV
 
 @lru_cache(maxsize=None)
-def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
+def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW=False):
     """Kernel computing dK_j, dV_j for one tile of BLOCK_N keys of one (batch, kv head)."""
     assert BLOCK_N % ROW_GROUPS == 0 and BLOCK_M % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TN = BLOCK_N // ROW_GROUPS       # kv rows per thread
@@ -195,13 +196,14 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     seqlen_info = make_seqlen_info(VARLEN)
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
     masked_out = make_mask(CAUSAL)
+    _, query_window, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
     store = formats.storer(FMT)
     LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dkdv_simt(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
                             group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                            status):
+                            status, window_left, window_right):
         smem = cuda.shared.array(0, float32)
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
@@ -233,6 +235,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
                 dK_j[i, jd] = ZERO
                 dV_j[i, jd] = ZERO
 
+        # Sliding window: the queries past its left side see none of these keys.
+        seqlen_q, diag, diag_lo = query_window(n0, diag, seqlen_q, window_left, window_right)
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
         ragged = n0 + BLOCK_N > seqlen_k
@@ -257,7 +261,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
                 # P_ij^T = exp2(S^T * scale_log2 - lse_i), dS_ij^T = P^T (dP^T - D_i) -> shared.
                 # The tile test of common/masks.py, written out: through the inline helper
                 # NVVM schedules this loop's address arithmetic differently.
-                masked = ragged
+                masked = ragged or crosses_begin(n0, m0, diag_lo)
                 if CAUSAL:
                     masked = masked or n0 + BLOCK_N - 1 > m0 + diag
                 for j in range(TM):
@@ -266,7 +270,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
                     D_c = smem[DELTA_OFF + c]
                     for i in range(TN):
                         key = n0 + row0 + i
-                        visible = not masked or not masked_out(m0 + c, key, diag, seqlen_k)
+                        visible = not masked or not (masked_out(m0 + c, key, diag, seqlen_k) or (
+                            WINDOW and key < m0 + c + diag_lo))
                         p = ZERO
                         if visible:
                             p = math.exp2(S[i, j] * scale_log2 - lse_c)
@@ -298,7 +303,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
 # ----------------------------------------------------------------------------- kernel 2: dQ
 
 @lru_cache(maxsize=None)
-def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
+def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW=False):
     """Kernel computing dQ_i for one tile of BLOCK_M queries of one (batch, query head)."""
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS       # query rows per thread
@@ -313,12 +318,14 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     seqlen_info = make_seqlen_info(VARLEN)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     masked_out = make_mask(CAUSAL)
+    key_window, _, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
     store = formats.storer(FMT)
     LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dq_simt(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
-                          scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k, status):
+                          scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k, status,
+                          window_left, window_right):
         smem = cuda.shared.array(0, float32)
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
@@ -339,6 +346,11 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
             q, dout, lse, delta, dq = (q[:, q0:], dout[:, q0:], lse[:, :, q0:], delta[:, :, q0:],
                                        dq[:, q0:])
             k, v = k[:, k0:], v[:, k0:]
+        # Sliding window: keys from the first tile it reaches, diagonals relative to it.
+        n_start, diag, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
+        if WINDOW:
+            k, v = k[:, n_start:], v[:, n_start:]
+            seqlen_k -= n_start
 
         # Q_i, dO_i stay in shared memory; lse_i, D_i and dQ_i in registers.
         load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, ONE, tid)
@@ -370,12 +382,15 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
 
             # dS_ij = P_ij (dP_ij - D_i) with P_ij = exp2(S * scale_log2 - lse_i) -> shared.
             masked = n0 + BLOCK_N > seqlen_k  # common/masks.py's tile test, written out (above)
+            masked = masked or crosses_begin(n0, m0, diag_lo)
             if CAUSAL:
                 masked = masked or n0 + BLOCK_N - 1 > m0 + diag
             for i in range(TM):
                 for j in range(TN):
                     key = n0 + lane + LANES_PER_ROW * j
-                    visible = not masked or not masked_out(m0 + row0 + i, key, diag, seqlen_k)
+                    row = m0 + row0 + i
+                    visible = not masked or not (masked_out(row, key, diag, seqlen_k) or (
+                        WINDOW and key < row + diag_lo))
                     p = ZERO
                     if visible:
                         p = math.exp2(S[i, j] * scale_log2 - lse_i[i])
@@ -411,9 +426,10 @@ TILES = ((64, (32, 64), (64, 32)), (128, (32, 32), (64, 32)), (256, (32, 16), (1
 
 def _samples(kernel, more=()):
     """A tiled kernel's samples: the largest head dim of each tile class, causal or not, in
-    bfloat16, one varlen, then the configs ``more``."""
+    bfloat16, one varlen, a sliding window dense and varlen, then the configs ``more``."""
     configs = [(d, causal, "bfloat16") for d, _, _ in TILES for causal in (False, True)]
     configs.append((64, True, "bfloat16", True))
+    configs += [(64, True, "float16", False, False, True), (64, True, "bfloat16", True, False, True)]
     return [sample(f"simt bwd {kernel}", config) for config in configs + list(more)]
 
 
@@ -448,7 +464,7 @@ class Dkdv(DkdvSpec):
 
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                config.fmt, config.varlen)
+                                config.fmt, config.varlen, config.window)
 
     def samples(self):
         return _samples("dkdv", [(d, False, "float32") for d, _, _ in TILES])
@@ -466,7 +482,7 @@ class Dq(DqSpec):
 
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                              config.fmt, config.varlen)
+                              config.fmt, config.varlen, config.window)
 
     def samples(self):
         return _samples("dq")

@@ -72,7 +72,7 @@ from ..common.copies import make_swizzled_copy
 from ..common.epilogue import make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_q_begin, make_seqlen_info
+from ..common.masks import make_kv_end, make_q_begin, make_seqlen_info, make_window
 from ..instructions import convert, memory, sync, wgmma
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -117,7 +117,8 @@ def make_pack_a(FMT):
 
 
 @lru_cache(maxsize=None)
-def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
+def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
+                     WINDOW=False):
     """Kernel 1: dK_j, dV_j of BLOCK_N = 64 NWG keys of one (batch, kv head)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_N % 64 == 0 and BLOCK_M % 16 == 0
     THREADS = BLOCK_N // 64 * WARPGROUP
@@ -139,7 +140,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     seqlen_info = make_seqlen_info(VARLEN)
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
     stage_rows = backward.make_dkdv_rows(BLOCK_M, THREADS)
-    scores_to_ds = backward.make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL)
+    scores_to_ds = backward.make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+    query_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[1]
     ZERO = float32(0.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     QT_LBO = BLOCK_M * wgmma.SWIZZLE_BYTES   # Q, dO as MN-major B: 64-column blocks apart
@@ -147,7 +149,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
 
     def flash_bwd_dkdv_wgmma(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
                              group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                             status):
+                             status, window_left, window_right):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # the same bytes
         words_u = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # ... again
@@ -175,6 +177,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
             q, dout, lse, delta = q[:, q0:], dout[:, q0:], lse[:, :, q0:], delta[:, :, q0:]
             k, v, dk, dv = k[:, k0:], v[:, k0:], dk[:, k0:], dv[:, k0:]
 
+        # Sliding window: the queries past its left side see none of these keys.
+        seqlen_q, diag, diag_lo = query_window(n0, diag, seqlen_q, window_left, window_right)
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
         q_tiles = (seqlen_q - m_begin + BLOCK_M - 1) // BLOCK_M if seqlen_q > m_begin else 0
@@ -246,7 +250,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
             # P^T = exp2(S^T scale_log2 - lse_i log2 e), masked above the causal diagonal;
             # dS^T = P^T (dP^T - D_i). Element (mt, e): key key_g + 8 (e >> 1), query
             # m0 + t2 + 8 mt + (e & 1).
-            scores_to_ds(S, dP, words, rows, m0, n0, key_g, t2, diag, scale_log2)
+            scores_to_ds(S, dP, words, rows, m0, n0, key_g, t2, diag, diag_lo, scale_log2)
 
             # dV_j += P^T dO_i and dK_j += dS^T Q_i, 16 queries per wgmma.
             wgmma.fence()
@@ -282,7 +286,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
 
 
 @lru_cache(maxsize=None)
-def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
+def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
+                   WINDOW=False):
     """Kernel 2: dQ_i of BLOCK_M = 64 NWG queries of one (batch, query head)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
     THREADS = BLOCK_M // 64 * WARPGROUP
@@ -304,7 +309,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     load_rows = backward.make_dq_rows(WITH_DELTA=False)
     tile_delta = backward.make_tile_delta(DPAD, BLOCK_M, FMT)
-    scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL)
+    scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW)
+    key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
     ZERO = float32(0.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     K_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES    # K as MN-major B: 64-column blocks apart
@@ -312,7 +318,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
 
     def flash_bwd_dq_wgmma(q, k, v, dout, out, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q,
                            group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                           status):
+                           status, window_left, window_right):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -345,6 +351,11 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
             q, dout, out, dq = q[:, q0:], dout[:, q0:], out[:, q0:], dq[:, q0:]
             lse, delta = lse[:, :, q0:], delta[:, :, q0:]
             k, v = k[:, k0:], v[:, k0:]
+        # Sliding window: keys from the first tile it reaches, diagonals relative to it.
+        n_start, diag, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
+        if WINDOW:
+            k, v = k[:, n_start:], v[:, n_start:]
+            seqlen_k -= n_start
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -412,7 +423,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False):
             # P = exp2(S scale_log2 - lse_i log2 e), masked past the keys and the diagonal;
             # dS = P (dP - D_i). Element (nt, e): row row_g + 8 (e >> 1), key n0 + t2 + 8 nt
             # + (e & 1).
-            scores_to_ds(S, dP, lse_r, D_r, n0, m0, row_g, t2, seqlen_k, diag, scale_log2)
+            scores_to_ds(S, dP, lse_r, D_r, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
+                         scale_log2)
 
             # dQ_i += dS K_j, 16 keys per wgmma.
             wgmma.fence()
@@ -469,11 +481,15 @@ def _entry(config, column):
 def _samples(kernel, column):
     """Every entry of the table, causal or not, in both formats, each without its register cap
     (the PTX record keys the dQ entry of D = 64 from before its cap); varlen at head dim 128
-    with the table's entry."""
+    with the table's entry; a sliding window at head dim 128, dense and varlen."""
     return [sample(f"tc wgmma bwd {kernel}", (row[0], causal, fmt), row[column][int(causal)][:2],
                    ccs=(SM90A,))
             for row in TILES for causal in (False, True) for fmt in HALF_FORMATS] + [
-                sample(f"tc wgmma bwd {kernel}", (128, True, "bfloat16", True), ccs=(SM90A,))]
+                sample(f"tc wgmma bwd {kernel}", (128, True, "bfloat16", True), ccs=(SM90A,)),
+                sample(f"tc wgmma bwd {kernel}", (128, True, "float16", False, False, True),
+                       ccs=(SM90A,)),
+                sample(f"tc wgmma bwd {kernel}", (128, True, "bfloat16", True, False, True),
+                       ccs=(SM90A,))]
 
 
 def _tiles(entry, threads_of, shared_layout, head_dim):
@@ -494,7 +510,7 @@ class Dkdv(DkdvSpec):
 
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                config.fmt, config.varlen)
+                                config.fmt, config.varlen, config.window)
 
     def samples(self):
         return _samples("dkdv", 1)
@@ -513,7 +529,7 @@ class Dq(DqDeltaSpec):
 
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                              config.fmt, config.varlen)
+                              config.fmt, config.varlen, config.window)
 
     def samples(self):
         return _samples("dq", 2)

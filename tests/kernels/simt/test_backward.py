@@ -8,6 +8,7 @@ import pytest
 
 import numba_flash as nf
 from helpers import SIMULATOR, assert_compiles_clean, nan_like, randn, to_device, to_host
+from kernels._backward_cases import WINDOW_CASES, check_window, window_id
 from kernels._backward_cases import check_bitwise_deterministic, check_large_logits
 from kernels._backward_cases import check_gradients as _check
 from kernels._backward_cases import check_rows_without_keys
@@ -40,13 +41,13 @@ CASES_GPU = [
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 
-def _backward(dout, q, k, v, causal, softmax_scale=None, **buffers):
+def _backward(dout, q, k, v, causal, softmax_scale=None, window_size=(-1, -1), **buffers):
     """Forward then backward through the library; returns dq, dk, dv."""
     dev = [to_device(x) for x in (dout, q, k, v)]
     out, lse = nf.flash_attn_fwd(*dev[1:], causal=causal, softmax_scale=softmax_scale,
-                                 backend="simt")
+                                 backend="simt", window_size=window_size)
     return nf.flash_attn_bwd(*dev, out, lse, causal=causal, softmax_scale=softmax_scale,
-                             backend="simt", **buffers)
+                             backend="simt", window_size=window_size, **buffers)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -57,6 +58,11 @@ def test_backward_matches_reference(case, rng):
     grads = _backward(dout, q, k, v, causal, **buffers)
     assert all(g is buffers[n] for g, n in zip(grads, ("dq", "dk", "dv")))
     _check(grads, dout, q, k, v, causal, fmt)
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=window_id)
+def test_sliding_window_matches_reference(case, rng):
+    check_window(rng, _backward, case)
 
 
 def test_backward_is_bitwise_deterministic(rng):

@@ -9,6 +9,7 @@ from numba import cuda
 import numba_flash as nf
 from helpers import (FMTS, SIMULATOR, assert_compiles_clean, attention_problem, nan_like,
                      to_device)
+from kernels._backward_cases import WINDOW_CASES, check_window, window_id
 from kernels._backward_cases import (check_bitwise_deterministic, check_gradients,
                                      check_large_logits, check_rows_without_keys, inputs)
 from kernels.tc._forward_cases import planned_for_family
@@ -41,12 +42,13 @@ CASES = CASES_SIM if SIMULATOR else CASES_GPU
 SIM_TILES = ((16, 64), (64, 16))
 
 
-def _backward(dout, q, k, v, causal, softmax_scale=None, **buffers):
+def _backward(dout, q, k, v, causal, softmax_scale=None, window_size=(-1, -1), **buffers):
     """Forward then the tc backward through the library; returns dq, dk, dv."""
     dev = [to_device(x) for x in (dout, q, k, v)]
-    out, lse = nf.flash_attn_fwd(*dev[1:], causal=causal, softmax_scale=softmax_scale)
+    out, lse = nf.flash_attn_fwd(*dev[1:], causal=causal, softmax_scale=softmax_scale,
+                                 window_size=window_size)
     return nf.flash_attn_bwd(*dev, out, lse, causal=causal, softmax_scale=softmax_scale,
-                             backend="tc", **buffers)
+                             backend="tc", window_size=window_size, **buffers)
 
 
 @pytest.fixture(autouse=True)
@@ -79,6 +81,11 @@ def test_backward_matches_reference(case, rng):
     grads = _backward(dout, q, k, v, causal, **buffers)
     assert all(g is buffers[n] for g, n in zip(grads, ("dq", "dk", "dv")))
     check_gradients(grads, dout, q, k, v, causal, fmt)
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=window_id)
+def test_sliding_window_matches_reference(case, rng):
+    check_window(rng, _backward, case)
 
 
 def test_two_warpgroups_on_both_kernels(rng):
