@@ -1,21 +1,22 @@
-"""Sliding-window attention benchmark: numba_flash's forward with ``window_size=(W, 0)`` (causal,
-the window Mistral and Gemma's local layers use) against torch's varlen_attn with the same
-window (FA2's kernels on the H200 image) and against numba_flash's causal forward without one.
+"""Sliding-window attention benchmark: numba_flash's forward and backward with ``window_size=(W,
+0)`` (causal, the window Mistral and Gemma's local layers use) against torch's varlen_attn with
+the same window (FA2's kernels on the H200 image) and against numba_flash's causal calls without
+one.
 
-    python bench/bench_window.py                       # W 1024, N 4k and 16k, D 64 / 128, both dtypes
-    python bench/bench_window.py --seqlens 16384 --head-dims 128 --dtypes bfloat16 --repeats 5
+    python bench/bench_window.py           # W 1024, N 4k and 16k, D 64 / 128, both dtypes
+    python bench/bench_window.py --modes bwd --seqlens 16384 --head-dims 128 --dtypes bfloat16
 
 Each point is B = tokens / N sequences of N tokens (32k tokens, Hq * D = 2048, Hk = Hq). TFLOP/s
 count the pairs each call computes: query i sees min(i, W) + 1 keys with the window, i + 1 without
-(4 D flops per pair), so the window's TFLOP/s are comparable to the causal call's: a kernel whose
-cost follows the visible pairs keeps the same rate. Providers:
-    nf-window     numba_flash.flash_attn_fwd(..., causal=True, window_size=(W, 0))
-    torch-window  torch.nn.attention.varlen.varlen_attn(..., window_size=(W, 0)) on the packed rows
-    nf-causal     numba_flash.flash_attn_fwd(..., causal=True), no window
-Every provider's output is compared with nf-window's first (nf-causal on its own terms: with
-the window wider than N). Columns: ms (median of --repeats alternating rounds), TFLOP/s, and
-the ratios to torch-window and nf-causal. Results: window.csv and window.png in
-bench/results/<gpu>/.
+(4 D flops per pair forward, 2.5x that backward), so the window's TFLOP/s are comparable to the
+causal call's: a kernel whose cost follows the visible pairs keeps the same rate. Providers:
+    nf-window     numba_flash.flash_attn_fwd / _bwd(..., causal=True, window_size=(W, 0))
+    torch-window  torch.nn.attention.varlen.varlen_attn(..., window_size=(W, 0)) on the packed
+                  rows; backward through autograd
+    nf-causal     numba_flash.flash_attn_fwd / _bwd(..., causal=True), no window
+Every windowed provider's output (forward) or dq (backward) is compared with nf-window's first.
+Columns: ms (median of --repeats alternating rounds), TFLOP/s, and the ratios to torch-window
+and nf-causal. Results: window.csv and window.png in bench/results/<gpu>/.
 """
 
 import argparse
@@ -36,6 +37,7 @@ def visible_pairs(n, left):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", default="fwd,bwd")
     p.add_argument("--window", type=int, default=1024, help="left side W; the right side is 0")
     p.add_argument("--seqlens", default="4096,16384")
     p.add_argument("--head-dims", default="64,128")
@@ -50,26 +52,36 @@ def parse_args(argv=None):
 
 
 def providers(window):
+    """name -> (forward(q, k, v, cu, n) -> out, backward(q, k, v, dout, cu, n) -> a call that
+    returns (dq, dk, dv))."""
+    import torch
     import numba_flash as nf
     from torch.nn.attention import varlen
 
-    def nf_window(q, k, v, cu, n):
-        return nf.flash_attn_fwd(q, k, v, causal=True, window_size=(window, 0))[0]
+    def nf_calls(window_size):
+        def fwd(q, k, v, cu, n):
+            return nf.flash_attn_fwd(q, k, v, causal=True, window_size=window_size)[0]
 
-    def nf_causal(q, k, v, cu, n):
-        return nf.flash_attn_fwd(q, k, v, causal=True)[0]
+        def bwd(q, k, v, dout, cu, n):
+            out, lse = nf.flash_attn_fwd(q, k, v, causal=True, window_size=window_size)
+            return lambda: nf.flash_attn_bwd(dout, q, k, v, out, lse, causal=True,
+                                             window_size=window_size)
+        return fwd, bwd
 
-    takes_window = "window_size" in inspect.signature(varlen.varlen_attn).parameters
-
-    def torch_window(q, k, v, cu, n):
+    def torch_fwd(q, k, v, cu, n):
         b = q.shape[0]
         flat = [x.reshape(b * n, *x.shape[2:]) for x in (q, k, v)]
         out = varlen.varlen_attn(*flat, cu, cu, n, n, window_size=(window, 0))
         return out.reshape(q.shape)
 
-    found = {"nf-window": nf_window, "nf-causal": nf_causal}
-    if takes_window:
-        found["torch-window"] = torch_window
+    def torch_bwd(q, k, v, dout, cu, n):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        out = torch_fwd(q, k, v, cu, n)
+        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+    found = {"nf-window": nf_calls((window, 0)), "nf-causal": nf_calls((-1, -1))}
+    if "window_size" in inspect.signature(varlen.varlen_attn).parameters:
+        found["torch-window"] = (torch_fwd, torch_bwd)
     else:
         print("torch's varlen_attn takes no window_size: torch-window left out", flush=True)
     return found
@@ -80,25 +92,33 @@ def main(argv=None):
 
     args = parse_args(argv)
     runs = providers(args.window)
-    points = [(dt, d, n) for dt in args.dtypes.split(",") for d in map(int, args.head_dims.split(","))
+    points = [(m, dt, d, n) for m in args.modes.split(",") for dt in args.dtypes.split(",")
+              for d in map(int, args.head_dims.split(","))
               for n in map(int, args.seqlens.split(","))]
     progress = common.Progress(len(points))
     rows, out_dir = [], common.results_dir(args.out_dir)
-    for dtype, d, n in points:
+    for mode, dtype, d, n in points:
         heads, b = args.hidden // d, args.tokens // n
         g = torch.Generator(device="cuda").manual_seed(args.seed)
-        q, k, v = (torch.randn(b, n, heads, d, device="cuda", generator=g,
-                               dtype=getattr(torch, dtype)) for _ in range(3))
+        q, k, v, dout = (torch.randn(b, n, heads, d, device="cuda", generator=g,
+                                     dtype=getattr(torch, dtype)) for _ in range(4))
         cu = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device="cuda")
-        want = runs["nf-window"](q, k, v, cu, n).float()
+
+        def result(name):  # the forward's out, or the backward's dq
+            fwd, bwd = runs[name]
+            return (fwd(q, k, v, cu, n) if mode == "fwd" else bwd(q, k, v, dout, cu, n)()[0])
+
+        want = result("nf-window").float()
         timers = {}
-        for name, fn in runs.items():
+        for name, (fwd, bwd) in runs.items():
             if name != "nf-causal":
-                err = (fn(q, k, v, cu, n).float() - want).abs().max().item()
-                if not err <= 2e-2:
+                err = (result(name).float() - want).abs().max().item()
+                if not err <= 5e-2:
                     print(f"  {name}: differs from nf-window by {err:.3g}; left out", flush=True)
                     continue
-            timers[name] = lambda fn=fn: common.time_ms(lambda: fn(q, k, v, cu, n))
+            call = (lambda fwd=fwd: fwd(q, k, v, cu, n)) if mode == "fwd" else \
+                bwd(q, k, v, dout, cu, n)
+            timers[name] = lambda call=call: common.time_ms(call)
         samples = {name: [] for name in timers}
         for rnd in range(args.repeats):
             for name in common.rotated(list(timers), rnd):
@@ -107,8 +127,8 @@ def main(argv=None):
         for name, ms in samples.items():
             ms = statistics.median(ms)
             pairs = visible_pairs(n, -1 if name == "nf-causal" else args.window)
-            flops = 4 * d * heads * b * pairs
-            point.append(dict(dtype=dtype, head_dim=d, seqlen=n, window=args.window,
+            flops = 4 * d * heads * b * pairs * (2.5 if mode == "bwd" else 1.0)
+            point.append(dict(mode=mode, dtype=dtype, head_dim=d, seqlen=n, window=args.window,
                               provider=name, ms=ms, tflops=flops / ms / 1e9))
         for anchor in ("torch-window", "nf-causal"):
             base = next((r["tflops"] for r in point if r["provider"] == anchor), float("nan"))
@@ -116,16 +136,16 @@ def main(argv=None):
                 r["vs_" + anchor] = r["tflops"] / base
         rows += point
         common.write_csv(out_dir / "window.csv", rows)
-        progress.step(f"{dtype} D={d} N={n}: " + ", ".join(
+        progress.step(f"{mode} {dtype} D={d} N={n}: " + ", ".join(
             f"{r['provider']} {r['tflops']:.0f}" for r in point) + " TFLOP/s")
-        del q, k, v
         torch.cuda.empty_cache()
-    print(common.format_table(rows, ["dtype", "head_dim", "seqlen", "provider", "ms", "tflops",
-                                     "vs_torch-window", "vs_nf-causal"]))
+    print(common.format_table(rows, ["mode", "dtype", "head_dim", "seqlen", "provider", "ms",
+                                     "tflops", "vs_torch-window", "vs_nf-causal"]))
     if not args.no_plot:
         common.plot_panels(out_dir / "window.png", rows, "seqlen", "tflops",
-                           ("dtype", "head_dim"), "provider", "N", "TFLOP/s (visible pairs)",
-                           f"causal forward, window ({args.window}, 0), {args.tokens} tokens")
+                           ("mode", "dtype", "head_dim"), "provider", "N",
+                           "TFLOP/s (visible pairs)",
+                           f"causal, window ({args.window}, 0), {args.tokens} tokens")
     return 0
 
 

@@ -19,6 +19,6 @@ def test_visible_pairs_count_the_window_mask(bench_module, n, left):
 
 def test_parse_args(bench_module):
     a = bench_module("bench_window").parse_args([])
-    assert (a.window, a.seqlens, a.head_dims, a.dtypes) == (1024, "4096,16384", "64,128",
-                                                            "float16,bfloat16")
+    assert (a.modes, a.window, a.seqlens, a.head_dims) == ("fwd,bwd", 1024, "4096,16384", "64,128")
+    assert a.dtypes == "float16,bfloat16"
     assert (a.tokens, a.hidden, a.repeats) == (32768, 2048, 3)

@@ -429,7 +429,8 @@ def _samples(kernel, more=()):
     bfloat16, one varlen, a sliding window dense and varlen, then the configs ``more``."""
     configs = [(d, causal, "bfloat16") for d, _, _ in TILES for causal in (False, True)]
     configs.append((64, True, "bfloat16", True))
-    configs += [(64, True, "float16", False, False, True), (64, True, "bfloat16", True, False, True)]
+    configs += [(64, True, "float16", False, False, True),
+                (64, True, "bfloat16", True, False, True)]
     return [sample(f"simt bwd {kernel}", config) for config in configs + list(more)]
 
 
