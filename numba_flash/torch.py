@@ -34,6 +34,14 @@ __all__ = ["flash_attn_func", "flash_attn_varlen_func", "get_mla_metadata",
 Tensor = torch.Tensor
 
 
+def _window_sides(window_size, causal):
+    """flash-attn's ``window_size`` as the two ints the operations take, checked first
+    (``validate.window``: a ``TypeError`` or ``ValueError`` names it)."""
+    validate.window(window_size, causal)
+    left, right = window_size
+    return int(left), int(right)
+
+
 def _new(like, shape, dtype=None):
     """A new contiguous tensor on ``like``'s device: what the real operations allocate."""
     return like.new_empty(shape, dtype=like.dtype if dtype is None else dtype)
@@ -43,35 +51,37 @@ def _new(like, shape, dtype=None):
 
 @torch.library.custom_op("numba_flash::flash_attn_fwd", mutates_args=())
 def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
-                    softmax_scale: Optional[float], backend: str) -> tuple[Tensor, Tensor]:
+                    softmax_scale: Optional[float], backend: str, window_left: int,
+                    window_right: int) -> tuple[Tensor, Tensor]:
     return api.flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                              backend=backend)
+                              backend=backend, window_size=(window_left, window_right))
 
 
 @_flash_attn_fwd.register_fake
-def _(q, k, v, causal, softmax_scale, backend):
+def _(q, k, v, causal, softmax_scale, backend, window_left, window_right):
     b, sq, hq, _ = q.shape
     return _new(q, q.shape), _new(q, (b, hq, sq), torch.float32)
 
 
 @torch.library.custom_op("numba_flash::flash_attn_bwd", mutates_args=())
 def _flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                    causal: bool, softmax_scale: Optional[float],
-                    backend: str) -> tuple[Tensor, Tensor, Tensor]:
+                    causal: bool, softmax_scale: Optional[float], backend: str,
+                    window_left: int, window_right: int) -> tuple[Tensor, Tensor, Tensor]:
     return api.flash_attn_bwd(dout, q, k, v, out, lse, causal=causal,
-                              softmax_scale=softmax_scale, backend=backend)
+                              softmax_scale=softmax_scale, backend=backend,
+                              window_size=(window_left, window_right))
 
 
 @_flash_attn_bwd.register_fake
-def _(dout, q, k, v, out, lse, causal, softmax_scale, backend):
+def _(dout, q, k, v, out, lse, causal, softmax_scale, backend, window_left, window_right):
     return _new(q, q.shape), _new(q, k.shape), _new(q, k.shape)
 
 
 def _save_for_backward(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, _ = inputs
+    q, k, v, causal, softmax_scale, _, window_left, window_right = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.softmax_scale = causal, softmax_scale
+    ctx.args = (causal, softmax_scale, "auto", window_left, window_right)
     ctx.mark_non_differentiable(lse)  # the backward takes no lse gradient
 
 
@@ -79,8 +89,8 @@ def _attention_backward(ctx, dout, _dlse):
     if dout.stride(-1) != 1:  # e.g. out.sum()'s gradient: ones expanded with zero strides
         dout = dout.contiguous()
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _flash_attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, "auto")
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = _flash_attn_bwd(dout, q, k, v, out, lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None
 
 
 torch.library.register_autograd("numba_flash::flash_attn_fwd", _attention_backward,
@@ -88,14 +98,15 @@ torch.library.register_autograd("numba_flash::flash_attn_fwd", _attention_backwa
 
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, backend="auto", *,
-                    return_lse=False):
+                    return_lse=False, window_size=(-1, -1)):
     """Differentiable exact attention on torch tensors: ``out``, or ``(out, lse)`` with
     ``return_lse=True`` (``numba_flash.flash_attn_func``'s results; ``lse`` is not
-    differentiable). ``return_lse`` is keyword-only, so the positional order stays that of
-    earlier releases. ``backend`` picks the forward's kernels (see
-    ``numba_flash.flash_attn_fwd``); the backward is ``numba_flash.flash_attn_bwd``'s with
-    ``backend="auto"``."""
-    out, lse = _flash_attn_fwd(q, k, v, causal, softmax_scale, backend)
+    differentiable). ``return_lse`` and ``window_size`` (``numba_flash.flash_attn_fwd``'s) are
+    keyword-only, so the positional order stays that of earlier releases. ``backend`` picks the
+    forward's kernels (see ``numba_flash.flash_attn_fwd``); the backward is
+    ``numba_flash.flash_attn_bwd``'s with ``backend="auto"`` and the same window."""
+    left, right = _window_sides(window_size, causal)
+    out, lse = _flash_attn_fwd(q, k, v, causal, softmax_scale, backend, left, right)
     return (out, lse) if return_lse else out
 
 
@@ -106,19 +117,21 @@ def _flash_attn_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                            softmax_scale: Optional[float], causal: bool,
                            seqused_k: Optional[Tensor], block_table: Optional[Tensor],
-                           backend: str) -> tuple[Tensor, Tensor]:
+                           backend: str, window_left: int,
+                           window_right: int) -> tuple[Tensor, Tensor]:
     # Rows of no sequence, which the kernels do not write, read as rows that see no key.
     out = torch.zeros_like(q)
     lse = q.new_full((q.shape[1], q.shape[0]), float("inf"), dtype=torch.float32)
     return api.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+                                     window_size=(window_left, window_right),
                                      seqused_k=seqused_k, block_table=block_table,
                                      backend=backend, out=out, lse=lse)
 
 
 @_flash_attn_varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      seqused_k, block_table, backend):
+      seqused_k, block_table, backend, window_left, window_right):
     total_q, hq, _ = q.shape
     return _new(q, q.shape), _new(q, (hq, total_q), torch.float32)
 
@@ -127,27 +140,30 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
 def _flash_attn_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                            lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
-                           causal: bool,
-                           seqused_k: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+                           causal: bool, seqused_k: Optional[Tensor], window_left: int,
+                           window_right: int) -> tuple[Tensor, Tensor, Tensor]:
     # Rows of no sequence get no gradient from the kernels: zeros, as autograd expects.
     dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
     api.flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
-                              seqused_k=seqused_k, dq=dq, dk=dk, dv=dv)
+                              window_size=(window_left, window_right), seqused_k=seqused_k,
+                              dq=dq, dk=dk, dv=dv)
     return dq, dk, dv
 
 
 @_flash_attn_varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      softmax_scale, causal, seqused_k):
+      softmax_scale, causal, seqused_k, window_left, window_right):
     return _new(q, q.shape), _new(q, k.shape), _new(q, k.shape)
 
 
 def _save_varlen(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, seqused_k, block_table, _ = inputs
+    (q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, seqused_k, block_table, _,
+     window_left, window_right) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
     ctx.args = (max_q, max_k, softmax_scale, causal)
+    ctx.window = (window_left, window_right)
     ctx.paged = block_table is not None
     ctx.mark_non_differentiable(lse)
 
@@ -159,8 +175,8 @@ def _varlen_backward(ctx, dout, _dlse):
         dout = dout.contiguous()
     q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
     dq, dk, dv = _flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args,
-                                        seqused_k)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+                                        seqused_k, *ctx.window)
+    return (dq, dk, dv) + (None,) * 11
 
 
 torch.library.register_autograd("numba_flash::flash_attn_varlen_fwd", _varlen_backward,
@@ -177,14 +193,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     refuses are refused here before the operation. Paged K/V (``block_table``) runs forward
     only, as in flash-attn: asked for with gradients enabled on q, k or v it raises
     ``NotImplementedError`` before anything runs."""
-    validate.attention_options(window_size, softcap, alibi_slopes, learnable_sink)
+    validate.attention_options(None, softcap, alibi_slopes, learnable_sink)
+    left, right = _window_sides(window_size, causal)
     if block_table is not None and torch.is_grad_enabled() and any(
             t.requires_grad for t in (q, k, v)):
         raise NotImplementedError("block_table: the backward of paged K/V is not implemented "
                                   "(call under torch.no_grad() or detach q, k and v)")
     out, lse = _flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       max_seqlen_k, softmax_scale, causal, seqused_k,
-                                      block_table, backend)
+                                      block_table, backend, left, right)
     return (out, lse) if return_lse else out
 
 
