@@ -1,7 +1,7 @@
 """numba_flash.transformers: a tiny Llama (GQA) built from a config, every attention layer on
 numba_flash, against the same model on transformers' SDPA attention: logits and gradients of a
 dense batch, a left-padded batch, a padding-free packed batch, and greedy generation with the
-model's cache (skipped without torch or transformers: the suite's set-up installs neither
+model's cache; a tiny Mistral with a sliding window likewise (skipped without torch or transformers: the suite's set-up installs neither
 transformers nor the "hf" extra, whose transformers 5.2x brings a top-level package "kernels"
 that hides tests/kernels; these tests run where transformers is at hand, as on the GPU image)."""
 
@@ -20,16 +20,16 @@ DEVICE = "cpu" if SIMULATOR else "cuda"
 DTYPE = torch.float32 if SIMULATOR else torch.bfloat16
 
 
-def _models(rng):
-    """The same tiny Llama twice: on SDPA, and on numba_flash."""
-    config = transformers.LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48,
-                                      num_hidden_layers=1, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=64)
+def _models(rng, family="Llama", **options):
+    """The same tiny model twice (Llama, or ``family`` with its config's ``options``): on SDPA,
+    and on numba_flash."""
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **options)
+    model = getattr(transformers, f"{family}ForCausalLM")
     torch.manual_seed(int(rng.integers(2**31)))
-    ref = transformers.LlamaForCausalLM._from_config(copy.deepcopy(config),
-                                                     attn_implementation="sdpa")
-    ours = transformers.LlamaForCausalLM._from_config(copy.deepcopy(config),
-                                                      attn_implementation=nftr.register())
+    ref = model._from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    ours = model._from_config(copy.deepcopy(config), attn_implementation=nftr.register())
     ours.load_state_dict(ref.state_dict())
     assert ours.config._attn_implementation == "numba_attention"
     assert ref.config._attn_implementation == "sdpa"
@@ -63,6 +63,29 @@ def test_dense_and_padded_batches_give_sdpa_logits_and_gradients(rng):
         _close(logits[1][keep], logits[0][keep])
         for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
             _close(p.grad, q.grad)
+
+
+def test_a_sliding_window_model_gives_sdpa_logits_gradients_and_generation(rng):
+    """A tiny Mistral whose window (3 keys) is shorter than its sequences: every layer passes
+    ``sliding_window``, which numba_flash runs as ``window_size``; dense and left-padded."""
+    ref, ours = _models(rng, "Mistral", sliding_window=3)
+    ids = torch.from_numpy(rng.integers(0, 61, (2, 7))).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    for attention_mask in (None, mask):
+        logits = []
+        for model in (ref, ours):
+            model.zero_grad()
+            out = model(ids, attention_mask=attention_mask).logits
+            out.float().square().mean().backward()
+            logits.append(out)
+        keep = slice(None) if attention_mask is None else mask.bool()
+        _close(logits[1][keep], logits[0][keep])
+        for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+            _close(p.grad, q.grad)
+    kwargs = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert np.array_equal(ours.generate(ids[:, :5], **kwargs).cpu().numpy(),
+                          ref.generate(ids[:, :5], **kwargs).cpu().numpy())
 
 
 def test_a_padding_free_packed_batch_equals_its_sequences_run_alone(rng):
