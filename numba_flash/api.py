@@ -29,7 +29,7 @@ from .runtime.device import SIMULATOR
 # ----------------------------------------------------------------------------- attention
 
 def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", out=None, stream=None,
-                   window_size=(-1, -1)):
+                   window_size=(-1, -1), softcap=0.0):
     """Exact attention forward. Returns ``(out, lse)``.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq % Hk == 0; out like q; lse (B, Hq, Sq)
@@ -39,16 +39,18 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     16-byte aligned views, else the CUDA-core one; an explicit ``tc`` refuses unaligned views.
     ``window_size=(left, right)``: query i sees keys ``i + Sk - Sq - left <= j <= i + Sk - Sq +
     right`` (-1: unbounded; ``causal`` is ``right = 0``); the key tiles outside are skipped.
+    ``softcap`` > 0 turns each scaled score s into ``softcap * tanh(s / softcap)`` (forward
+    only: ``flash_attn_bwd`` takes no softcap yet).
     """
-    local = validate.window(window_size, causal)
+    plain = validate.window(window_size, causal) is None and validate.score_cap(softcap) is None
     key, pointers = (torch_plans.key(q, k, v, causal, softmax_scale, backend, out, stream)
-                     if local is None else (None, None))
+                     if plain else (None, None))
     if key is not None:
         result = torch_plans.run(key, pointers)
         if result is not None:
             return result
     dev = device.current()
-    problem = validate.attention(q, k, v, causal, softmax_scale, window_size)
+    problem = validate.attention(q, k, v, causal, softmax_scale, window_size, softcap)
     b, sq, hq, _ = problem.q.shape
     o, lse, launched = _forward(problem, backend, out, problem.q.shape, (b, hq, sq), stream, dev)
     if key is not None:
@@ -74,13 +76,14 @@ def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     page_size`` of page ``block_table[b, j // page_size]``, and ``cu_seqlens_k`` (or
     ``seqused_k``) gives only each sequence's number of keys; an entry that is not a page reads
     as zeros and is reported. ``window_size`` as in ``flash_attn_fwd``, per sequence (not with
-    ``block_table`` yet); softcap, alibi_slopes and learnable_sink other than their defaults
-    raise ``NotImplementedError``.
+    ``block_table`` yet) and ``softcap`` as in ``flash_attn_fwd``; alibi_slopes and
+    learnable_sink other than their defaults raise ``NotImplementedError``.
     """
-    validate.attention_options(None, softcap, alibi_slopes, learnable_sink)
+    validate.attention_options(None, None, alibi_slopes, learnable_sink)
     dev = device.current()
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              causal, softmax_scale, seqused_k, block_table, window_size)
+                              causal, softmax_scale, seqused_k, block_table, window_size,
+                              softcap)
     _, total_q, hq, d = problem.q.shape
     o, lse, _ = _forward(problem, backend, out, (total_q, hq, d), (hq, total_q), stream, dev,
                          lse)
@@ -115,6 +118,8 @@ def _args(problem, **tensors):
                 status=status.word(problem.q), **tensors)
     if problem.window is not None:
         args.update(window=problem.window)
+    if problem.softcap is not None:
+        args.update(softcap=problem.softcap)
     if problem.cu_seqlens_q is not None:
         batch = problem.q.shape[0]
         args.update({name: arrays.batched(t, batch) for name, t in tensors.items()})
@@ -194,10 +199,10 @@ def _backward(problem, backend, dout, out, lse, given, stream, dev):
 
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False, backend="auto",
-                    window_size=(-1, -1)):
+                    window_size=(-1, -1), softcap=0.0):
     """``flash_attn_fwd`` returning ``out`` (or ``(out, lse)`` with ``return_lse=True``)."""
     out, lse = flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
-                              window_size=window_size)
+                              window_size=window_size, softcap=softcap)
     return (out, lse) if return_lse else out
 
 

@@ -72,11 +72,14 @@ def _allowed(sq, sk, causal, mask):
     return causal_mask(sq, sk) if causal else None
 
 
-def _scores(q, k, causal, softmax_scale, mask=None):
-    """Scaled scores (B, Hq, Sq, Sk) in float64, masked keys at -inf."""
+def _scores(q, k, causal, softmax_scale, mask=None, softcap=None):
+    """Scaled scores (B, Hq, Sq, Sk) in float64 (``softcap``: ``softcap * tanh(s / softcap)``),
+    masked keys at -inf."""
     hq, d = q.shape[2], q.shape[3]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     s = _einsum("bqhd,bkhd->bhqk", to_float64(q), to_float64(_expand_kv(k, hq))) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
     allowed = _allowed(q.shape[1], k.shape[1], causal, mask)
     return s if allowed is None else np.where(allowed, s, -np.inf)
 
@@ -92,10 +95,11 @@ def _softmax(s):
     return probs, lse
 
 
-def attention_fwd_ref(q, k, v, causal=False, softmax_scale=None, mask=None):
+def attention_fwd_ref(q, k, v, causal=False, softmax_scale=None, mask=None, softcap=None):
     """Exact attention. Returns ``out (B, Sq, Hq, D)`` and ``lse (B, Hq, Sq)``, both float64.
-    ``mask`` (Sq, Sk), when given, says which keys each query sees (in place of ``causal``)."""
-    p, lse = _softmax(_scores(q, k, causal, softmax_scale, mask))
+    ``mask`` (Sq, Sk), when given, says which keys each query sees (in place of ``causal``);
+    ``softcap`` caps the scaled scores (flash-attn's softcap)."""
+    p, lse = _softmax(_scores(q, k, causal, softmax_scale, mask, softcap))
     out = _einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
     return out, lse
 
@@ -121,13 +125,13 @@ def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None, mask=None
             dv.reshape(b, sk, hk, group, v.shape[-1]).sum(axis=3))
 
 
-def attention_lowp(q, k, v, causal=False, softmax_scale=None, mask=None):
+def attention_lowp(q, k, v, causal=False, softmax_scale=None, mask=None, softcap=None):
     """Plain three-step attention with S, P and O each rounded to the inputs' dtype (float64 out).
 
     The tolerance rule of docs/design.md compares a kernel's error with this one's: a flash kernel must be
     no worse than twice what the textbook algorithm loses in the same precision.
     """
-    p = _probs_lowp(q, k, causal, softmax_scale, mask)
+    p = _probs_lowp(q, k, causal, softmax_scale, mask, softcap)
     out = _einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
     return _round(out, q)
 
@@ -159,9 +163,9 @@ def _round(x, like):
     return to_float64(x.astype(np.asarray(like).dtype))
 
 
-def _probs_lowp(q, k, causal, softmax_scale, mask=None):
+def _probs_lowp(q, k, causal, softmax_scale, mask=None, softcap=None):
     """Softmax probabilities with S and P rounded to q's dtype (float64 out)."""
-    s = _round(_scores(q, k, False, softmax_scale), q)
+    s = _round(_scores(q, k, False, softmax_scale, softcap=softcap), q)
     allowed = _allowed(q.shape[1], k.shape[1], causal, mask)
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)

@@ -94,7 +94,7 @@ def attention_options(window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
     default) that no kernel implements yet: none is ever ignored."""
     if window_size is not None and tuple(window_size) != (-1, -1):
         raise NotImplementedError(f"window_size: not implemented (got {window_size!r})")
-    if softcap not in (None, 0):
+    if softcap is not None and score_cap(softcap) is not None:
         raise NotImplementedError(f"softcap: not implemented (got {softcap!r})")
     for name, value in (("alibi_slopes", alibi_slopes), ("learnable_sink", learnable_sink),
                         ("block_table", block_table)):
@@ -148,12 +148,25 @@ def out_buffer(out, like, shape, fmt, name="out"):
 
 # ----------------------------------------------------------------------------- attention
 
-def attention(q, k, v, causal, softmax_scale, window_size=None):
+def attention(q, k, v, causal, softmax_scale, window_size=None, softcap=None):
     """The checks the attention calls share; returns the ``Attention`` problem."""
     q, k, v = _qkv(q, k, v, 4)
     _check_causal(causal)
     return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal),
-                     window=window(window_size, causal))
+                     window=window(window_size, causal), softcap=score_cap(softcap))
+
+
+def score_cap(softcap):
+    """flash-attn's ``softcap`` as the kernels take it: a positive float, or None for 0 / None
+    (no cap). ``TypeError`` unless a real number, ``ValueError`` when negative or not finite."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.integer,
+                                                              np.floating)):
+        raise TypeError(f"softcap: expected a number, got {type(softcap).__name__}")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap: expected a finite number >= 0, got {softcap!r}")
+    return float(softcap) if softcap > 0 else None
 
 
 # A window side of -1 (unbounded) reaches the kernels as this many keys: past any sequence, and
@@ -211,7 +224,7 @@ def _qkv(q, k, v, ndim, q_ndim=None):
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-           softmax_scale, seqused_k=None, block_table=None, window_size=None):
+           softmax_scale, seqused_k=None, block_table=None, window_size=None, softcap=None):
     """The checks of the varlen calls: packed q (total_q, Hq, D), k and v (total_k, Hk, D) or,
     with a block table (B, max_blocks) int32, pages (num_pages, page_size, Hk, D); offsets (B +
     1,) and seqused_k (B,) int32, positive max_seqlen_q / max_seqlen_k. Returns the
@@ -245,7 +258,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
         k, v = arrays.batched(k, b), arrays.batched(v, b)
     return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal), cu_seqlens_q=cu_q,
                      cu_seqlens_k=cu_k, seqused_k=seqused_k, max_seqlen=(max_q, max_k),
-                     block_table=block_table, window=local)
+                     block_table=block_table, window=local, softcap=score_cap(softcap))
 
 
 def backward(problem, dout, out, lse):

@@ -128,10 +128,10 @@ def assert_lse(lse, ref):
 
 
 def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, softmax_scale=None,
-                  window_size=(-1, -1)):
+                  window_size=(-1, -1), softcap=0.0):
     """Run flash_attn_fwd on fresh random inputs (out poisoned with NaN) and check out and lse
     against the float64 reference with the tolerance rule in docs/design.md (``window_size``:
-    the reference masks by ``reference.window_mask``)."""
+    the reference masks by ``reference.window_mask``; ``softcap``: it caps its scores)."""
     import numba_flash as nf
     from numba_flash import reference as ref
 
@@ -139,12 +139,13 @@ def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, so
     out = nan_like(q)
     o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), causal=causal,
                                softmax_scale=softmax_scale, backend=backend, out=out,
-                               window_size=window_size)
+                               window_size=window_size, softcap=softcap)
     assert o is out
     mask = None if tuple(window_size) == (-1, -1) else ref.window_mask(Sq, Sk, window_size, causal)
-    ro, rl = ref.attention_fwd_ref(q, k, v, causal, softmax_scale, mask)
+    ro, rl = ref.attention_fwd_ref(q, k, v, causal, softmax_scale, mask, softcap)
     assert to_host(o).dtype == q.dtype
-    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal, softmax_scale, mask), fmt)
+    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal, softmax_scale, mask, softcap),
+                      fmt)
     assert_lse(lse, rl)
 
 

@@ -6,7 +6,8 @@ Every forward kernel (``simt/forward.py``, ``tc/forward_mma.py``, ``tc/forward_w
     q, k, v, out (B, S, H, D) in 16-bit bits or float32, lse (B, Hq, Sq) float32,
     Sq, Sk, Hq, group = Hq / Hk (int32), scale_log2 = softmax_scale * log2(e) (float32),
     cu_seqlens_q, cu_seqlens_k, seqused_k, status (int32, 1-D), block_table (int32, 2-D),
-    window_left, window_right (int32: the sliding window's sides, read with ``window`` only)
+    window_left, window_right (int32: the sliding window's sides, read with ``window`` only),
+    softcap (float32: the score cap, read with ``softcap`` only)
 
 on a grid of one CTA per BLOCK_M query rows of one (batch, query head): ``(ceil(Sq /
 BLOCK_M), B * Hq)``, the B * Hq rows folded into y and z past 65535 (``common/grid.py``).
@@ -54,6 +55,7 @@ class AttentionConfig(NamedTuple):
     varlen: bool = False  # packed sequences behind cu_seqlens_q / cu_seqlens_k
     paged: bool = False   # varlen K and V in pages behind a block table (forward only)
     window: bool = False  # a sliding window: causal holds its right side
+    softcap: bool = False  # scores through softcap * tanh(s / softcap) (forward only)
 
 
 def config_of(problem, causal=None):
@@ -64,7 +66,7 @@ def config_of(problem, causal=None):
     causal = problem.causal if causal is None else causal
     return AttentionConfig(problem.head_dim, causal or window, problem.fmt,
                            problem.cu_seqlens_q is not None, problem.block_table is not None,
-                           window)
+                           window, problem.softcap is not None)
 
 
 def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
@@ -74,7 +76,7 @@ def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
     tiles = "" if entry is None else f" tiles={entry}"
     label = f"{kernel} d={config.head_dim}{tiles} causal={config.causal} {config.fmt}"
     label += (" varlen" if config.varlen else "") + (" paged" if config.paged else "")
-    label += " window" if config.window else ""
+    label += (" window" if config.window else "") + (" softcap" if config.softcap else "")
     return Sample(label, tuple(config), entry, ccs=ccs)
 
 
@@ -122,7 +124,8 @@ class ForwardSpec(KernelSpec):
 
     def signature(self, config):
         t = tensor_type(config.fmt)
-        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES, I2, I32, I32)
+        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES, I2, I32, I32,
+                          F32)
 
     def grid(self, config, tiles, p):
         b, _, hq, _ = p["q"].shape
@@ -132,7 +135,8 @@ class ForwardSpec(KernelSpec):
         table = p.get("block_table")
         return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
                 np.float32(p["scale"] * LOG2E), *_sequences(p),
-                arrays.batched(p["status"], 1) if table is None else table, *_window(p))
+                arrays.batched(p["status"], 1) if table is None else table, *_window(p),
+                np.float32(p.get("softcap", 0.0)))
 
 
 class PreprocessSpec(KernelSpec):
@@ -144,7 +148,8 @@ class PreprocessSpec(KernelSpec):
     def config(self, problem):
         # One code for both masks, and for varlen batches: the rows are independent, so the
         # host hands it the packed rows as one batch entry.
-        return config_of(problem)._replace(causal=False, varlen=False, window=False)
+        return config_of(problem)._replace(causal=False, varlen=False, window=False,
+                                           softcap=False)
 
     def signature(self, config):
         t = tensor_type(config.fmt)

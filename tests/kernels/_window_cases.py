@@ -1,6 +1,8 @@
-"""The sliding-window cases every forward family runs (simt/test_forward.py, tc/test_forward.py,
-tc/test_forward_wgmma.py): (B, Sq, Sk, Hq, Hk, D, causal, fmt, window_size) against the float64
-reference masked from flash-attn's definition (``reference.window_mask``)."""
+"""The mask and score-modifier cases every forward family runs (simt/test_forward.py,
+tc/test_forward.py, tc/test_forward_wgmma.py) against the float64 reference written from
+flash-attn's definitions: sliding windows, (B, Sq, Sk, Hq, Hk, D, causal, fmt, window_size),
+masked by ``reference.window_mask``; softcaps, (B, Sq, Sk, Hq, Hk, D, causal, fmt, softcap,
+scale), the inputs times ``scale`` so that the cap bites (large logits: tanh saturates)."""
 
 from helpers import SIMULATOR
 
@@ -23,3 +25,18 @@ CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 def case_id(case):
     return "-".join(map(str, case[:-1])) + f"-w{case[-1][0]},{case[-1][1]}"
+
+
+SOFTCAP_CASES_SIM = [
+    (1, 20, 33, 2, 1, 16, True, "bfloat16", 5.0, 1.0),
+    (1, 9, 40, 1, 1, 16, False, "float16", 2.0, 4.0),    # logits ~ 16x the cap
+]
+SOFTCAP_CASES_GPU = [
+    (2, 1000, 1000, 8, 2, 64, True, "bfloat16", 30.0, 4.0),
+    (1, 777, 1531, 4, 4, 128, False, "float16", 50.0, 1.0),
+]
+SOFTCAP_CASES = SOFTCAP_CASES_SIM if SIMULATOR else SOFTCAP_CASES_GPU
+
+
+def softcap_id(case):
+    return "-".join(map(str, case[:-2])) + f"-cap{case[-2]}x{case[-1]}"

@@ -69,6 +69,7 @@ from ..common.layout import SharedLayout
 from ..common.masks import (make_kv_end, make_mask, make_needs_mask, make_seqlen_info,
                             make_window)
 from ..common.paged_kv import make_key_row
+from ..common.softmax import make_score_cap
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
 
@@ -89,7 +90,7 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, PAGED=False,
-                        WINDOW=False):
+                        WINDOW=False, SOFTCAP=False):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS
@@ -106,6 +107,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
     masked_out = make_mask(CAUSAL)
     key_window, _, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
+    cap_factors = make_score_cap(True)
     load, store = formats.loader(FMT), formats.storer(FMT)
     shfl_xor = sync.shfl_xor
     NEG_INF = constants.NEG_INF
@@ -113,7 +115,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
 
     def flash_fwd_simt(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                        cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table,
-                       window_left, window_right):
+                       window_left, window_right, softcap):
         smem = cuda.shared.array(0, float32)
         scratch = cuda.shared.array(SCRATCH, float32)
         tid = cuda.threadIdx.x
@@ -141,6 +143,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
         if WINDOW:
             k, v = k[:, n_start:], v[:, n_start:]
             seqlen_k -= n_start
+        cap_in = cap_out = scale_log2  # (unread without a softcap)
+        if SOFTCAP:
+            cap_in, cap_out = cap_factors(softcap, scale_log2)
 
         # Q_i -> shared (transposed), pre-scaled so that S is in base-2 units.
         load_qt(smem, Q_OFF, q, b, m0, h, seqlen_q, scale_log2, tid)
@@ -185,6 +190,11 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
                     a = smem[Q_OFF + d * Q_STRIDE + row0 + i]
                     for j in range(TN):
                         S[i, j] += a * smem[K_OFF + d * K_STRIDE + lane + LANES_PER_ROW * j]
+
+            if SOFTCAP:  # S is in base-2 units: the cap is too (softmax.make_score_cap)
+                for i in range(TM):
+                    for j in range(TN):
+                        S[i, j] = cap_out * math.tanh(S[i, j] * cap_in)
 
             # Only tiles that cross the ragged end, the diagonal or the window's start.
             if needs_mask(n0, m0, diag, seqlen_k) or crosses_begin(n0, m0, diag_lo):
@@ -261,12 +271,13 @@ class Spec(ForwardSpec):
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                   config.fmt, config.varlen, config.paged, config.window)
+                                   config.fmt, config.varlen, config.paged, config.window,
+                                   config.softcap)
 
     def samples(self):
         """The smallest head dim, the largest of each tile class (causal or not, each format)
-        one between classes, one varlen and one paged varlen, and a sliding window dense and
-        varlen."""
+        one between classes, one varlen and one paged varlen, a sliding window dense and varlen,
+        and a softcap."""
         configs = [(8, True, "bfloat16")]
         configs += [(d, causal, fmt) for d, _ in TILES for causal in (False, True)
                     for fmt in FLOAT_FORMATS]
@@ -275,6 +286,7 @@ class Spec(ForwardSpec):
         configs.append((64, True, "bfloat16", True, True))  # varlen, paged K/V
         configs.append((64, True, "float16", False, False, True))  # sliding window
         configs.append((64, True, "bfloat16", True, False, True))  # varlen, sliding window
+        configs.append((64, False, "float16", False, False, False, True))  # softcap
         return [sample("simt fwd", config) for config in configs]
 
 

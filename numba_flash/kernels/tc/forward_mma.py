@@ -77,7 +77,7 @@ from ..common.epilogue import lse_of, store_chunk
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
 from ..common.masks import make_kv_end, make_seqlen_info, make_window
-from ..common.softmax import make_softmax_step
+from ..common.softmax import make_score_cap, make_softmax_step
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 
@@ -164,7 +164,7 @@ def make_products(MT, NT, DT, KSTEPS, STRIDE, FMT):
 
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False,
-                        PAGED=False, WINDOW=False):
+                        PAGED=False, WINDOW=False, SOFTCAP=False):
     """Python kernel function for one configuration (``SPEC`` compiles it).
     Each of the NWARPS warps owns MT = BLOCK_M / (16 NWARPS) m16 tiles of query rows: with
     MT = 2 every K/V fragment loaded by ldmatrix feeds two mma instead of one."""
@@ -186,7 +186,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
     scores, accumulate = make_products(MT, NT, DT, KSTEPS, STRIDE, FMT)
     seqlen_info = make_seqlen_info(VARLEN, PAGED)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
-    softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW)
+    softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW, SOFTCAP)
+    cap_factors = make_score_cap(False)
     key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
@@ -202,7 +203,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
 
     def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                      cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table, window_left,
-                     window_right):
+                     window_right, softcap):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -242,6 +243,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
         if WINDOW:
             k, v = k[:, n_start:], v[:, n_start:]
             seqlen_k -= n_start
+        cap_in = cap_out = scale_log2  # (unread without a softcap)
+        if SOFTCAP:
+            cap_in, cap_out = cap_factors(softcap, scale_log2)
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         rows_w = ROWS_OFF >> 1  # paged: the row table, in 32-bit words
         entry = -1              # ... and the table entry this thread reads ahead
@@ -304,7 +308,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
             # Mask (only tiles that cross the ragged end or the causal diagonal), then the online
             # softmax: S becomes P, m_i / l_i / O_i move (make_softmax_step).
             softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
-                         scale_log2, shfl_scratch, tid)
+                         scale_log2, cap_in, cap_out, shfl_scratch, tid)
 
             # O_i += P_ij V_j: P straight from registers as the A operand, V through
             # ldmatrix.trans.
@@ -412,13 +416,13 @@ class Spec(ForwardSpec):
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                    config.fmt, tiles.threads // 32, config.varlen,
-                                   config.paged, config.window)
+                                   config.paged, config.window, config.softcap)
 
     def samples(self):
         """A 32 x 16 tile of two warps at head dim 16 and every entry of the table at the largest
         head dim it serves, causal or not, in both formats; head dim 8 with the table's entry;
         varlen at head dim 128, with and without paged K/V; a sliding window, dense at head dim
-        128 and varlen at 64."""
+        128 and varlen at 64; a softcap at 128."""
         entries = [(16, (32, 16, 2, 0))] + [(d, t) for d, options in TILES for t in options]
         return [sample("tc mma fwd", (d, causal, fmt), entry) for d, entry in entries
                 for causal in (False, True) for fmt in HALF_FORMATS] + [
@@ -426,7 +430,8 @@ class Spec(ForwardSpec):
                     sample("tc mma fwd", (128, True, "bfloat16", True)),
                     sample("tc mma fwd", (128, True, "bfloat16", True, True)),
                     sample("tc mma fwd", (128, True, "float16", False, False, True)),
-                    sample("tc mma fwd", (64, True, "bfloat16", True, False, True))]
+                    sample("tc mma fwd", (64, True, "bfloat16", True, False, True)),
+                    sample("tc mma fwd", (128, False, "bfloat16", False, False, False, True))]
 
 
 SPEC = Spec()

@@ -63,7 +63,7 @@ from ..common.epilogue import lse_of, make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
 from ..common.masks import make_kv_end, make_seqlen_info, make_window
-from ..common.softmax import make_softmax_step
+from ..common.softmax import make_score_cap, make_softmax_step
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 
@@ -87,7 +87,7 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, PAGED=False):
 
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, PAGED=False,
-                        WINDOW=False):
+                        WINDOW=False, SOFTCAP=False):
     """Python kernel function for one configuration (``SPEC`` compiles it, for
     sm_90a)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
@@ -108,7 +108,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
     shfl_xor = sync.shfl_xor
     seqlen_info = make_seqlen_info(VARLEN, PAGED)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
-    softmax_step = make_softmax_step(1, NT, DT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW)
+    softmax_step = make_softmax_step(1, NT, DT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW, SOFTCAP)
+    cap_factors = make_score_cap(False)
     key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
@@ -127,7 +128,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
 
     def flash_fwd_wgmma(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                         cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table,
-                        window_left, window_right):
+                        window_left, window_right, softcap):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -162,6 +163,9 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
         if WINDOW:
             k, v = k[:, n_start:], v[:, n_start:]
             seqlen_k -= n_start
+        cap_in = cap_out = scale_log2  # (unread without a softcap)
+        if SOFTCAP:
+            cap_in, cap_out = cap_factors(softcap, scale_log2)
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         rows_w = (base + ROWS_OFF) >> 1  # paged: the row table, in 32-bit words
         entry = -1                          # ... and the table entry this thread reads ahead
@@ -227,7 +231,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
 
             # Mask and online softmax, as in forward_mma.py (one m16 tile of rows per warp).
             softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
-                         scale_log2, shfl_scratch, tid)
+                         scale_log2, cap_in, cap_out, shfl_scratch, tid)
 
             # O_i += P_ij V_j: P from registers, 16 keys per wgmma.
             wgmma.fence()
@@ -298,12 +302,14 @@ class Spec(ForwardSpec):
 
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                   config.fmt, config.varlen, config.paged, config.window)
+                                   config.fmt, config.varlen, config.paged, config.window,
+                                   config.softcap)
 
     def samples(self):
         """Every entry of the table at the largest head dim it serves and three warpgroups of 64
         rows at head dim 8, causal or not, in both formats; varlen at head dim 128,
-        with and without paged K/V; a sliding window, dense at head dim 128 and varlen at 64."""
+        with and without paged K/V; a sliding window, dense at head dim 128 and varlen at 64;
+        a softcap at 128."""
         rows = TILES + ((8, ((192, 32, 12, 0),) * 2),)
         return [sample("tc wgmma fwd", (d, causal, fmt), entries[int(causal)], ccs=(SM90A,))
                 for d, entries in rows for causal in (False, True) for fmt in HALF_FORMATS] + [
@@ -312,6 +318,8 @@ class Spec(ForwardSpec):
                     sample("tc wgmma fwd", (128, True, "float16", False, False, True),
                            ccs=(SM90A,)),
                     sample("tc wgmma fwd", (64, True, "bfloat16", True, False, True),
+                           ccs=(SM90A,)),
+                    sample("tc wgmma fwd", (128, False, "bfloat16", False, False, False, True),
                            ccs=(SM90A,))]
 
 

@@ -8,6 +8,7 @@ from numba_flash import reference as ref
 from helpers import (SIMULATOR, assert_close_rule, assert_compiles_clean, assert_lse, check_forward,
                      randn, to_device, to_host)
 from kernels._window_cases import CASES as WINDOW_CASES, case_id as window_id
+from kernels._window_cases import SOFTCAP_CASES, softcap_id
 
 # (B, Sq, Sk, Hq, Hk, D, causal, fmt): odd lengths, Sq != Sk both ways, GQA/MQA, head dims 8..256.
 CASES_SIM = [
@@ -42,6 +43,12 @@ def test_forward_matches_reference(case, rng):
 def test_sliding_window_matches_reference(case, rng):
     *shape, window_size = case
     check_forward(rng, *shape, backend="simt", window_size=window_size)
+
+
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=softcap_id)
+def test_softcap_matches_reference(case, rng):
+    *shape, softcap, scale = case
+    check_forward(rng, *shape, backend="simt", softcap=softcap, scale=scale)
 
 
 def test_large_logits_stay_finite(rng):

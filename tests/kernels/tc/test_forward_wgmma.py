@@ -13,6 +13,7 @@ from kernels.tc._forward_cases import (CASES, check_growing_row_maxima, check_la
                                        check_output_view_off_16_byte_alignment,
                                        planned_for_family)
 from kernels._window_cases import CASES as WINDOW_CASES, case_id as window_id
+from kernels._window_cases import SOFTCAP_CASES, softcap_id
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -40,6 +41,12 @@ def test_forward_matches_reference(case, rng):
 def test_sliding_window_matches_reference(case, rng):
     *shape, window_size = case
     check_forward(rng, *shape, backend="tc", window_size=window_size)
+
+
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=softcap_id)
+def test_softcap_matches_reference(case, rng):
+    *shape, softcap, scale = case
+    check_forward(rng, *shape, backend="tc", softcap=softcap, scale=scale)
 
 
 def test_large_logits_stay_finite(rng):
