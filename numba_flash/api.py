@@ -39,8 +39,7 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     16-byte aligned views, else the CUDA-core one; an explicit ``tc`` refuses unaligned views.
     ``window_size=(left, right)``: query i sees keys ``i + Sk - Sq - left <= j <= i + Sk - Sq +
     right`` (-1: unbounded; ``causal`` is ``right = 0``); the key tiles outside are skipped.
-    ``softcap`` > 0 turns each scaled score s into ``softcap * tanh(s / softcap)`` (forward
-    only: ``flash_attn_bwd`` takes no softcap yet).
+    ``softcap`` > 0 turns each scaled score s into ``softcap * tanh(s / softcap)``.
     """
     plain = validate.window(window_size, causal) is None and validate.score_cap(softcap) is None
     key, pointers = (torch_plans.key(q, k, v, causal, softmax_scale, backend, out, stream)
@@ -133,7 +132,7 @@ def _args(problem, **tensors):
 
 
 def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, backend="auto",
-                   dq=None, dk=None, dv=None, stream=None, window_size=(-1, -1)):
+                   dq=None, dk=None, dv=None, stream=None, window_size=(-1, -1), softcap=0.0):
     """Gradients of exact attention for the incoming ``dout``. Returns ``(dq, dk, dv)``.
 
     ``out`` and ``lse`` are what ``flash_attn_fwd`` returned for the same q, k, v, causal and
@@ -143,10 +142,11 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     ``auto`` runs the tensor-core kernels for 16-bit inputs on compute capability >= 8.0 whose
     q, k, v and dout (and out, for the wgmma pair, whose dQ kernel computes D_i) are 16-byte
     aligned views, else the CUDA-core ones; an explicit ``tc`` refuses unaligned views.
-    ``window_size`` as in the forward: the key tiles outside a window are skipped here too.
+    ``window_size`` and ``softcap`` as in the forward (the gradient goes through the cap's
+    ``1 - tanh^2``); the key tiles outside a window are skipped here too.
     """
     dev = device.current()
-    problem = validate.attention(q, k, v, causal, softmax_scale, window_size)
+    problem = validate.attention(q, k, v, causal, softmax_scale, window_size, softcap)
     dout, out, lse = validate.backward(problem, dout, out, lse)
     return _backward(problem, backend, dout, out, lse, (dq, dk, dv), stream, dev)
 
@@ -159,13 +159,14 @@ def flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     dv)``: packed like q, k, v; dout and out (total_q, Hq, D), lse (Hq, total_q) as the forward
     returned them, with the same offsets, bounds, causal, softmax_scale and seqused_k. Rows of
     no sequence (and keys past ``seqused_k``) get no gradient written. Deterministic, like
-    ``flash_attn_bwd``; ``window_size`` and the options that raise ``NotImplementedError`` as in
-    the forward.
+    ``flash_attn_bwd``; ``window_size``, ``softcap`` and the options that raise
+    ``NotImplementedError`` as in the forward.
     """
-    validate.attention_options(None, softcap, alibi_slopes, learnable_sink)
+    validate.attention_options(None, None, alibi_slopes, learnable_sink)
     dev = device.current()
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              causal, softmax_scale, seqused_k, window_size=window_size)
+                              causal, softmax_scale, seqused_k, window_size=window_size,
+                              softcap=softcap)
     dout, out, lse = validate.backward(problem, dout, out, lse)
     return _backward(problem, backend, dout, out, lse, (dq, dk, dv), stream, dev)
 

@@ -104,20 +104,22 @@ def attention_fwd_ref(q, k, v, causal=False, softmax_scale=None, mask=None, soft
     return out, lse
 
 
-def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None, mask=None):
+def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None, mask=None, softcap=None):
     """Gradients of ``sum(out * dout)`` for exact attention: ``dq, dk, dv`` (float64).
 
     dk and dv have k's shape: a kv head sums the gradients of every query head of its group.
+    ``softcap``: the scores' cap ``c tanh(s / c)``, whose derivative ``1 - tanh^2`` the
+    gradient of the scaled scores takes.
     """
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    p, _ = _softmax(_scores(q, k, causal, softmax_scale, mask))
+    p, _ = _softmax(_scores(q, k, causal, softmax_scale, mask, softcap))
     do = to_float64(dout)
     ke, ve = to_float64(_expand_kv(k, hq)), to_float64(_expand_kv(v, hq))
     dv = _einsum("bhqk,bqhd->bkhd", p, do)
     dp = _einsum("bqhd,bkhd->bhqk", do, ve)
-    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) * _cap_slope(q, k, scale, softcap)
     dq = _einsum("bhqk,bkhd->bqhd", ds, ke) * scale
     dk = _einsum("bhqk,bqhd->bkhd", ds, to_float64(q)) * scale
     group = hq // hk
@@ -136,7 +138,8 @@ def attention_lowp(q, k, v, causal=False, softmax_scale=None, mask=None, softcap
     return _round(out, q)
 
 
-def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None, mask=None):
+def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None, mask=None,
+                       softcap=None):
     """Plain attention backward with P, dV, dP, dS, dQ, dK each rounded to the inputs' dtype:
     the low-precision counterpart of ``attention_bwd_ref`` for the tolerance rule (float64 out).
     Like every FlashAttention backward it takes D_i = rowsum(dO_i * O_i) from the forward's
@@ -144,18 +147,26 @@ def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None, mask=Non
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    p = _probs_lowp(q, k, causal, softmax_scale, mask)
+    p = _probs_lowp(q, k, causal, softmax_scale, mask, softcap)
     do = to_float64(dout)
-    o = attention_lowp(q, k, v, causal, softmax_scale, mask)
+    o = attention_lowp(q, k, v, causal, softmax_scale, mask, softcap)
     D = (do * o).sum(axis=-1).transpose(0, 2, 1)
     dv = _round(_einsum("bhqk,bqhd->bkhd", p, do), q)
     dp = _round(_einsum("bqhd,bkhd->bhqk", do, to_float64(_expand_kv(v, hq))), q)
-    ds = _round(p * (dp - D[..., None]), q)
+    ds = _round(p * (dp - D[..., None]) * _cap_slope(q, k, scale, softcap), q)
     dq = _einsum("bhqk,bkhd->bqhd", ds, to_float64(_expand_kv(k, hq))) * scale
     dk = _round(_einsum("bhqk,bqhd->bkhd", ds, to_float64(q)) * scale, q)
     group = hq // hk
     return (_round(dq, q), _round(dk.reshape(b, sk, hk, group, d).sum(axis=3), q),
             _round(dv.reshape(b, sk, hk, group, v.shape[-1]).sum(axis=3), q))
+
+
+def _cap_slope(q, k, scale, softcap):
+    """d(c tanh(s / c)) / ds = 1 - tanh(s / c)^2 at the scaled scores s (B, Hq, Sq, Sk), or 1."""
+    if not softcap:
+        return 1.0
+    s = _einsum("bqhd,bkhd->bhqk", to_float64(q), to_float64(_expand_kv(k, q.shape[2]))) * scale
+    return 1.0 - np.tanh(s / softcap) ** 2
 
 
 def _round(x, like):

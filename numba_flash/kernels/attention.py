@@ -55,7 +55,7 @@ class AttentionConfig(NamedTuple):
     varlen: bool = False  # packed sequences behind cu_seqlens_q / cu_seqlens_k
     paged: bool = False   # varlen K and V in pages behind a block table (forward only)
     window: bool = False  # a sliding window: causal holds its right side
-    softcap: bool = False  # scores through softcap * tanh(s / softcap) (forward only)
+    softcap: bool = False  # scores through softcap * tanh(s / softcap)
 
 
 def config_of(problem, causal=None):
@@ -135,8 +135,7 @@ class ForwardSpec(KernelSpec):
         table = p.get("block_table")
         return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
                 np.float32(p["scale"] * LOG2E), *_sequences(p),
-                arrays.batched(p["status"], 1) if table is None else table, *_window(p),
-                np.float32(p.get("softcap", 0.0)))
+                arrays.batched(p["status"], 1) if table is None else table, *_window(p))
 
 
 class PreprocessSpec(KernelSpec):
@@ -165,9 +164,10 @@ class PreprocessSpec(KernelSpec):
 
 
 def _window(p):
-    """The last two arguments of every forward, dK/dV and dQ kernel: the sliding window's left
-    and right sides (``validate.window``), read only by the kernels of a ``window`` config."""
-    return tuple(np.int32(x) for x in p.get("window", (0, 0)))
+    """The last arguments of every forward, dK/dV and dQ kernel: the sliding window's left and
+    right sides (``validate.window``) and the softcap (``validate.score_cap``), read only by the
+    kernels of a ``window`` / ``softcap`` config."""
+    return (*(np.int32(x) for x in p.get("window", (0, 0))), np.float32(p.get("softcap", 0.0)))
 
 
 def _scales(p):
@@ -184,7 +184,7 @@ class DkdvSpec(KernelSpec):
     def signature(self, config):
         t = tensor_type(config.fmt)
         return types.void(t, t, t, t, F32_3D, F32_3D, t, t, I32, I32, I32, I32, F32, F32,
-                          *SEQUENCES, I32, I32)
+                          *SEQUENCES, I32, I32, F32)
 
     def grid(self, config, tiles, p):
         b, _, hk, _ = p["k"].shape
@@ -208,7 +208,7 @@ class DqSpec(KernelSpec):
     def signature(self, config):
         t = tensor_type(config.fmt)
         return types.void(t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32, *SEQUENCES,
-                          I32, I32)
+                          I32, I32, F32)
 
     def grid(self, config, tiles, p):
         b, _, hq, _ = p["q"].shape
@@ -229,7 +229,7 @@ class DqDeltaSpec(DqSpec):
     def signature(self, config):
         t = tensor_type(config.fmt)
         return types.void(t, t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32,
-                          *SEQUENCES, I32, I32)
+                          *SEQUENCES, I32, I32, F32)
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["dout"], p["out"], p["lse"], p["delta"], p["dq"],

@@ -141,10 +141,10 @@ def _simt_decode_config(problem):
 # every forward kernel reads their K and V from pages behind a block table too.
 VARLEN = frozenset(("cu_seqlens_q", "cu_seqlens_k", "seqused_k"))
 PAGED_VARLEN = VARLEN | {"block_table"}
-# A sliding window runs in every forward and backward kernel (not with paged K/V yet), a
-# softcap in every forward.
+# A sliding window and a softcap run in every forward and backward kernel (the window not with
+# paged K/V yet).
 FORWARD = PAGED_VARLEN | {"window", "softcap"}
-BACKWARD = VARLEN | {"window"}
+BACKWARD = VARLEN | {"window", "softcap"}
 # flash_attn_with_kvcache's decode: V in its own cache, keys from a per-sequence start.
 KVCACHE = frozenset(("v_cache", "key_start"))
 

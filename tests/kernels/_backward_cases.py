@@ -13,11 +13,12 @@ def inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt, scale=1.0):
     return [randn(rng, s, fmt, scale) for s in shapes]
 
 
-def check_gradients(grads, dout, q, k, v, causal, fmt, softmax_scale=None, mask=None):
+def check_gradients(grads, dout, q, k, v, causal, fmt, softmax_scale=None, mask=None,
+                    softcap=None):
     """dq, dk, dv against the reference: shapes, dtypes and the 3x rule (``mask``: the keys
-    each query sees, in place of ``causal``)."""
-    want = ref.attention_bwd_ref(dout, q, k, v, causal, softmax_scale, mask)
-    lowp = ref.attention_bwd_lowp(dout, q, k, v, causal, softmax_scale, mask)
+    each query sees, in place of ``causal``; ``softcap``: the scores' cap)."""
+    want = ref.attention_bwd_ref(dout, q, k, v, causal, softmax_scale, mask, softcap)
+    lowp = ref.attention_bwd_lowp(dout, q, k, v, causal, softmax_scale, mask, softcap)
     for name, got, w, lp, like in zip(("dq", "dk", "dv"), grads, want, lowp, (q, k, v)):
         assert to_host(got).shape == like.shape and to_host(got).dtype == like.dtype, name
         assert_close_rule(got, w, lp, fmt, factor=3.0, what=name)
@@ -51,6 +52,29 @@ def check_window(rng, backward, case):
     grads = backward(dout, q, k, v, causal, window_size=window)
     check_gradients(grads, dout, q, k, v, causal, fmt,
                     mask=ref.window_mask(Sq, Sk, window, causal))
+
+
+# Softcaps, (B, Sq, Sk, Hq, Hk, D, causal, fmt, softcap, scale): inputs times ``scale`` so
+# that the scores pass the cap (tanh near saturation: the 1 - tanh^2 of the chain rule small).
+SOFTCAP_CASES = [
+    (1, 37, 45, 2, 1, 16, True, "bfloat16", 5.0, 1.0),
+    (1, 9, 23, 1, 1, 16, False, "float16", 2.0, 3.0),
+] if SIMULATOR else [
+    (2, 1000, 1000, 8, 2, 64, True, "bfloat16", 30.0, 4.0),
+    (1, 777, 1531, 4, 4, 128, False, "float16", 50.0, 1.0),
+]
+
+
+def softcap_id(case):
+    return "-".join(map(str, case[:-2])) + f"-cap{case[-2]}x{case[-1]}"
+
+
+def check_softcap(rng, backward, case):
+    """A capped forward and backward (``backward`` takes ``softcap``) against the reference."""
+    B, Sq, Sk, Hq, Hk, D, causal, fmt, softcap, scale = case
+    dout, q, k, v = inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt, scale)
+    grads = backward(dout, q, k, v, causal, softcap=softcap)
+    check_gradients(grads, dout, q, k, v, causal, fmt, softcap=softcap)
 
 
 # Checks every backward family runs; ``backward(dout, q, k, v, causal, softmax_scale=None)``

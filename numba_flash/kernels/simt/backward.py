@@ -76,8 +76,10 @@ from ..attention import DkdvSpec, DqSpec, PreprocessSpec, sample
 from ..common import constants, formats
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
+from ..common.backward import make_capped_score
 from ..common.masks import (make_kv_end, make_mask, make_q_begin, make_seqlen_info,
                             make_window)
+from ..common.softmax import make_score_cap
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
 
@@ -180,7 +182,8 @@ def make_preprocess_kernel(HEAD_DIM, FMT):
 # ----------------------------------------------------------------------------- kernel 1: dK, dV
 
 @lru_cache(maxsize=None)
-def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW=False):
+def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW=False,
+                     SOFTCAP=False):
     """Kernel computing dK_j, dV_j for one tile of BLOCK_N keys of one (batch, kv head)."""
     assert BLOCK_N % ROW_GROUPS == 0 and BLOCK_M % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TN = BLOCK_N // ROW_GROUPS       # kv rows per thread
@@ -197,13 +200,14 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WIND
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
     masked_out = make_mask(CAUSAL)
     _, query_window, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
+    cap_factors, capped = make_score_cap(False), make_capped_score(SOFTCAP)
     store = formats.storer(FMT)
     LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dkdv_simt(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
                             group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                            status, window_left, window_right):
+                            status, window_left, window_right, softcap):
         smem = cuda.shared.array(0, float32)
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
@@ -237,6 +241,9 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WIND
 
         # Sliding window: the queries past its left side see none of these keys.
         seqlen_q, diag, diag_lo = query_window(n0, diag, seqlen_q, window_left, window_right)
+        cap_in = cap_out = scale_log2  # (unread without a softcap)
+        if SOFTCAP:
+            cap_in, cap_out = cap_factors(softcap, scale_log2)
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
         ragged = n0 + BLOCK_N > seqlen_k
@@ -272,11 +279,12 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WIND
                         key = n0 + row0 + i
                         visible = not masked or not (masked_out(m0 + c, key, diag, seqlen_k) or (
                             WINDOW and key < m0 + c + diag_lo))
+                        sc, slope = capped(S[i, j], cap_in, cap_out)
                         p = ZERO
                         if visible:
-                            p = math.exp2(S[i, j] * scale_log2 - lse_c)
+                            p = math.exp2(sc * scale_log2 - lse_c)
                         smem[P_OFF + (row0 + i) * P_STRIDE + c] = p
-                        smem[DS_OFF + (row0 + i) * P_STRIDE + c] = p * (dP[i, j] - D_c)
+                        smem[DS_OFF + (row0 + i) * P_STRIDE + c] = p * (dP[i, j] - D_c) * slope
                 cuda.syncthreads()
 
                 # dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i (scale applied once, at the end).
@@ -303,7 +311,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WIND
 # ----------------------------------------------------------------------------- kernel 2: dQ
 
 @lru_cache(maxsize=None)
-def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW=False):
+def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW=False,
+                   SOFTCAP=False):
     """Kernel computing dQ_i for one tile of BLOCK_M queries of one (batch, query head)."""
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS       # query rows per thread
@@ -319,13 +328,14 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     masked_out = make_mask(CAUSAL)
     key_window, _, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
+    cap_factors, capped = make_score_cap(False), make_capped_score(SOFTCAP)
     store = formats.storer(FMT)
     LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dq_simt(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
                           scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k, status,
-                          window_left, window_right):
+                          window_left, window_right, softcap):
         smem = cuda.shared.array(0, float32)
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
@@ -351,6 +361,9 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW
         if WINDOW:
             k, v = k[:, n_start:], v[:, n_start:]
             seqlen_k -= n_start
+        cap_in = cap_out = scale_log2  # (unread without a softcap)
+        if SOFTCAP:
+            cap_in, cap_out = cap_factors(softcap, scale_log2)
 
         # Q_i, dO_i stay in shared memory; lse_i, D_i and dQ_i in registers.
         load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, ONE, tid)
@@ -391,11 +404,12 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW
                     row = m0 + row0 + i
                     visible = not masked or not (masked_out(row, key, diag, seqlen_k) or (
                         WINDOW and key < row + diag_lo))
+                    sc, slope = capped(S[i, j], cap_in, cap_out)
                     p = ZERO
                     if visible:
-                        p = math.exp2(S[i, j] * scale_log2 - lse_i[i])
+                        p = math.exp2(sc * scale_log2 - lse_i[i])
                     smem[DS_OFF + (row0 + i) * DS_STRIDE + lane + LANES_PER_ROW * j] = \
-                        p * (dP[i, j] - D_i[i])
+                        p * (dP[i, j] - D_i[i]) * slope
             cuda.syncthreads()
 
             # dQ_i += dS_ij K_j (scale applied once, at the end).
@@ -465,7 +479,7 @@ class Dkdv(DkdvSpec):
 
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                config.fmt, config.varlen, config.window)
+                                config.fmt, config.varlen, config.window, config.softcap)
 
     def samples(self):
         return _samples("dkdv", [(d, False, "float32") for d, _, _ in TILES])
@@ -483,7 +497,7 @@ class Dq(DqSpec):
 
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                              config.fmt, config.varlen, config.window)
+                              config.fmt, config.varlen, config.window, config.softcap)
 
     def samples(self):
         return _samples("dq")

@@ -9,6 +9,7 @@ import pytest
 import numba_flash as nf
 from helpers import SIMULATOR, assert_compiles_clean, nan_like, randn, to_device, to_host
 from kernels._backward_cases import WINDOW_CASES, check_window, window_id
+from kernels._backward_cases import SOFTCAP_CASES, check_softcap, softcap_id
 from kernels._backward_cases import check_bitwise_deterministic, check_large_logits
 from kernels._backward_cases import check_gradients as _check
 from kernels._backward_cases import check_rows_without_keys
@@ -41,13 +42,15 @@ CASES_GPU = [
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 
-def _backward(dout, q, k, v, causal, softmax_scale=None, window_size=(-1, -1), **buffers):
+def _backward(dout, q, k, v, causal, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+              **buffers):
     """Forward then backward through the library; returns dq, dk, dv."""
     dev = [to_device(x) for x in (dout, q, k, v)]
     out, lse = nf.flash_attn_fwd(*dev[1:], causal=causal, softmax_scale=softmax_scale,
-                                 backend="simt", window_size=window_size)
+                                 backend="simt", window_size=window_size, softcap=softcap)
     return nf.flash_attn_bwd(*dev, out, lse, causal=causal, softmax_scale=softmax_scale,
-                             backend="simt", window_size=window_size, **buffers)
+                             backend="simt", window_size=window_size, softcap=softcap,
+                             **buffers)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -63,6 +66,11 @@ def test_backward_matches_reference(case, rng):
 @pytest.mark.parametrize("case", WINDOW_CASES, ids=window_id)
 def test_sliding_window_matches_reference(case, rng):
     check_window(rng, _backward, case)
+
+
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=softcap_id)
+def test_softcap_matches_reference(case, rng):
+    check_softcap(rng, _backward, case)
 
 
 def test_backward_is_bitwise_deterministic(rng):

@@ -10,6 +10,7 @@ import numba_flash as nf
 from helpers import (FMTS, SIMULATOR, assert_compiles_clean, attention_problem, nan_like,
                      to_device)
 from kernels._backward_cases import WINDOW_CASES, check_window, window_id
+from kernels._backward_cases import SOFTCAP_CASES, check_softcap, softcap_id
 from kernels._backward_cases import (check_bitwise_deterministic, check_gradients,
                                      check_large_logits, check_rows_without_keys, inputs)
 from kernels.tc._forward_cases import planned_for_family
@@ -42,13 +43,15 @@ CASES = CASES_SIM if SIMULATOR else CASES_GPU
 SIM_TILES = ((16, 64), (64, 16))
 
 
-def _backward(dout, q, k, v, causal, softmax_scale=None, window_size=(-1, -1), **buffers):
+def _backward(dout, q, k, v, causal, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+              **buffers):
     """Forward then the tc backward through the library; returns dq, dk, dv."""
     dev = [to_device(x) for x in (dout, q, k, v)]
     out, lse = nf.flash_attn_fwd(*dev[1:], causal=causal, softmax_scale=softmax_scale,
-                                 window_size=window_size)
+                                 window_size=window_size, softcap=softcap)
     return nf.flash_attn_bwd(*dev, out, lse, causal=causal, softmax_scale=softmax_scale,
-                             backend="tc", window_size=window_size, **buffers)
+                             backend="tc", window_size=window_size, softcap=softcap,
+                             **buffers)
 
 
 @pytest.fixture(autouse=True)
@@ -86,6 +89,11 @@ def test_backward_matches_reference(case, rng):
 @pytest.mark.parametrize("case", WINDOW_CASES, ids=window_id)
 def test_sliding_window_matches_reference(case, rng):
     check_window(rng, _backward, case)
+
+
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=softcap_id)
+def test_softcap_matches_reference(case, rng):
+    check_softcap(rng, _backward, case)
 
 
 def test_two_warpgroups_on_both_kernels(rng):
