@@ -65,6 +65,9 @@ def _anywhere(problem, dev):
 
 
 def _wgmma_backward(problem, dev):
+    if problem.softcap is not None:  # (the mma.sync pair runs it, on sm_90 too)
+        return ("runs no softcap: its tanh spills the registers of the 64-row accumulators "
+                "(12-76 bytes)")
     return _on("wgmma")(problem, dev) or (
         None if problem.head_dim <= tc_backward_wgmma.MAX_HEAD_DIM else
         f"takes head dims up to {tc_backward_wgmma.MAX_HEAD_DIM}, got {problem.head_dim}")

@@ -440,11 +440,13 @@ TILES = ((64, (32, 64), (64, 32)), (128, (32, 32), (64, 32)), (256, (32, 16), (1
 
 def _samples(kernel, more=()):
     """A tiled kernel's samples: the largest head dim of each tile class, causal or not, in
-    bfloat16, one varlen, a sliding window dense and varlen, then the configs ``more``."""
+    bfloat16, one varlen, a sliding window dense and varlen, a softcap, then the configs
+    ``more``."""
     configs = [(d, causal, "bfloat16") for d, _, _ in TILES for causal in (False, True)]
     configs.append((64, True, "bfloat16", True))
     configs += [(64, True, "float16", False, False, True),
-                (64, True, "bfloat16", True, False, True)]
+                (64, True, "bfloat16", True, False, True),
+                (64, False, "bfloat16", False, False, False, True)]
     return [sample(f"simt bwd {kernel}", config) for config in configs + list(more)]
 
 

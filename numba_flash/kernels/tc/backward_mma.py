@@ -399,12 +399,14 @@ SMALL_TILES = ((128, (32, 64, 4), (64, 32, 4)), (256, (16, 32, 4), (32, 16, 2)))
 def _samples(kernel, column):
     """Head dims 8 and 72 with the table's entries; every entry of the table, causal or not, in
     both formats; the small tiles; varlen at head dim 64; a sliding window, dense at head dim
-    128 and varlen at 64."""
+    128 and varlen at 64; a softcap at 128."""
     name = f"tc mma bwd {kernel}"
     return ([sample(name, config) for config in ((8, True, "float16"), (72, False, "bfloat16"),
                                                  (64, True, "bfloat16", True),
                                                  (128, True, "float16", False, False, True),
-                                                 (64, True, "bfloat16", True, False, True))]
+                                                 (64, True, "bfloat16", True, False, True),
+                                                 (128, False, "bfloat16", False, False, False,
+                                                  True))]
             + [sample(name, (row[0], causal, fmt), row[column][int(causal)]) for row in TILES
                for causal in (False, True) for fmt in HALF_FORMATS]
             + [sample(name, (row[0], True, "bfloat16"), row[column]) for row in SMALL_TILES])

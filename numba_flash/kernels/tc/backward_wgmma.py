@@ -493,7 +493,8 @@ def _entry(config, column):
 def _samples(kernel, column):
     """Every entry of the table, causal or not, in both formats, each without its register cap
     (the PTX record keys the dQ entry of D = 64 from before its cap); varlen at head dim 128
-    with the table's entry; a sliding window at head dim 128, dense and varlen."""
+    with the table's entry; a sliding window at head dim 128, dense and varlen (a softcap runs
+    on the mma.sync pair: registry.py)."""
     return [sample(f"tc wgmma bwd {kernel}", (row[0], causal, fmt), row[column][int(causal)][:2],
                    ccs=(SM90A,))
             for row in TILES for causal in (False, True) for fmt in HALF_FORMATS] + [

@@ -10,7 +10,7 @@ import numba_flash as nf
 from helpers import (FMTS, SIMULATOR, assert_compiles_clean, attention_problem, nan_like,
                      to_device)
 from kernels._backward_cases import WINDOW_CASES, check_window, window_id
-from kernels._backward_cases import SOFTCAP_CASES, check_softcap, softcap_id
+from kernels._backward_cases import SOFTCAP_CASES, check_softcap
 from kernels._backward_cases import (check_bitwise_deterministic, check_gradients,
                                      check_large_logits, check_rows_without_keys, inputs)
 from kernels.tc._forward_cases import planned_for_family
@@ -91,9 +91,21 @@ def test_sliding_window_matches_reference(case, rng):
     check_window(rng, _backward, case)
 
 
-@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=softcap_id)
-def test_softcap_matches_reference(case, rng):
-    check_softcap(rng, _backward, case)
+def test_a_softcap_runs_on_the_mma_sync_pair(rng):
+    """The wgmma pair refuses a softcap (its tanh spills the dK/dV accumulators' registers):
+    the tc backend runs the mma.sync pair, compiled for the device, with the cap."""
+    from numba_flash import backends, validate
+    from numba_flash.kernels.tc import backward_mma
+    from numba_flash.runtime import device
+
+    _, q, k, v = inputs(rng, 1, 5, 7, 2, 1, 16, "bfloat16")
+    problem = validate.attention(*(to_device(x) for x in (q, k, v)), True, None, softcap=5.0)
+    hopper = device.current()  # (the fixture's plan: a Hopper)
+    assert backends.backward_specs("tc", problem, hopper) == (backward_mma.DKDV, backward_mma.DQ)
+    plain = validate.attention(*(to_device(x) for x in (q, k, v)), True, None)
+    assert backends.backward_specs("tc", plain, hopper) == (backward_wgmma.DKDV,
+                                                            backward_wgmma.DQ)
+    check_softcap(rng, _backward, SOFTCAP_CASES[0])
 
 
 def test_two_warpgroups_on_both_kernels(rng):
