@@ -42,6 +42,12 @@ def _window_sides(window_size, causal):
     return int(left), int(right)
 
 
+def _cap(softcap):
+    """``softcap`` as the operations take it (a float, 0.0 for none), checked first
+    (``validate.score_cap``)."""
+    return validate.score_cap(softcap) or 0.0
+
+
 def _new(like, shape, dtype=None):
     """A new contiguous tensor on ``like``'s device: what the real operations allocate."""
     return like.new_empty(shape, dtype=like.dtype if dtype is None else dtype)
@@ -52,13 +58,14 @@ def _new(like, shape, dtype=None):
 @torch.library.custom_op("numba_flash::flash_attn_fwd", mutates_args=())
 def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
                     softmax_scale: Optional[float], backend: str, window_left: int,
-                    window_right: int) -> tuple[Tensor, Tensor]:
+                    window_right: int, softcap: float) -> tuple[Tensor, Tensor]:
     return api.flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                              backend=backend, window_size=(window_left, window_right))
+                              backend=backend, window_size=(window_left, window_right),
+                              softcap=softcap)
 
 
 @_flash_attn_fwd.register_fake
-def _(q, k, v, causal, softmax_scale, backend, window_left, window_right):
+def _(q, k, v, causal, softmax_scale, backend, window_left, window_right, softcap):
     b, sq, hq, _ = q.shape
     return _new(q, q.shape), _new(q, (b, hq, sq), torch.float32)
 
@@ -66,22 +73,24 @@ def _(q, k, v, causal, softmax_scale, backend, window_left, window_right):
 @torch.library.custom_op("numba_flash::flash_attn_bwd", mutates_args=())
 def _flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                     causal: bool, softmax_scale: Optional[float], backend: str,
-                    window_left: int, window_right: int) -> tuple[Tensor, Tensor, Tensor]:
+                    window_left: int, window_right: int,
+                    softcap: float) -> tuple[Tensor, Tensor, Tensor]:
     return api.flash_attn_bwd(dout, q, k, v, out, lse, causal=causal,
                               softmax_scale=softmax_scale, backend=backend,
-                              window_size=(window_left, window_right))
+                              window_size=(window_left, window_right), softcap=softcap)
 
 
 @_flash_attn_bwd.register_fake
-def _(dout, q, k, v, out, lse, causal, softmax_scale, backend, window_left, window_right):
+def _(dout, q, k, v, out, lse, causal, softmax_scale, backend, window_left, window_right,
+      softcap):
     return _new(q, q.shape), _new(q, k.shape), _new(q, k.shape)
 
 
 def _save_for_backward(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, _, window_left, window_right = inputs
+    q, k, v, causal, softmax_scale, _, window_left, window_right, softcap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.args = (causal, softmax_scale, "auto", window_left, window_right)
+    ctx.args = (causal, softmax_scale, "auto", window_left, window_right, softcap)
     ctx.mark_non_differentiable(lse)  # the backward takes no lse gradient
 
 
@@ -90,7 +99,7 @@ def _attention_backward(ctx, dout, _dlse):
         dout = dout.contiguous()
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = _flash_attn_bwd(dout, q, k, v, out, lse, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 torch.library.register_autograd("numba_flash::flash_attn_fwd", _attention_backward,
@@ -98,15 +107,17 @@ torch.library.register_autograd("numba_flash::flash_attn_fwd", _attention_backwa
 
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, backend="auto", *,
-                    return_lse=False, window_size=(-1, -1)):
+                    return_lse=False, window_size=(-1, -1), softcap=0.0):
     """Differentiable exact attention on torch tensors: ``out``, or ``(out, lse)`` with
     ``return_lse=True`` (``numba_flash.flash_attn_func``'s results; ``lse`` is not
-    differentiable). ``return_lse`` and ``window_size`` (``numba_flash.flash_attn_fwd``'s) are
-    keyword-only, so the positional order stays that of earlier releases. ``backend`` picks the
-    forward's kernels (see ``numba_flash.flash_attn_fwd``); the backward is
-    ``numba_flash.flash_attn_bwd``'s with ``backend="auto"`` and the same window."""
+    differentiable). ``return_lse``, ``window_size`` and ``softcap``
+    (``numba_flash.flash_attn_fwd``'s) are keyword-only, so the positional order stays that of
+    earlier releases. ``backend`` picks the forward's kernels (see
+    ``numba_flash.flash_attn_fwd``); the backward is ``numba_flash.flash_attn_bwd``'s with
+    ``backend="auto"`` and the same window and cap."""
     left, right = _window_sides(window_size, causal)
-    out, lse = _flash_attn_fwd(q, k, v, causal, softmax_scale, backend, left, right)
+    out, lse = _flash_attn_fwd(q, k, v, causal, softmax_scale, backend, left, right,
+                               _cap(softcap))
     return (out, lse) if return_lse else out
 
 
@@ -117,21 +128,21 @@ def _flash_attn_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                            softmax_scale: Optional[float], causal: bool,
                            seqused_k: Optional[Tensor], block_table: Optional[Tensor],
-                           backend: str, window_left: int,
-                           window_right: int) -> tuple[Tensor, Tensor]:
+                           backend: str, window_left: int, window_right: int,
+                           softcap: float) -> tuple[Tensor, Tensor]:
     # Rows of no sequence, which the kernels do not write, read as rows that see no key.
     out = torch.zeros_like(q)
     lse = q.new_full((q.shape[1], q.shape[0]), float("inf"), dtype=torch.float32)
     return api.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
-                                     window_size=(window_left, window_right),
+                                     window_size=(window_left, window_right), softcap=softcap,
                                      seqused_k=seqused_k, block_table=block_table,
                                      backend=backend, out=out, lse=lse)
 
 
 @_flash_attn_varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      seqused_k, block_table, backend, window_left, window_right):
+      seqused_k, block_table, backend, window_left, window_right, softcap):
     total_q, hq, _ = q.shape
     return _new(q, q.shape), _new(q, (hq, total_q), torch.float32)
 
@@ -141,29 +152,29 @@ def _flash_attn_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                            lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
                            causal: bool, seqused_k: Optional[Tensor], window_left: int,
-                           window_right: int) -> tuple[Tensor, Tensor, Tensor]:
+                           window_right: int, softcap: float) -> tuple[Tensor, Tensor, Tensor]:
     # Rows of no sequence get no gradient from the kernels: zeros, as autograd expects.
     dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
     api.flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
-                              window_size=(window_left, window_right), seqused_k=seqused_k,
-                              dq=dq, dk=dk, dv=dv)
+                              window_size=(window_left, window_right), softcap=softcap,
+                              seqused_k=seqused_k, dq=dq, dk=dk, dv=dv)
     return dq, dk, dv
 
 
 @_flash_attn_varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      softmax_scale, causal, seqused_k, window_left, window_right):
+      softmax_scale, causal, seqused_k, window_left, window_right, softcap):
     return _new(q, q.shape), _new(q, k.shape), _new(q, k.shape)
 
 
 def _save_varlen(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, seqused_k, block_table, _,
-     window_left, window_right) = inputs
+     window_left, window_right, softcap) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
     ctx.args = (max_q, max_k, softmax_scale, causal)
-    ctx.window = (window_left, window_right)
+    ctx.window = (window_left, window_right, softcap)
     ctx.paged = block_table is not None
     ctx.mark_non_differentiable(lse)
 
@@ -176,7 +187,7 @@ def _varlen_backward(ctx, dout, _dlse):
     q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
     dq, dk, dv = _flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args,
                                         seqused_k, *ctx.window)
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * 12
 
 
 torch.library.register_autograd("numba_flash::flash_attn_varlen_fwd", _varlen_backward,
@@ -193,7 +204,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     refuses are refused here before the operation. Paged K/V (``block_table``) runs forward
     only, as in flash-attn: asked for with gradients enabled on q, k or v it raises
     ``NotImplementedError`` before anything runs."""
-    validate.attention_options(None, softcap, alibi_slopes, learnable_sink)
+    validate.attention_options(None, None, alibi_slopes, learnable_sink)
     left, right = _window_sides(window_size, causal)
     if block_table is not None and torch.is_grad_enabled() and any(
             t.requires_grad for t in (q, k, v)):
@@ -201,7 +212,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                   "(call under torch.no_grad() or detach q, k and v)")
     out, lse = _flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       max_seqlen_k, softmax_scale, causal, seqused_k,
-                                      block_table, backend, left, right)
+                                      block_table, backend, left, right, _cap(softcap))
     return (out, lse) if return_lse else out
 
 

@@ -20,9 +20,10 @@ name contains it for a flash-attn kernel and tries to load one when the model is
   the positions restart, or the ``cu_seq_lens_q/k`` a data collator passed, through
   ``flash_attn_varlen_func``.
 
-A layer's sliding window (Mistral, Qwen2, Gemma's local layers) runs as flash-attn's
-``window_size`` in each of these calls. Softcap, sinks and dropout are refused with
-``NotImplementedError`` until the kernels have them; nothing is silently computed without them.
+A layer's sliding window (Mistral, Qwen2, Gemma's local layers) and softcap (Gemma-2) run as
+flash-attn's ``window_size`` and ``softcap`` in each of these calls. Sinks and dropout are
+refused with ``NotImplementedError`` until the kernels have them; nothing is silently computed
+without them.
 """
 
 import torch
@@ -47,13 +48,12 @@ def register(name=NAME):
     return name
 
 
-def _refuse(dropout, softcap, s_aux, module):
+def _refuse(dropout, s_aux, module):
     if dropout and module.training:
         raise NotImplementedError(f"dropout: not implemented (got {dropout}); numba_flash "
                                   f"offers none (set the model's attention_dropout to 0)")
-    for option, value in (("softcap", softcap), ("s_aux", s_aux)):
-        if value is not None:
-            raise NotImplementedError(f"{option}: not implemented in numba_flash's attention yet")
+    if s_aux is not None:
+        raise NotImplementedError("s_aux: not implemented in numba_flash's attention yet")
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -62,22 +62,24 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     returns ``(out (B, Sq, Hq, D), None)``. A layer's ``sliding_window`` W (query i sees the
     keys i - W < j <= i, transformers' sliding-window mask) is flash-attn's ``window_size=(W -
     1, W - 1)``, its right side cut to 0 by causality, as transformers' flash-attn path passes
-    it."""
-    _refuse(dropout, softcap, s_aux, module)
+    it. A layer's ``softcap`` (Gemma-2) caps its scores as flash-attn's ``softcap``."""
+    _refuse(dropout, s_aux, module)
+    softcap = softcap or 0.0
     causal = bool(module.is_causal if is_causal is None else is_causal)
     window = (-1, -1) if sliding_window is None else (sliding_window - 1,) * 2
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, S, H, D) views
     batch, sq = q.shape[:2]
     if attention_mask is not None:
-        return _padded(q, k, v, attention_mask, causal, scaling, window), None
+        return _padded(q, k, v, attention_mask, causal, scaling, window, softcap), None
     cu = _packed(kwargs, batch, q.device)
     if cu is not None:
         (cu_q, cu_k), (max_q, max_k) = cu
         out = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k,
-                                     softmax_scale=scaling, causal=causal, window_size=window)
+                                     softmax_scale=scaling, causal=causal, window_size=window,
+                                     softcap=softcap)
         return out[None], None
-    return flash_attn_func(q, k, v, causal=causal, softmax_scale=scaling,
-                           window_size=window), None
+    return flash_attn_func(q, k, v, causal=causal, softmax_scale=scaling, window_size=window,
+                           softcap=softcap), None
 
 
 def _packed(kwargs, batch, device):
@@ -99,7 +101,7 @@ def _packed(kwargs, batch, device):
     return (cu.to(device), cu.to(device)), (longest, longest)
 
 
-def _padded(q, k, v, mask, causal, scaling, window):
+def _padded(q, k, v, mask, causal, scaling, window, softcap):
     """A padded batch: the kept rows packed, attended per sequence, scattered back (padded query
     rows 0). ``mask`` (B, Sk) marks the keys kept; the queries are its last Sq columns (left
     padding during generation, as transformers lays it out)."""
@@ -115,6 +117,7 @@ def _padded(q, k, v, mask, causal, scaling, window):
                           for x in (k, v))
     out = flash_attn_varlen_func(packed_q, packed_k, packed_v, cu_q, cu_k,
                                  max(int(lens_q.max()), 1), max(int(lens_k.max()), 1),
-                                 softmax_scale=scaling, causal=causal, window_size=window)
+                                 softmax_scale=scaling, causal=causal, window_size=window,
+                                 softcap=softcap)
     full = out.new_zeros(batch * sq, hq, d).index_copy(0, rows_q, out)
     return full.view(batch, sq, hq, d)

@@ -119,19 +119,22 @@ def test_paged_varlen_runs_forward_only_and_matches_the_packed_call(rng):
     assert torch.equal(paged, want.detach())
 
 
-def test_a_sliding_window_loss_backward_matches_reference(rng):
+def test_a_sliding_window_and_softcap_loss_backward_matches_reference(rng):
     host = [randn(rng, s, "bfloat16") for s in ((1, 9, 2, 16), (1, 12, 1, 16), (1, 12, 1, 16))]
     dout = randn(rng, (1, 9, 2, 16), "bfloat16")
     q, k, v = (_leaf(x) for x in host)
-    out = flash_attn_func(q, k, v, causal=True, window_size=(3, -1), backend="simt")
+    out = flash_attn_func(q, k, v, causal=True, window_size=(3, -1), softcap=1.5,
+                          backend="simt")
     (out.float() * torch.from_numpy(dout.astype(np.float32)).to(DEVICE)).sum().backward()
     mask = ref.window_mask(9, 12, (3, -1), causal=True)
-    want = ref.attention_bwd_ref(dout, *host, mask=mask)
-    lowp = ref.attention_bwd_lowp(dout, *host, mask=mask)
+    want = ref.attention_bwd_ref(dout, *host, mask=mask, softcap=1.5)
+    lowp = ref.attention_bwd_lowp(dout, *host, mask=mask, softcap=1.5)
     for name, t, w, lp in zip(("dq", "dk", "dv"), (q, k, v), want, lowp):
         assert_close_rule(to_host(t.grad), w, lp, "bfloat16", factor=3.0, what=name)
     with pytest.raises(ValueError, match="^window_size"):
         flash_attn_func(q, k, v, window_size=(-3, 0))
+    with pytest.raises(ValueError, match="^softcap"):
+        flash_attn_func(q, k, v, softcap=-1.0)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -191,28 +194,30 @@ def _opcheck_cases(rng):
     host = [randn(rng, (1, 3, 1, 8), "float32") for _ in range(4)]
     q, k, v = (_leaf(x) for x in host[:3])
     ops = torch.ops.numba_flash
-    out, lse = ops.flash_attn_fwd(*(t.detach() for t in (q, k, v)), True, None, "simt", 1, 0)
+    out, lse = ops.flash_attn_fwd(*(t.detach() for t in (q, k, v)), True, None, "simt", 1, 0,
+                                  0.0)
     mla = {name: _tensor(x) for name, x in _mla_inputs(rng).items()}
     packed, cu_q, cu_k = _varlen_inputs(rng)
     pq, pk, pv = (_leaf(x) for x in packed)
     cu = (_tensor(cu_q), _tensor(cu_k))
     p_out, p_lse = ops.flash_attn_varlen_fwd(pq.detach(), pk.detach(), pv.detach(), *cu, 5, 4,
-                                             None, True, None, None, "simt", -1, -1)
+                                             None, True, None, None, "simt", -1, -1, 0.0)
     pages, table = _paged(packed, cu_k)
     return {
         "flash_attn_varlen_fwd": (ops.flash_attn_varlen_fwd.default,
                                   (pq, pk, pv, *cu, 5, 4, None, True, None, None, "simt", 2,
-                                   0)),
+                                   0, 3.0)),
         "flash_attn_varlen_fwd paged": (ops.flash_attn_varlen_fwd.default,
                                         (pq.detach(), *pages, *cu, 5, 4, None, True, None,
-                                         table, "simt", -1, -1)),
+                                         table, "simt", -1, -1, 0.0)),
         "flash_attn_varlen_bwd": (ops.flash_attn_varlen_bwd.default,
                                   (_tensor(packed[0]), pq.detach(), pk.detach(), pv.detach(),
-                                   p_out, p_lse, *cu, 5, 4, None, True, None, -1, -1)),
-        "flash_attn_fwd": (ops.flash_attn_fwd.default, (q, k, v, True, None, "simt", 1, 0)),
+                                   p_out, p_lse, *cu, 5, 4, None, True, None, -1, -1, 0.0)),
+        "flash_attn_fwd": (ops.flash_attn_fwd.default,
+                           (q, k, v, True, None, "simt", 1, 0, 2.5)),
         "flash_attn_bwd": (ops.flash_attn_bwd.default,
                            (_tensor(host[3]), q.detach(), k.detach(), v.detach(), out, lse, True,
-                            None, "simt", 1, 0)),
+                            None, "simt", 1, 0, 2.5)),
         "get_mla_metadata": (ops.get_mla_metadata.default,
                              (mla["cache_seqlens"], 4, 1, 2, False, None, 2)),
         "flash_mla_with_kvcache": (ops.flash_mla_with_kvcache.default,

@@ -1,7 +1,8 @@
 """numba_flash.transformers: a tiny Llama (GQA) built from a config, every attention layer on
 numba_flash, against the same model on transformers' SDPA attention: logits and gradients of a
 dense batch, a left-padded batch, a padding-free packed batch, and greedy generation with the
-model's cache; a tiny Mistral with a sliding window likewise (skipped without torch or transformers: the suite's set-up installs neither
+model's cache; a tiny Mistral with a sliding window likewise, and a tiny Gemma-2 (softcap and
+sliding windows) against transformers' eager attention (skipped without torch or transformers: the suite's set-up installs neither
 transformers nor the "hf" extra, whose transformers 5.2x brings a top-level package "kernels"
 that hides tests/kernels; these tests run where transformers is at hand, as on the GPU image)."""
 
@@ -20,19 +21,19 @@ DEVICE = "cpu" if SIMULATOR else "cuda"
 DTYPE = torch.float32 if SIMULATOR else torch.bfloat16
 
 
-def _models(rng, family="Llama", **options):
-    """The same tiny model twice (Llama, or ``family`` with its config's ``options``): on SDPA,
-    and on numba_flash."""
-    config = getattr(transformers, f"{family}Config")(
-        vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **options)
+def _models(rng, family="Llama", reference="sdpa", **options):
+    """The same tiny model twice (Llama, or ``family`` with its config's ``options``): on
+    transformers' ``reference`` attention (SDPA), and on numba_flash."""
+    sizes = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = getattr(transformers, f"{family}Config")(**{**sizes, **options})
     model = getattr(transformers, f"{family}ForCausalLM")
     torch.manual_seed(int(rng.integers(2**31)))
-    ref = model._from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    ref = model._from_config(copy.deepcopy(config), attn_implementation=reference)
     ours = model._from_config(copy.deepcopy(config), attn_implementation=nftr.register())
     ours.load_state_dict(ref.state_dict())
     assert ours.config._attn_implementation == "numba_attention"
-    assert ref.config._attn_implementation == "sdpa"
+    assert ref.config._attn_implementation == reference
     return ref.to(DEVICE, DTYPE).eval(), ours.to(DEVICE, DTYPE).eval()
 
 
@@ -86,6 +87,24 @@ def test_a_sliding_window_model_gives_sdpa_logits_gradients_and_generation(rng):
     kwargs = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert np.array_equal(ours.generate(ids[:, :5], **kwargs).cpu().numpy(),
                           ref.generate(ids[:, :5], **kwargs).cpu().numpy())
+
+
+def test_a_softcapped_model_gives_eager_logits_and_gradients(rng):
+    """A tiny Gemma-2: logits capped at 2 (so the cap bites) in every layer, a 3-key sliding
+    window in every other, against transformers' eager attention (its SDPA path drops the
+    cap)."""
+    ref, ours = _models(rng, "Gemma2", reference="eager", num_hidden_layers=2, head_dim=8,
+                        sliding_window=3, attn_logit_softcapping=2.0)
+    ids = torch.from_numpy(rng.integers(0, 61, (2, 7))).to(DEVICE)
+    logits = []
+    for model in (ref, ours):
+        model.zero_grad()
+        out = model(ids).logits
+        out.float().square().mean().backward()
+        logits.append(out)
+    _close(logits[1], logits[0])
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        _close(p.grad, q.grad)
 
 
 def test_a_padding_free_packed_batch_equals_its_sequences_run_alone(rng):
