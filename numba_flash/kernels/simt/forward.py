@@ -49,6 +49,13 @@ Varlen (packed sequences, kernels/attention.py)
     in the table as it is loaded (``common/paged_kv.make_key_row``); a bad entry reads as zeros
     and is reported.
 
+Masks and score modifiers (compile-time options: off, they cost nothing)
+    ``WINDOW`` (sliding window, not paged): the causal code with the diagonal moved right by the
+    window's right side, the keys viewed from the first tile the window reaches, and a lower
+    test in the tiles that cross its start (``common/masks.make_window``). ``SOFTCAP``: each S
+    element (base-2 units here, Q being pre-scaled) through ``cap_out tanh(S cap_in)`` before
+    the masks (``common/softmax.make_score_cap``).
+
 Limits
     HEAD_DIM a multiple of 8 up to 256; any Sq, Sk; strides other than the last honoured.
     Accumulation in float32; inputs float16 / bfloat16 (as uint16 bits) or float32.

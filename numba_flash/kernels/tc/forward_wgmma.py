@@ -48,6 +48,10 @@ Limits
     sequence's end (kernels/attention.py). Paged K/V (``PAGED``, varlen): each K/V tile's rows
     come through a row table in shared memory (2 x BLOCK_N x 8 bytes more), written a tile ahead
     by one owner thread per row from the block table (``common/copies.make_paged_steps``).
+    Sliding window (``WINDOW``, not paged): the causal code with the diagonal moved right and
+    the keys viewed from the window's first tile (``common/masks.make_window``); softcap
+    (``SOFTCAP``): S through ``cap_out tanh(S cap_in)`` before the masks
+    (``common/softmax.make_score_cap``). Both compile-time options: off, they cost nothing.
 """
 
 from functools import lru_cache
