@@ -224,7 +224,7 @@ def kv_row(HEAD_DIM, HEAD_DIM_V, SEPARATE_V):
 def wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS=THREADS, SEPARATE_V=False):
     """The wide variant's thread layout of each phase, and the strides (KV row in storage
     elements, P row and S plane in words) that keep the lanes of a warp on different banks."""
-    DP, VP = HEAD_DIM // 2, _cdiv(HEAD_DIM_V, 2)  # pairs of a key row, of its value part
+    VP = _cdiv(HEAD_DIM_V, 2)  # pairs of a key row's value part
     # S = Q K^T: R row groups x C key groups x DS d-lanes, each thread a TM x TN micro-tile.
     TM = min(BLOCK_M, 8)
     R = BLOCK_M // TM
