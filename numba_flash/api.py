@@ -29,7 +29,7 @@ from .runtime.device import SIMULATOR
 # ----------------------------------------------------------------------------- attention
 
 def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", out=None, stream=None,
-                   window_size=(-1, -1), softcap=0.0):
+                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, learnable_sink=None):
     """Exact attention forward. Returns ``(out, lse)``.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq % Hk == 0; out like q; lse (B, Hq, Sq)
@@ -40,8 +40,12 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     ``window_size=(left, right)``: query i sees keys ``i + Sk - Sq - left <= j <= i + Sk - Sq +
     right`` (-1: unbounded; ``causal`` is ``right = 0``); the key tiles outside are skipped.
     ``softcap`` > 0 turns each scaled score s into ``softcap * tanh(s / softcap)``.
+    ``alibi_slopes`` (float32 (Hq,) or (B, Hq)) then adds ``-slope * |i + Sk - Sq - j|``.
+    ``learnable_sink`` (float32 (Hq,)) adds ``exp(sink)`` to each row's softmax sum (and
+    nothing to its output): lse includes it, and a row that sees no key gets ``lse = sink``.
     """
-    plain = validate.window(window_size, causal) is None and validate.score_cap(softcap) is None
+    plain = (alibi_slopes is None and learnable_sink is None and
+             validate.window(window_size, causal) is None and validate.score_cap(softcap) is None)
     key, pointers = (torch_plans.key(q, k, v, causal, softmax_scale, backend, out, stream)
                      if plain else (None, None))
     if key is not None:
@@ -49,7 +53,8 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
         if result is not None:
             return result
     dev = device.current()
-    problem = validate.attention(q, k, v, causal, softmax_scale, window_size, softcap)
+    problem = validate.attention(q, k, v, causal, softmax_scale, window_size, softcap,
+                                 alibi_slopes, learnable_sink)
     b, sq, hq, _ = problem.q.shape
     o, lse, launched = _forward(problem, backend, out, problem.q.shape, (b, hq, sq), stream, dev)
     if key is not None:
@@ -74,15 +79,14 @@ def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     (num_pages, page_size, Hk, D) of any page size: key j of sequence b is row ``j %
     page_size`` of page ``block_table[b, j // page_size]``, and ``cu_seqlens_k`` (or
     ``seqused_k``) gives only each sequence's number of keys; an entry that is not a page reads
-    as zeros and is reported. ``window_size`` as in ``flash_attn_fwd``, per sequence (not with
-    ``block_table`` yet) and ``softcap`` as in ``flash_attn_fwd``; alibi_slopes and
-    learnable_sink other than their defaults raise ``NotImplementedError``.
+    as zeros and is reported. ``window_size`` (not with ``block_table`` yet), ``softcap``,
+    ``alibi_slopes`` ((Hq,) or (B, Hq)) and ``learnable_sink`` as in ``flash_attn_fwd``, each
+    sequence with its own lengths.
     """
-    validate.attention_options(None, None, alibi_slopes, learnable_sink)
     dev = device.current()
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal, softmax_scale, seqused_k, block_table, window_size,
-                              softcap)
+                              softcap, alibi_slopes, learnable_sink)
     _, total_q, hq, d = problem.q.shape
     o, lse, _ = _forward(problem, backend, out, (total_q, hq, d), (hq, total_q), stream, dev,
                          lse)
@@ -119,6 +123,10 @@ def _args(problem, **tensors):
         args.update(window=problem.window)
     if problem.softcap is not None:
         args.update(softcap=problem.softcap)
+    if problem.alibi_slopes is not None:
+        args.update(alibi_slopes=problem.alibi_slopes)
+    if problem.sink is not None:
+        args.update(sink=problem.sink)
     if problem.cu_seqlens_q is not None:
         batch = problem.q.shape[0]
         args.update({name: arrays.batched(t, batch) for name, t in tensors.items()})
@@ -132,8 +140,10 @@ def _args(problem, **tensors):
 
 
 def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, backend="auto",
-                   dq=None, dk=None, dv=None, stream=None, window_size=(-1, -1), softcap=0.0):
-    """Gradients of exact attention for the incoming ``dout``. Returns ``(dq, dk, dv)``.
+                   dq=None, dk=None, dv=None, stream=None, window_size=(-1, -1), softcap=0.0,
+                   alibi_slopes=None, learnable_sink=None):
+    """Gradients of exact attention for the incoming ``dout``. Returns ``(dq, dk, dv)``, and
+    ``dsink`` ((Hq,) float32) fourth when ``learnable_sink`` is given.
 
     ``out`` and ``lse`` are what ``flash_attn_fwd`` returned for the same q, k, v, causal and
     softmax_scale: dout and out shaped like q, lse (B, Hq, Sq) float32. dq is shaped like q, dk
@@ -143,10 +153,12 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     q, k, v and dout (and out, for the wgmma pair, whose dQ kernel computes D_i) are 16-byte
     aligned views, else the CUDA-core ones; an explicit ``tc`` refuses unaligned views.
     ``window_size`` and ``softcap`` as in the forward (the gradient goes through the cap's
-    ``1 - tanh^2``); the key tiles outside a window are skipped here too.
+    ``1 - tanh^2``); the key tiles outside a window are skipped here too. ``alibi_slopes`` and
+    ``learnable_sink`` as in the forward (no gradient for the slopes, as in flash-attn).
     """
     dev = device.current()
-    problem = validate.attention(q, k, v, causal, softmax_scale, window_size, softcap)
+    problem = validate.attention(q, k, v, causal, softmax_scale, window_size, softcap,
+                                 alibi_slopes, learnable_sink)
     dout, out, lse = validate.backward(problem, dout, out, lse)
     return _backward(problem, backend, dout, out, lse, (dq, dk, dv), stream, dev)
 
@@ -159,14 +171,14 @@ def flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     dv)``: packed like q, k, v; dout and out (total_q, Hq, D), lse (Hq, total_q) as the forward
     returned them, with the same offsets, bounds, causal, softmax_scale and seqused_k. Rows of
     no sequence (and keys past ``seqused_k``) get no gradient written. Deterministic, like
-    ``flash_attn_bwd``; ``window_size``, ``softcap`` and the options that raise
-    ``NotImplementedError`` as in the forward.
+    ``flash_attn_bwd``; ``window_size``, ``softcap``, ``alibi_slopes`` and ``learnable_sink``
+    as in the forward (``dsink`` then fourth, as there).
     """
-    validate.attention_options(None, None, alibi_slopes, learnable_sink)
     dev = device.current()
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal, softmax_scale, seqused_k, window_size=window_size,
-                              softcap=softcap)
+                              softcap=softcap, alibi_slopes=alibi_slopes,
+                              learnable_sink=learnable_sink)
     dout, out, lse = validate.backward(problem, dout, out, lse)
     return _backward(problem, backend, dout, out, lse, (dq, dk, dv), stream, dev)
 
@@ -174,7 +186,7 @@ def flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
 def _backward(problem, backend, dout, out, lse, given, stream, dev):
     """Choose, check and launch the backward of ``problem`` for the adapted ``dout``, ``out``
     and ``lse`` (shaped as the call takes them), into the caller's ``given`` (dq, dk, dv)
-    buffers or new ones; returns the caller's objects."""
+    buffers or new ones; returns the caller's objects (and dsink with a sink)."""
     q = problem.q
     dkdv, dq_spec = backends.backward(backend, problem, dout, out, dev)
     packed = problem.cu_seqlens_q is not None
@@ -186,24 +198,31 @@ def _backward(problem, backend, dout, out, lse, given, stream, dev):
     delta = arrays.empty(q, lse.shape, "float32", "delta")  # D_i = rowsum(dout * out)
     stream = arrays.stream_of(q, stream)
     args = _args(problem, out=out, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv)
+    if problem.sink is not None:  # its gradient from lse and D_i, once both exist
+        args.update(dsink=arrays.empty(q, problem.sink.shape, "float32", "dsink"))
     # The preprocess's rows are independent: varlen hands it the packed rows as one batch entry.
     rows = {name: arrays.batched(t, 1) for name, t in
             (("out", out), ("dout", dout), ("delta", delta))} if packed else args
     # D_i first: by the preprocess, or by a dQ kernel that computes it (then dQ runs first).
     steps = ((dq_spec, args), (dkdv, args)) if dq_spec.writes_delta else \
         ((registry.PREPROCESS, rows), (dkdv, args), (dq_spec, args))
+    if problem.sink is not None:
+        steps += ((registry.SINK_GRAD, args),)
     for spec, p in steps:  # every kernel's tiles and grid fit, or nothing runs
         spec.prepare(spec.config(problem), p, dev)
     for spec, p in steps:
         spec.launch(spec.config(problem), p, stream, dev)
+    if problem.sink is not None:
+        return dq.obj, dk.obj, dv.obj, args["dsink"].obj
     return dq.obj, dk.obj, dv.obj
 
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False, backend="auto",
-                    window_size=(-1, -1), softcap=0.0):
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, learnable_sink=None):
     """``flash_attn_fwd`` returning ``out`` (or ``(out, lse)`` with ``return_lse=True``)."""
     out, lse = flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
-                              window_size=window_size, softcap=softcap)
+                              window_size=window_size, softcap=softcap,
+                              alibi_slopes=alibi_slopes, learnable_sink=learnable_sink)
     return (out, lse) if return_lse else out
 
 

@@ -2,7 +2,9 @@
 
 They compute the same functions as the kernels, densely and in double precision, with the
 conventions of docs/api.md: bottom-right causal alignment, GQA head mapping, natural-log lse, and
-rows with no key to attend giving ``out = 0`` and ``lse = +inf``.
+rows with no key to attend giving ``out = 0`` and ``lse = +inf``. The score modifiers enter as
+flash-attn defines them: ``softcap`` caps the scaled scores, an additive ``bias`` (ALiBi's,
+``alibi_bias``) follows the cap, and a ``sink`` (Hq,) joins every row's sum as ``exp(sink)``.
 """
 
 import numpy as np
@@ -36,6 +38,32 @@ def window_mask(sq, sk, window_size, causal=False):
     if right >= 0:
         allowed &= j <= i + sk - sq + right
     return allowed
+
+
+def alibi_bias(slopes, sq, sk):
+    """flash-attn's ALiBi bias ``-slope * |i + sk - sq - j|``, float64 (B or 1, Hq, sq, sk),
+    from ``slopes`` (Hq,) or (B, Hq)."""
+    slopes = np.asarray(slopes, np.float64)
+    slopes = slopes[None] if slopes.ndim == 1 else slopes
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    return -slopes[:, :, None, None] * np.abs(i + sk - sq - j)
+
+
+def varlen_alibi_bias(slopes, cu_seqlens_q, cu_seqlens_k, total_q, total_k, seqused_k=None):
+    """``alibi_bias`` of packed rows: (1, Hq, total_q, total_k), each sequence's block from its
+    own lengths (``seqused_k`` as in ``varlen_mask``), 0 elsewhere (those pairs are masked).
+    ``slopes`` (Hq,) or (B, Hq)."""
+    slopes = np.asarray(slopes, np.float64)
+    cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+    bias = np.zeros((1, slopes.shape[-1], total_q, total_k))
+    for b in range(len(cu_q) - 1):
+        len_q, len_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+        if seqused_k is not None:
+            len_k = min(int(seqused_k[b]), len_k)
+        row = slopes if slopes.ndim == 1 else slopes[b]
+        bias[0, :, cu_q[b]:cu_q[b] + len_q, cu_k[b]:cu_k[b] + len_k] = \
+            alibi_bias(row, len_q, len_k)[0]
+    return bias
 
 
 def _expand_kv(x, hq):
@@ -72,74 +100,93 @@ def _allowed(sq, sk, causal, mask):
     return causal_mask(sq, sk) if causal else None
 
 
-def _scores(q, k, causal, softmax_scale, mask=None, softcap=None):
-    """Scaled scores (B, Hq, Sq, Sk) in float64 (``softcap``: ``softcap * tanh(s / softcap)``),
-    masked keys at -inf."""
+def _scores(q, k, causal, softmax_scale, mask=None, softcap=None, bias=None):
+    """Scaled scores (B, Hq, Sq, Sk) in float64 (``softcap``: ``softcap * tanh(s / softcap)``,
+    then ``bias`` added), masked keys at -inf."""
     hq, d = q.shape[2], q.shape[3]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     s = _einsum("bqhd,bkhd->bhqk", to_float64(q), to_float64(_expand_kv(k, hq))) * scale
     if softcap:
         s = softcap * np.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias
     allowed = _allowed(q.shape[1], k.shape[1], causal, mask)
     return s if allowed is None else np.where(allowed, s, -np.inf)
 
 
-def _softmax(s):
-    """Row softmax of float64 scores and its natural-log lse; rows with no key give 0 and +inf."""
+def _softmax(s, sink=None):
+    """Row softmax of float64 scores and its natural-log lse; rows with no key give 0 and +inf.
+    ``sink`` (Hq,): ``exp(sink)`` joins each row's sum (so such rows give 0 and the sink)."""
+    if sink is not None:  # a key of value 0 that every row sees
+        column = np.broadcast_to(np.asarray(sink, np.float64)[None, :, None, None],
+                                 s.shape[:-1] + (1,))
+        s = np.concatenate([s, column], axis=-1)
     m = s.max(axis=-1, keepdims=True)
     empty = ~np.isfinite(m)
     p = np.exp(s - np.where(empty, 0.0, m))
     l = np.where(empty, 1.0, p.sum(axis=-1, keepdims=True))
     probs = np.where(empty, 0.0, p / l)
     lse = np.where(empty, np.inf, m + np.log(l))[..., 0]
-    return probs, lse
+    return (probs if sink is None else probs[..., :-1]), lse
 
 
-def attention_fwd_ref(q, k, v, causal=False, softmax_scale=None, mask=None, softcap=None):
+def attention_fwd_ref(q, k, v, causal=False, softmax_scale=None, mask=None, softcap=None,
+                      bias=None, sink=None):
     """Exact attention. Returns ``out (B, Sq, Hq, D)`` and ``lse (B, Hq, Sq)``, both float64.
     ``mask`` (Sq, Sk), when given, says which keys each query sees (in place of ``causal``);
-    ``softcap`` caps the scaled scores (flash-attn's softcap)."""
-    p, lse = _softmax(_scores(q, k, causal, softmax_scale, mask, softcap))
+    ``softcap`` caps the scaled scores (flash-attn's softcap), ``bias`` (broadcast to (B, Hq,
+    Sq, Sk)) is added after it, ``sink`` (Hq,) joins each row's sum."""
+    p, lse = _softmax(_scores(q, k, causal, softmax_scale, mask, softcap, bias), sink)
     out = _einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
     return out, lse
 
 
-def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None, mask=None, softcap=None):
-    """Gradients of ``sum(out * dout)`` for exact attention: ``dq, dk, dv`` (float64).
+def attention_bwd_ref(dout, q, k, v, causal=False, softmax_scale=None, mask=None, softcap=None,
+                      bias=None, sink=None):
+    """Gradients of ``sum(out * dout)`` for exact attention: ``dq, dk, dv`` (float64), and
+    ``dsink`` (Hq,) fourth when ``sink`` is given.
 
     dk and dv have k's shape: a kv head sums the gradients of every query head of its group.
     ``softcap``: the scores' cap ``c tanh(s / c)``, whose derivative ``1 - tanh^2`` the
-    gradient of the scaled scores takes.
+    gradient of the scaled scores takes; ``bias`` is a constant (no gradient). A sink moves a
+    row's output by ``-P_sink out`` per unit, ``P_sink = exp(sink - lse)``: ``dsink = -sum over
+    the rows of P_sink rowsum(P dP)``.
     """
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    p, _ = _softmax(_scores(q, k, causal, softmax_scale, mask, softcap))
+    p, lse = _softmax(_scores(q, k, causal, softmax_scale, mask, softcap, bias), sink)
     do = to_float64(dout)
     ke, ve = to_float64(_expand_kv(k, hq)), to_float64(_expand_kv(v, hq))
     dv = _einsum("bhqk,bqhd->bkhd", p, do)
     dp = _einsum("bqhd,bkhd->bhqk", do, ve)
-    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) * _cap_slope(q, k, scale, softcap)
+    D = (p * dp).sum(axis=-1, keepdims=True)
+    ds = p * (dp - D) * _cap_slope(q, k, scale, softcap)
     dq = _einsum("bhqk,bkhd->bqhd", ds, ke) * scale
     dk = _einsum("bhqk,bqhd->bkhd", ds, to_float64(q)) * scale
     group = hq // hk
-    return (dq, dk.reshape(b, sk, hk, group, d).sum(axis=3),
-            dv.reshape(b, sk, hk, group, v.shape[-1]).sum(axis=3))
+    grads = (dq, dk.reshape(b, sk, hk, group, d).sum(axis=3),
+             dv.reshape(b, sk, hk, group, v.shape[-1]).sum(axis=3))
+    if sink is None:
+        return grads
+    p_sink = np.exp(np.asarray(sink, np.float64)[None, :, None] - lse)
+    return (*grads, -(p_sink * D[..., 0]).sum(axis=(0, 2)))
 
 
-def attention_lowp(q, k, v, causal=False, softmax_scale=None, mask=None, softcap=None):
+def attention_lowp(q, k, v, causal=False, softmax_scale=None, mask=None, softcap=None,
+                   bias=None, sink=None):
     """Plain three-step attention with S, P and O each rounded to the inputs' dtype (float64 out).
 
     The tolerance rule of docs/design.md compares a kernel's error with this one's: a flash kernel must be
     no worse than twice what the textbook algorithm loses in the same precision.
     """
-    p = _probs_lowp(q, k, causal, softmax_scale, mask, softcap)
+    p = _probs_lowp(q, k, causal, softmax_scale, mask, softcap, bias, sink)
     out = _einsum("bhqk,bkhd->bqhd", p, to_float64(_expand_kv(v, q.shape[2])))
     return _round(out, q)
 
 
 def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None, mask=None,
-                       softcap=None):
+                       softcap=None, bias=None, sink=None):
     """Plain attention backward with P, dV, dP, dS, dQ, dK each rounded to the inputs' dtype:
     the low-precision counterpart of ``attention_bwd_ref`` for the tolerance rule (float64 out).
     Like every FlashAttention backward it takes D_i = rowsum(dO_i * O_i) from the forward's
@@ -147,9 +194,9 @@ def attention_bwd_lowp(dout, q, k, v, causal=False, softmax_scale=None, mask=Non
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    p = _probs_lowp(q, k, causal, softmax_scale, mask, softcap)
+    p = _probs_lowp(q, k, causal, softmax_scale, mask, softcap, bias, sink)
     do = to_float64(dout)
-    o = attention_lowp(q, k, v, causal, softmax_scale, mask, softcap)
+    o = attention_lowp(q, k, v, causal, softmax_scale, mask, softcap, bias, sink)
     D = (do * o).sum(axis=-1).transpose(0, 2, 1)
     dv = _round(_einsum("bhqk,bqhd->bkhd", p, do), q)
     dp = _round(_einsum("bqhd,bkhd->bhqk", do, to_float64(_expand_kv(v, hq))), q)
@@ -174,13 +221,13 @@ def _round(x, like):
     return to_float64(x.astype(np.asarray(like).dtype))
 
 
-def _probs_lowp(q, k, causal, softmax_scale, mask=None, softcap=None):
+def _probs_lowp(q, k, causal, softmax_scale, mask=None, softcap=None, bias=None, sink=None):
     """Softmax probabilities with S and P rounded to q's dtype (float64 out)."""
-    s = _round(_scores(q, k, False, softmax_scale, softcap=softcap), q)
+    s = _round(_scores(q, k, False, softmax_scale, softcap=softcap, bias=bias), q)
     allowed = _allowed(q.shape[1], k.shape[1], causal, mask)
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)
-    p, _ = _softmax(s)
+    p, _ = _softmax(s, sink)
     return _round(p, q)
 
 

@@ -148,12 +148,46 @@ def out_buffer(out, like, shape, fmt, name="out"):
 
 # ----------------------------------------------------------------------------- attention
 
-def attention(q, k, v, causal, softmax_scale, window_size=None, softcap=None):
+def attention(q, k, v, causal, softmax_scale, window_size=None, softcap=None,
+              alibi_slopes=None, learnable_sink=None):
     """The checks the attention calls share; returns the ``Attention`` problem."""
     q, k, v = _qkv(q, k, v, 4)
     _check_causal(causal)
     return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal),
-                     window=window(window_size, causal), softcap=score_cap(softcap))
+                     window=window(window_size, causal), softcap=score_cap(softcap),
+                     alibi_slopes=alibi(alibi_slopes, q, q.shape[0]),
+                     sink=sink(learnable_sink, q))
+
+
+def _head_values(x, name, q, shapes):
+    """A float32 array of per-head values on q's device, of one of ``shapes``."""
+    t = arrays.adapt(x, name)
+    if t.fmt != "float32":
+        raise TypeError(f"{name}: expected float32, got {t.fmt}")
+    if t.shape not in shapes:
+        want = " or ".join(str(s) for s in shapes)
+        raise ValueError(f"{name}: expected shape {want}, got {t.shape}")
+    if t.device != q.device:
+        raise ValueError(f"{name}: on device {t.device}, q on device {q.device}")
+    return t
+
+
+def alibi(alibi_slopes, q, batch):
+    """flash-attn's ``alibi_slopes``: float32 (Hq,) or (batch, Hq) on q's device, returned as
+    (batch, Hq) (a (Hq,) one seen with a batch stride of 0); None for None. The slopes are
+    values only the kernels read: any float, as in flash-attn."""
+    if alibi_slopes is None:
+        return None
+    hq = q.shape[-2]
+    t = _head_values(alibi_slopes, "alibi_slopes", q, ((hq,), (batch, hq)))
+    return arrays.batched(t, batch) if t.ndim == 1 else t
+
+
+def sink(learnable_sink, q):
+    """flash-attn 4's ``learnable_sink``: float32 (Hq,) on q's device, or None."""
+    if learnable_sink is None:
+        return None
+    return _head_values(learnable_sink, "learnable_sink", q, ((q.shape[-2],),))
 
 
 def score_cap(softcap):
@@ -224,7 +258,8 @@ def _qkv(q, k, v, ndim, q_ndim=None):
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-           softmax_scale, seqused_k=None, block_table=None, window_size=None, softcap=None):
+           softmax_scale, seqused_k=None, block_table=None, window_size=None, softcap=None,
+           alibi_slopes=None, learnable_sink=None):
     """The checks of the varlen calls: packed q (total_q, Hq, D), k and v (total_k, Hk, D) or,
     with a block table (B, max_blocks) int32, pages (num_pages, page_size, Hk, D); offsets (B +
     1,) and seqused_k (B,) int32, positive max_seqlen_q / max_seqlen_k. Returns the
@@ -253,12 +288,14 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     local = window(window_size, causal)
     if local is not None and paged:
         raise NotImplementedError("window_size with block_table: not implemented")
+    cap, slopes, logits = score_cap(softcap), alibi(alibi_slopes, q, b), sink(learnable_sink, q)
     q = arrays.batched(q, b)
     if not paged:
         k, v = arrays.batched(k, b), arrays.batched(v, b)
     return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal), cu_seqlens_q=cu_q,
                      cu_seqlens_k=cu_k, seqused_k=seqused_k, max_seqlen=(max_q, max_k),
-                     block_table=block_table, window=local, softcap=score_cap(softcap))
+                     block_table=block_table, window=local, softcap=cap, alibi_slopes=slopes,
+                     sink=logits)
 
 
 def backward(problem, dout, out, lse):

@@ -7,7 +7,8 @@ Every forward kernel (``simt/forward.py``, ``tc/forward_mma.py``, ``tc/forward_w
     Sq, Sk, Hq, group = Hq / Hk (int32), scale_log2 = softmax_scale * log2(e) (float32),
     cu_seqlens_q, cu_seqlens_k, seqused_k, status (int32, 1-D), block_table (int32, 2-D),
     window_left, window_right (int32: the sliding window's sides, read with ``window`` only),
-    softcap (float32: the score cap, read with ``softcap`` only)
+    softcap (float32: the score cap, read with ``softcap`` only), alibi_slopes (float32 (B, Hq),
+    read with ``alibi`` only), sink (float32 (Hq,), read with ``sink`` only)
 
 on a grid of one CTA per BLOCK_M query rows of one (batch, query head): ``(ceil(Sq /
 BLOCK_M), B * Hq)``, the B * Hq rows folded into y and z past 65535 (``common/grid.py``).
@@ -20,7 +21,9 @@ varlen only) passes k and v as their pages (num_pages, page_size, Hk, D) and the
 every other forward call passes the status word, seen as a (1, 1) array, in its place. The
 backward is three kernels, each a ``KernelSpec`` base below that a family's module completes
 with its tiles and factory: the preprocess ``D_i = rowsum(dO_i * O_i)``, dK/dV (one CTA per
-BLOCK_N keys of one kv head) and dQ (one CTA per BLOCK_M queries).
+BLOCK_N keys of one kv head) and dQ (one CTA per BLOCK_M queries); both take the forward's
+arguments from window_left on but the sink (whose gradient ``simt/sink_grad.py`` computes).
+An option that is off passes a placeholder (``arrays.placeholder``) its kernel never reads.
 A spec's config follows from the call's ``problem.Attention`` (``config_of``); a launch reads its
 arguments, a dict of the adapted arrays (``arrays.Tensor``) and the softmax scale.
 
@@ -56,6 +59,8 @@ class AttentionConfig(NamedTuple):
     paged: bool = False   # varlen K and V in pages behind a block table (forward only)
     window: bool = False  # a sliding window: causal holds its right side
     softcap: bool = False  # scores through softcap * tanh(s / softcap)
+    alibi: bool = False    # scores minus slope * |i + Sk - Sq - j|
+    sink: bool = False     # a learned logit per head in every row's sum (forward only)
 
 
 def config_of(problem, causal=None):
@@ -66,7 +71,14 @@ def config_of(problem, causal=None):
     causal = problem.causal if causal is None else causal
     return AttentionConfig(problem.head_dim, causal or window, problem.fmt,
                            problem.cu_seqlens_q is not None, problem.block_table is not None,
-                           window, problem.softcap is not None)
+                           window, problem.softcap is not None,
+                           problem.alibi_slopes is not None, problem.sink is not None)
+
+
+def backward_config_of(problem):
+    """The ``AttentionConfig`` of a backward kernel: the forward's, but for the sink, which a
+    backward kernel does not read (the lse it is given holds it)."""
+    return config_of(problem)._replace(sink=False)
 
 
 def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
@@ -77,6 +89,7 @@ def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
     label = f"{kernel} d={config.head_dim}{tiles} causal={config.causal} {config.fmt}"
     label += (" varlen" if config.varlen else "") + (" paged" if config.paged else "")
     label += (" window" if config.window else "") + (" softcap" if config.softcap else "")
+    label += (" alibi" if config.alibi else "") + (" sink" if config.sink else "")
     return Sample(label, tuple(config), entry, ccs=ccs)
 
 
@@ -88,8 +101,11 @@ def tensor_type(fmt, ndim=4):
 
 I1 = types.Array(types.int32, 1, "A")
 I2 = types.Array(types.int32, 2, "A")
-# cu_seqlens_q, cu_seqlens_k, seqused_k, status: the last arguments of every attention kernel
+# cu_seqlens_q, cu_seqlens_k, seqused_k, status: the arguments every attention kernel takes
 SEQUENCES = (I1, I1, I1, I1)
+F32_1D, F32_2D = types.Array(types.float32, 1, "A"), types.Array(types.float32, 2, "A")
+# window_left, window_right, softcap, alibi_slopes: every forward's and backward's (``_mods``)
+MODS = (I32, I32, F32, F32_2D)
 
 
 def grid_lengths(p):
@@ -107,7 +123,7 @@ def _sizes(p):
     return np.int32(sq), np.int32(sk), np.int32(q.shape[2]), np.int32(q.shape[2] // k.shape[2])
 
 
-def _sequences(p):
+def sequence_arguments(p):
     """The arguments every forward and backward kernel takes last (``SEQUENCES``): a varlen
     call's offsets, or the status word in their place (a dense kernel reads none of them)."""
     status = p["status"]
@@ -124,8 +140,8 @@ class ForwardSpec(KernelSpec):
 
     def signature(self, config):
         t = tensor_type(config.fmt)
-        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES, I2, I32, I32,
-                          F32)
+        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES, I2, *MODS,
+                          F32_1D)
 
     def grid(self, config, tiles, p):
         b, _, hq, _ = p["q"].shape
@@ -134,8 +150,9 @@ class ForwardSpec(KernelSpec):
     def arguments(self, config, p):
         table = p.get("block_table")
         return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
-                np.float32(p["scale"] * LOG2E), *_sequences(p),
-                arrays.batched(p["status"], 1) if table is None else table, *_window(p))
+                np.float32(p["scale"] * LOG2E), *sequence_arguments(p),
+                arrays.batched(p["status"], 1) if table is None else table, *_mods(p),
+                p.get("sink") or arrays.placeholder(p["status"], "float32", 1))
 
 
 class PreprocessSpec(KernelSpec):
@@ -148,7 +165,7 @@ class PreprocessSpec(KernelSpec):
         # One code for both masks, and for varlen batches: the rows are independent, so the
         # host hands it the packed rows as one batch entry.
         return config_of(problem)._replace(causal=False, varlen=False, window=False,
-                                           softcap=False)
+                                           softcap=False, alibi=False, sink=False)
 
     def signature(self, config):
         t = tensor_type(config.fmt)
@@ -163,11 +180,14 @@ class PreprocessSpec(KernelSpec):
         return p["out"], p["dout"], p["delta"], np.int32(sq), np.int32(hq)
 
 
-def _window(p):
-    """The last arguments of every forward, dK/dV and dQ kernel: the sliding window's left and
-    right sides (``validate.window``) and the softcap (``validate.score_cap``), read only by the
-    kernels of a ``window`` / ``softcap`` config."""
-    return (*(np.int32(x) for x in p.get("window", (0, 0))), np.float32(p.get("softcap", 0.0)))
+def _mods(p):
+    """The masks' and score modifiers' arguments of every forward, dK/dV and dQ kernel (``MODS``):
+    the sliding window's left and right sides (``validate.window``), the softcap
+    (``validate.score_cap``) and the ALiBi slopes (B, Hq) (``validate.head_values``), read only
+    by the kernels of a ``window`` / ``softcap`` / ``alibi`` config."""
+    slopes = p.get("alibi_slopes") or arrays.placeholder(p["status"], "float32", 2)
+    return (*(np.int32(x) for x in p.get("window", (0, 0))), np.float32(p.get("softcap", 0.0)),
+            slopes)
 
 
 def _scales(p):
@@ -179,12 +199,12 @@ class DkdvSpec(KernelSpec):
     the sequences); grid (ceil(Sk / BLOCK_N), B * Hk)."""
 
     Config = AttentionConfig
-    config = staticmethod(config_of)
+    config = staticmethod(backward_config_of)
 
     def signature(self, config):
         t = tensor_type(config.fmt)
         return types.void(t, t, t, t, F32_3D, F32_3D, t, t, I32, I32, I32, I32, F32, F32,
-                          *SEQUENCES, I32, I32, F32)
+                          *SEQUENCES, *MODS)
 
     def grid(self, config, tiles, p):
         b, _, hk, _ = p["k"].shape
@@ -193,8 +213,8 @@ class DkdvSpec(KernelSpec):
     def arguments(self, config, p):
         sq, sk, _, group = _sizes(p)
         return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dk"], p["dv"],
-                sq, sk, np.int32(p["k"].shape[2]), group, *_scales(p), *_sequences(p),
-                *_window(p))
+                sq, sk, np.int32(p["k"].shape[2]), group, *_scales(p), *sequence_arguments(p),
+                *_mods(p))
 
 
 class DqSpec(KernelSpec):
@@ -202,13 +222,13 @@ class DqSpec(KernelSpec):
     sequences); grid (ceil(Sq / BLOCK_M), B * Hq); after the preprocess and dK/dV."""
 
     Config = AttentionConfig
-    config = staticmethod(config_of)
+    config = staticmethod(backward_config_of)
     writes_delta = False
 
     def signature(self, config):
         t = tensor_type(config.fmt)
         return types.void(t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32, *SEQUENCES,
-                          I32, I32, F32)
+                          *MODS)
 
     def grid(self, config, tiles, p):
         b, _, hq, _ = p["q"].shape
@@ -216,7 +236,7 @@ class DqSpec(KernelSpec):
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["dout"], p["lse"], p["delta"], p["dq"], *_sizes(p),
-                *_scales(p), *_sequences(p), *_window(p))
+                *_scales(p), *sequence_arguments(p), *_mods(p))
 
 
 class DqDeltaSpec(DqSpec):
@@ -229,11 +249,11 @@ class DqDeltaSpec(DqSpec):
     def signature(self, config):
         t = tensor_type(config.fmt)
         return types.void(t, t, t, t, t, F32_3D, F32_3D, t, I32, I32, I32, I32, F32, F32,
-                          *SEQUENCES, I32, I32, F32)
+                          *SEQUENCES, *MODS)
 
     def arguments(self, config, p):
         return (p["q"], p["k"], p["v"], p["dout"], p["out"], p["lse"], p["delta"], p["dq"],
-                *_sizes(p), *_scales(p), *_sequences(p), *_window(p))
+                *_sizes(p), *_scales(p), *sequence_arguments(p), *_mods(p))
 
 
 class DecodeConfig(NamedTuple):

@@ -24,6 +24,7 @@ from .simt import kvcache_prepare as simt_kvcache_prepare
 from .simt import forward as simt_forward
 from .simt import mla_decode as simt_mla_decode
 from .simt import mla_metadata as simt_mla_metadata
+from .simt import sink_grad as simt_sink_grad
 from .tc import backward_mma as tc_backward_mma
 from .tc import backward_wgmma as tc_backward_wgmma
 from .tc import forward_mma as tc_forward_mma
@@ -144,10 +145,11 @@ def _simt_decode_config(problem):
 # every forward kernel reads their K and V from pages behind a block table too.
 VARLEN = frozenset(("cu_seqlens_q", "cu_seqlens_k", "seqused_k"))
 PAGED_VARLEN = VARLEN | {"block_table"}
-# A sliding window and a softcap run in every forward and backward kernel (the window not with
-# paged K/V yet).
-FORWARD = PAGED_VARLEN | {"window", "softcap"}
-BACKWARD = VARLEN | {"window", "softcap"}
+# The masks and score modifiers run in every forward and backward kernel (the window not with
+# paged K/V yet; a sink's gradient is SINK_GRAD's, after the backward's pair).
+MODIFIERS = frozenset(("window", "softcap", "alibi_slopes", "sink"))
+FORWARD = PAGED_VARLEN | MODIFIERS
+BACKWARD = VARLEN | MODIFIERS
 # flash_attn_with_kvcache's decode: V in its own cache, keys from a per-sequence start.
 KVCACHE = frozenset(("v_cache", "key_start"))
 
@@ -178,6 +180,7 @@ ENTRIES = (
 
 # Single kernels every call of their pass uses, whatever the backend.
 PREPROCESS = simt_backward.PREPROCESS
+SINK_GRAD = simt_sink_grad.SPEC
 COMBINE = simt_combine.SPEC
 KVCACHE_PREPARE = simt_kvcache_prepare.SPEC
 METADATA = simt_mla_metadata.SPEC
@@ -207,5 +210,5 @@ def specs():
     seen = []
     for entry in ENTRIES:
         seen += [s for s in entry.specs if s not in seen]
-    return seen + [s for s in (PREPROCESS, COMBINE, METADATA, KVCACHE_PREPARE, *NAIVE)
-                   if s not in seen]
+    singles = (PREPROCESS, SINK_GRAD, COMBINE, METADATA, KVCACHE_PREPARE, *NAIVE)
+    return seen + [s for s in singles if s not in seen]

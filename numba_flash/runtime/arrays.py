@@ -300,6 +300,18 @@ def batched(t, batch):
     return replace(t, shape=shape, strides=strides, storage=storage)
 
 
+def placeholder(t, fmt, ndim):
+    """``t``'s first element seen as an ``ndim``-dimensional array of ``fmt`` (of ``t``'s item
+    size) with every length 1 and every stride 0: what a kernel takes for an optional array
+    that its configuration never reads (no allocation, no copy)."""
+    shape, strides = (1,) * ndim, (0,) * ndim
+    storage = None
+    if SIMULATOR:
+        base = _sim_device_view(t.storage).reshape(-1)[:1].view(_storage_dtype(fmt, t.itemsize))
+        storage = _sim_wrap(np.lib.stride_tricks.as_strided(base, shape, strides))
+    return replace(t, fmt=fmt, shape=shape, strides=strides, storage=storage)
+
+
 def prefix(t, n):
     """The first ``n`` elements of the 1-D ``t`` (a view; ``n = 0``: an empty array a kernel may
     take for an absent optional one)."""

@@ -19,13 +19,12 @@ query tile's lse and D_i are staged in shared memory once per tile (``make_dkdv_
 per column (``make_dkdv_scores_to_ds``).
 """
 
-import math
-
 from numba import cuda, float32
 
 from ..instructions import convert, sync, wgmma
 from . import constants
 from .masks import make_mask, make_needs_mask, make_window
+from .score_mods import make_score_mods
 
 
 def make_dq_rows(WITH_DELTA=True):
@@ -78,49 +77,33 @@ def make_tile_delta(DPAD, BLOCK_M, FMT):
     return tile_delta
 
 
-def make_capped_score(SOFTCAP):
-    """Device function ``capped(s, cap_in, cap_out) -> (score, slope)``: the score the softmax
-    saw and the derivative of that score by ``s`` in the kernel's units: ``(cap_out t, 1 -
-    t^2)`` with ``t = tanh(s cap_in)`` under ``SOFTCAP`` (the chain rule of ``c tanh(x / c)``:
-    ``1 - tanh^2``), else ``(s, 1)``, which costs nothing."""
-    ONE = float32(1.0)
-
-    @cuda.jit(device=True, inline="always")
-    def capped(s, cap_in, cap_out):
-        if SOFTCAP:
-            t = math.tanh(s * cap_in)
-            return cap_out * t, ONE - t * t
-        return s, ONE
-
-    return capped
-
-
-def make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFTCAP=False):
+def make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFTCAP=False,
+                         ALIBI=False):
     """``scores_to_ds(S, dP, lse_r, D_r, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
-    scale_log2, cap_in, cap_out)``: dP (NT, 4), the C fragments of dP = dO_i V_j^T, becomes dS
+    scale_log2, mods)``: dP (NT, 4), the C fragments of dP = dO_i V_j^T, becomes dS
     = P (dP - D_i) with P = exp2(S scale_log2 - lse_i log2 e) from S (NT, 4), masked past the
     keys, (causal) above the diagonal and (``WINDOW``) before a row's window start ``row +
     diag_lo`` where the key tile ``n0`` crosses them. Element (nt, e): query row_g + 8 (e >>
-    1), key n0 + t2 + 8 nt + (e & 1). S is left as it was. ``SOFTCAP``: P from the capped
-    score ``cap_out t``, ``t = tanh(S cap_in)``, and dS times the cap's derivative ``1 - t^2``
-    (``softmax.make_score_cap``)."""
+    1), key n0 + t2 + 8 nt + (e & 1). S is left as it was. ``SOFTCAP``, ``ALIBI``: P from the
+    score the forward's softmax saw and dS times its derivative (the cap's ``1 - tanh^2``), by
+    ``score_mods.make_score_mods`` with the caller's ``mods``."""
     exp2 = convert.exp2_approx
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
     masked_out = make_mask(CAUSAL)
     crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)[2]
-    capped = make_capped_score(SOFTCAP)
+    modified = make_score_mods(False, SOFTCAP, ALIBI)[1]
     ZERO = float32(0.0)
 
     @cuda.jit(device=True, inline="always")
     def scores_to_ds(S, dP, lse_r, D_r, n0, m0, row_g, t2, seqlen_k, diag, diag_lo, scale_log2,
-                     cap_in, cap_out):
+                     mods):
         masked = needs_mask(n0, m0, diag, seqlen_k) or crosses_begin(n0, m0, diag_lo)
         for nt in range(NT):
             for e in range(4):
                 half = e >> 1
                 key = n0 + t2 + 8 * nt + (e & 1)
                 row = row_g + 8 * half
-                s, slope = capped(S[nt, e], cap_in, cap_out)
+                s, slope = modified(S[nt, e], mods, mods[3] + float32(row - key))
                 p = exp2(s * scale_log2 - lse_r[half])
                 if masked and (masked_out(row, key, diag, seqlen_k) or
                                (WINDOW and key < row + diag_lo)):
@@ -151,30 +134,29 @@ def make_dkdv_rows(BLOCK_M, THREADS):
     return stage_rows
 
 
-def make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL, WINDOW=False, SOFTCAP=False):
-    """``scores_to_ds(S, dP, words, rows, m0, n0, key_g, t2, diag, diag_lo, scale_log2, cap_in,
-    cap_out)``: the transposed
-    step. S (MT, 4) holds S^T = K_j Q_i^T and becomes P^T = exp2(S^T scale_log2 - lse_i log2 e);
+def make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL, WINDOW=False, SOFTCAP=False,
+                           ALIBI=False):
+    """``scores_to_ds(S, dP, words, rows, m0, n0, key_g, t2, diag, diag_lo, scale_log2,
+    mods)``: the transposed step. S (MT, 4) holds S^T = K_j Q_i^T and becomes P^T = exp2(S^T scale_log2 - lse_i log2 e);
     dP (MT, 4) holds dP^T = V_j dO_i^T and becomes dS^T = P^T (dP^T - D_i), with lse_i log2 e
     and D_i read from ``make_dkdv_rows``' words at ``rows``. Element (mt, e): key key_g + 8 (e
     >> 1), query m0 + t2 + 8 mt + (e & 1). Only the causal diagonal and (``WINDOW``) the
     window's start are masked: queries past the end have P = 0 from their +inf lse, and keys
-    past the end are never stored. ``SOFTCAP`` as in ``make_dq_scores_to_ds``."""
+    past the end are never stored. ``SOFTCAP``, ``ALIBI`` as in ``make_dq_scores_to_ds``."""
     exp2 = convert.exp2_approx
     masked_out = make_mask(CAUSAL, KEYS_IN_RANGE=True)
     crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)[2]
-    capped = make_capped_score(SOFTCAP)
+    modified = make_score_mods(False, SOFTCAP, ALIBI)[1]
     ZERO = float32(0.0)
 
     @cuda.jit(device=True, inline="always")
-    def scores_to_ds(S, dP, words, rows, m0, n0, key_g, t2, diag, diag_lo, scale_log2, cap_in,
-                     cap_out):
+    def scores_to_ds(S, dP, words, rows, m0, n0, key_g, t2, diag, diag_lo, scale_log2, mods):
         masked = (CAUSAL and m0 + diag < n0 + BLOCK_N - 1) or crosses_begin(n0, m0, diag_lo)
         for mt in range(MT):
             for e in range(4):
                 col = t2 + 8 * mt + (e & 1)
                 key = key_g + 8 * (e >> 1)
-                s, slope = capped(S[mt, e], cap_in, cap_out)
+                s, slope = modified(S[mt, e], mods, mods[3] + float32(m0 + col - key))
                 p = exp2(s * scale_log2 - words[rows + col])
                 if masked and (masked_out(m0 + col, key, diag, 0) or
                                (WINDOW and key < m0 + col + diag_lo)):

@@ -21,13 +21,12 @@ seesaw decode (``tc/mla_decode_seesaw.py``), whose warpgroups take turns on a ro
 same lazy rule as ``make_moving_max``.
 """
 
-import math
-
 from numba import cuda, float32
 
 from ..instructions import convert, sync
 from . import constants
 from .masks import make_needs_mask, make_row_end, make_window
+from .score_mods import make_score_mods
 
 RESCALE_LOG2 = 8.0  # growth of a row maximum (base 2) that moves m_i: P stays below 2^8
 
@@ -101,7 +100,8 @@ def make_online_update(MT, NT, DT):
     return update
 
 
-def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFTCAP=False):
+def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFTCAP=False,
+                      ALIBI=False):
     """The per-tile step both tc forwards share, as an inline device function: mask S_ij where a
     tile crosses the ragged end or the causal diagonal, then the online softmax with lazy
     rescaling (``make_row_max``, ``make_online_update``). S (MT, NT, 4) holds the thread's C
@@ -109,22 +109,29 @@ def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFT
     DT, 4) follow the C-fragment row ownership (rows ``row_g + 16 mt`` and ``+ 8``, columns
     ``t2, t2 + 1`` of each 8-column tile). ``WINDOW``: keys before a row's window start
     (``j < row + diag_lo``, ``masks.make_window``) are masked too, in the tiles that cross it.
-    ``SOFTCAP``: first S becomes ``cap_out tanh(S cap_in)`` (``make_score_cap``)."""
+    ``SOFTCAP``, ``ALIBI``: first each S element becomes the score the softmax sees
+    (``score_mods.make_score_mods``, whose ``mods`` the caller made for raw scores)."""
     NEG_INF = constants.NEG_INF
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
     crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)[2]
     row_end = make_row_end(CAUSAL)
     row_max = make_row_max(MT, NT)
     update = make_online_update(MT, NT, DT)
+    modified = make_score_mods(False, SOFTCAP, ALIBI)[1]
 
     @cuda.jit(device=True, inline="always")
     def softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
-                     scale_log2, cap_in, cap_out, shfl_scratch, tid):
-        if SOFTCAP:
+                     scale_log2, mods, shfl_scratch, tid):
+        if SOFTCAP or ALIBI:
             for mt in range(MT):
-                for nt in range(NT):
-                    for e in range(4):
-                        S[mt, nt, e] = cap_out * math.tanh(S[mt, nt, e] * cap_in)
+                for half in range(2):
+                    # i + diag - j of the thread's first column; each column's is a constant
+                    # away from it.
+                    rel = mods[3] + float32(row_g + 16 * mt + 8 * half - n0 - t2)
+                    for nt in range(NT):
+                        for e in range(2 * half, 2 * half + 2):
+                            S[mt, nt, e] = modified(S[mt, nt, e], mods,
+                                                    rel - float32(8 * nt + (e & 1)))[0]
         # Only a tile that crosses the ragged end, the diagonal or (window) a row's first key.
         if needs_mask(n0, m0, diag, seqlen_k) or crosses_begin(n0, m0, diag_lo):
             # Element (mt, nt, e) has column n0 + t2 + 8 nt + (e & 1) and row row_g + 16 mt +
@@ -144,25 +151,6 @@ def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFT
         update(S, m_i, l_i, O_i, m_tile, scale_log2)
 
     return softmax_step
-
-
-def make_score_cap(BASE2):
-    """Device function ``cap_factors(softcap, scale_log2) -> (cap_in, cap_out)``: a score S
-    becomes ``cap_out tanh(S cap_in)``, flash-attn's softcap ``c tanh(s / c)`` of the scaled
-    score ``s``, in the units the kernel holds S in: raw Q K^T (the tensor-core kernels, which
-    scale inside the exponent: ``cap_in = scale / c``, ``cap_out = c / scale``) or, ``BASE2``,
-    already times ``scale log2(e)`` (the SIMT kernels, which scale Q). Only a ``softcap``
-    config calls it."""
-    LOG2E, ONE = constants.LOG2E, float32(1.0)
-
-    @cuda.jit(device=True, inline="always")
-    def cap_factors(softcap, scale_log2):
-        c = softcap * LOG2E  # the cap in base-2 units
-        if BASE2:
-            return ONE / c, c
-        return scale_log2 / c, c / scale_log2
-
-    return cap_factors
 
 
 def make_moving_max(NT, DT):

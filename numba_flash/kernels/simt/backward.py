@@ -76,10 +76,9 @@ from ..attention import DkdvSpec, DqSpec, PreprocessSpec, sample
 from ..common import constants, formats
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.backward import make_capped_score
 from ..common.masks import (make_kv_end, make_mask, make_q_begin, make_seqlen_info,
                             make_window)
-from ..common.softmax import make_score_cap
+from ..common.score_mods import make_score_mods
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
 
@@ -183,7 +182,7 @@ def make_preprocess_kernel(HEAD_DIM, FMT):
 
 @lru_cache(maxsize=None)
 def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW=False,
-                     SOFTCAP=False):
+                     SOFTCAP=False, ALIBI=False):
     """Kernel computing dK_j, dV_j for one tile of BLOCK_N keys of one (batch, kv head)."""
     assert BLOCK_N % ROW_GROUPS == 0 and BLOCK_M % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TN = BLOCK_N // ROW_GROUPS       # kv rows per thread
@@ -200,14 +199,14 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WIND
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
     masked_out = make_mask(CAUSAL)
     _, query_window, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
-    cap_factors, capped = make_score_cap(False), make_capped_score(SOFTCAP)
+    score_factors, modified = make_score_mods(False, SOFTCAP, ALIBI)
     store = formats.storer(FMT)
     LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dkdv_simt(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
                             group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                            status, window_left, window_right, softcap):
+                            status, window_left, window_right, softcap, alibi_slopes):
         smem = cuda.shared.array(0, float32)
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
@@ -240,14 +239,13 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WIND
                 dV_j[i, jd] = ZERO
 
         # Sliding window: the queries past its left side see none of these keys.
+        rel0 = diag  # i + diag - j: ALiBi's distance
         seqlen_q, diag, diag_lo = query_window(n0, diag, seqlen_q, window_left, window_right)
-        cap_in = cap_out = scale_log2  # (unread without a softcap)
-        if SOFTCAP:
-            cap_in, cap_out = cap_factors(softcap, scale_log2)
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
         ragged = n0 + BLOCK_N > seqlen_k
         for h in range(hk * group, hk * group + group):
+            mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, rel0)
             for m0 in range(m_begin, seqlen_q, BLOCK_M):
                 cuda.syncthreads()  # the previous step's Q, dO, P, dS are no longer read
                 load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, ONE, tid)
@@ -279,7 +277,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WIND
                         key = n0 + row0 + i
                         visible = not masked or not (masked_out(m0 + c, key, diag, seqlen_k) or (
                             WINDOW and key < m0 + c + diag_lo))
-                        sc, slope = capped(S[i, j], cap_in, cap_out)
+                        sc, slope = modified(S[i, j], mods,
+                                             mods[3] + float32(m0 + c - key))
                         p = ZERO
                         if visible:
                             p = math.exp2(sc * scale_log2 - lse_c)
@@ -312,7 +311,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WIND
 
 @lru_cache(maxsize=None)
 def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW=False,
-                   SOFTCAP=False):
+                   SOFTCAP=False, ALIBI=False):
     """Kernel computing dQ_i for one tile of BLOCK_M queries of one (batch, query head)."""
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS       # query rows per thread
@@ -328,14 +327,14 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     masked_out = make_mask(CAUSAL)
     key_window, _, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
-    cap_factors, capped = make_score_cap(False), make_capped_score(SOFTCAP)
+    score_factors, modified = make_score_mods(False, SOFTCAP, ALIBI)
     store = formats.storer(FMT)
     LOG2E = constants.LOG2E
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dq_simt(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
                           scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k, status,
-                          window_left, window_right, softcap):
+                          window_left, window_right, softcap, alibi_slopes):
         smem = cuda.shared.array(0, float32)
         tid = cuda.threadIdx.x
         lane = tid & (LANES_PER_ROW - 1)
@@ -357,13 +356,12 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW
                                        dq[:, q0:])
             k, v = k[:, k0:], v[:, k0:]
         # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
+        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
         if WINDOW:
             k, v = k[:, n_start:], v[:, n_start:]
             seqlen_k -= n_start
-        cap_in = cap_out = scale_log2  # (unread without a softcap)
-        if SOFTCAP:
-            cap_in, cap_out = cap_factors(softcap, scale_log2)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
+        diag = diag_hi
 
         # Q_i, dO_i stay in shared memory; lse_i, D_i and dQ_i in registers.
         load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, ONE, tid)
@@ -404,7 +402,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW
                     row = m0 + row0 + i
                     visible = not masked or not (masked_out(row, key, diag, seqlen_k) or (
                         WINDOW and key < row + diag_lo))
-                    sc, slope = capped(S[i, j], cap_in, cap_out)
+                    sc, slope = modified(S[i, j], mods, mods[3] + float32(row - key))
                     p = ZERO
                     if visible:
                         p = math.exp2(sc * scale_log2 - lse_i[i])
@@ -481,7 +479,8 @@ class Dkdv(DkdvSpec):
 
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                                config.fmt, config.varlen, config.window, config.softcap)
+                                config.fmt, config.varlen, config.window, config.softcap,
+                                config.alibi)
 
     def samples(self):
         return _samples("dkdv", [(d, False, "float32") for d, _, _ in TILES])
@@ -499,7 +498,8 @@ class Dq(DqSpec):
 
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
-                              config.fmt, config.varlen, config.window, config.softcap)
+                              config.fmt, config.varlen, config.window, config.softcap,
+                              config.alibi)
 
     def samples(self):
         return _samples("dq")

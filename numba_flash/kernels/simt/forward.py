@@ -76,7 +76,7 @@ from ..common.layout import SharedLayout
 from ..common.masks import (make_kv_end, make_mask, make_needs_mask, make_seqlen_info,
                             make_window)
 from ..common.paged_kv import make_key_row
-from ..common.softmax import make_score_cap
+from ..common.score_mods import make_score_mods, make_sink
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
 
@@ -97,7 +97,7 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, PAGED=False,
-                        WINDOW=False, SOFTCAP=False):
+                        WINDOW=False, SOFTCAP=False, ALIBI=False, SINK=False):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS
@@ -114,7 +114,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
     masked_out = make_mask(CAUSAL)
     key_window, _, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
-    cap_factors = make_score_cap(True)
+    score_factors, modified = make_score_mods(True, SOFTCAP, ALIBI)
+    sink_start = make_sink(True, SINK)
     load, store = formats.loader(FMT), formats.storer(FMT)
     shfl_xor = sync.shfl_xor
     NEG_INF = constants.NEG_INF
@@ -122,7 +123,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
 
     def flash_fwd_simt(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                        cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table,
-                       window_left, window_right, softcap):
+                       window_left, window_right, softcap, alibi_slopes, sink):
         smem = cuda.shared.array(0, float32)
         scratch = cuda.shared.array(SCRATCH, float32)
         tid = cuda.threadIdx.x
@@ -146,13 +147,12 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
             if not PAGED:  # paged keys are found through the table (key_row)
                 k, v = k[:, k0:], v[:, k0:]
         # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
+        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
         if WINDOW:
             k, v = k[:, n_start:], v[:, n_start:]
             seqlen_k -= n_start
-        cap_in = cap_out = scale_log2  # (unread without a softcap)
-        if SOFTCAP:
-            cap_in, cap_out = cap_factors(softcap, scale_log2)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
+        diag = diag_hi
 
         # Q_i -> shared (transposed), pre-scaled so that S is in base-2 units.
         load_qt(smem, Q_OFF, q, b, m0, h, seqlen_q, scale_log2, tid)
@@ -162,9 +162,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
         l_i = cuda.local.array(TM, float32)
         O_i = cuda.local.array((TM, TD), float32)
         S = cuda.local.array((TM, TN), float32)
+        m_start, l_start = sink_start(sink, h, scale_log2)  # a sink: a key already seen
         for i in range(TM):
-            m_i[i] = NEG_INF
-            l_i[i] = ZERO
+            m_i[i] = m_start
+            l_i[i] = l_start if lane == 0 else ZERO  # the row's sum is spread over 8 lanes
             for jd in range(TD):
                 O_i[i, jd] = ZERO
 
@@ -198,10 +199,11 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
                     for j in range(TN):
                         S[i, j] += a * smem[K_OFF + d * K_STRIDE + lane + LANES_PER_ROW * j]
 
-            if SOFTCAP:  # S is in base-2 units: the cap is too (softmax.make_score_cap)
+            if SOFTCAP or ALIBI:  # in S's base-2 units (common/score_mods.py)
                 for i in range(TM):
+                    rel = mods[3] + float32(m0 + row0 + i - n0 - lane)  # i + diag - j
                     for j in range(TN):
-                        S[i, j] = cap_out * math.tanh(S[i, j] * cap_in)
+                        S[i, j] = modified(S[i, j], mods, rel - float32(LANES_PER_ROW * j))[0]
 
             # Only tiles that cross the ragged end, the diagonal or the window's start.
             if needs_mask(n0, m0, diag, seqlen_k) or crosses_begin(n0, m0, diag_lo):
@@ -279,7 +281,7 @@ class Spec(ForwardSpec):
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                    config.fmt, config.varlen, config.paged, config.window,
-                                   config.softcap)
+                                   config.softcap, config.alibi, config.sink)
 
     def samples(self):
         """The smallest head dim, the largest of each tile class (causal or not, each format)

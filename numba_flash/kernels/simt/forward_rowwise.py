@@ -102,7 +102,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_N, CAUSAL, FMT):
 
     def flash_fwd_rowwise(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                           cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table,
-                          window_left, window_right, softcap):
+                          window_left, window_right, softcap, alibi_slopes, sink):
         smem = cuda.shared.array(0, float32)
         tid = cuda.threadIdx.x
         bh = folded_row()

@@ -58,7 +58,7 @@ from ..common.copies import make_tile_copy
 from ..common.epilogue import make_fragment_store
 from ..common.layout import SharedLayout
 from ..common.masks import make_kv_end, make_q_begin, make_seqlen_info, make_window
-from ..common.softmax import make_score_cap
+from ..common.score_mods import make_score_mods
 from ..instructions import convert, memory
 from ..instructions import mma as mma_sync
 
@@ -136,7 +136,7 @@ def _make_products(STRIDE, KSTEPS, NT, DT, FMT, THREADS):
 
 @lru_cache(maxsize=None)
 def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False,
-                     WINDOW=False, SOFTCAP=False):
+                     WINDOW=False, SOFTCAP=False, ALIBI=False):
     """Kernel 1: dK_j, dV_j of one tile of BLOCK_N keys of one (batch, kv head). NWARPS = 16 /
     BLOCK_N DSPLIT warps: DSPLIT warps share each 16 keys, each accumulating dK, dV for one
     DSPLIT-th of the head dim (at HEAD_DIM 256 the whole rows would not fit the registers)."""
@@ -160,14 +160,14 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=Fal
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
     stage_rows = backward.make_dkdv_rows(BLOCK_M, THREADS)
     scores_to_ds = backward.make_dkdv_scores_to_ds(NT, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                                                   SOFTCAP)
-    cap_factors = make_score_cap(False)
+                                                 SOFTCAP, ALIBI)
+    score_factors = make_score_mods(False, SOFTCAP, ALIBI)[0]
     query_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[1]
     ZERO, ONE = float32(0.0), float32(1.0)
 
     def flash_bwd_dkdv_tc(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
                           group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k, status,
-                          window_left, window_right, softcap):
+                          window_left, window_right, softcap, alibi_slopes):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -192,10 +192,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=Fal
             k, v, dk, dv = k[:, k0:], v[:, k0:], dk[:, k0:], dv[:, k0:]
 
         # Sliding window: the queries past its left side see none of these keys.
+        rel0 = diag  # i + diag - j: ALiBi's distance
         seqlen_q, diag, diag_lo = query_window(n0, diag, seqlen_q, window_left, window_right)
-        cap_in = cap_out = scale_log2  # (unread without a softcap)
-        if SOFTCAP:
-            cap_in, cap_out = cap_factors(softcap, scale_log2)
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
         q_tiles = (seqlen_q - m_begin + BLOCK_M - 1) // BLOCK_M if seqlen_q > m_begin else 0
@@ -245,8 +243,9 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=Fal
             # P^T = exp2(S^T scale_log2 - lse_i log2 e), masked above the causal diagonal;
             # dS^T = P^T (dP^T - D_i). Element (nt, e): key key_g + 8 (e >> 1), query
             # m0 + t2 + 8 nt + (e & 1).
+            mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, rel0)
             scores_to_ds(S, dP, words, rows, m0, n0, key_g, t2, diag, diag_lo, scale_log2,
-                         cap_in, cap_out)
+                         mods)
 
             # dV_j += P^T dO_i and dK_j += dS^T Q_i, queries as the reduction.
             accumulate(dV, S, DO_OFF + buf + a_row * STRIDE + a_col + col0, smem, scratch, tid)
@@ -262,7 +261,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=Fal
 
 @lru_cache(maxsize=None)
 def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False,
-                   WINDOW=False, SOFTCAP=False):
+                   WINDOW=False, SOFTCAP=False, ALIBI=False):
     """Kernel 2: dQ_i of one tile of BLOCK_M = 16 NWARPS queries of one (batch, query head)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M == 16 * NWARPS and BLOCK_N % 16 == 0
     THREADS = 32 * NWARPS
@@ -280,14 +279,14 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     load_rows = backward.make_dq_rows()
     scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW,
-                                                 SOFTCAP)
-    cap_factors = make_score_cap(False)
+                                                 SOFTCAP, ALIBI)
+    score_factors = make_score_mods(False, SOFTCAP, ALIBI)[0]
     key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
     ZERO = float32(0.0)
 
     def flash_bwd_dq_tc(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
                         scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k, status,
-                        window_left, window_right, softcap):
+                        window_left, window_right, softcap, alibi_slopes):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         scratch = cuda.shared.array(SCRATCH, uint32)
         tid = cuda.threadIdx.x
@@ -313,13 +312,12 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False
                                        dq[:, q0:])
             k, v = k[:, k0:], v[:, k0:]
         # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
+        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
         if WINDOW:
             k, v = k[:, n_start:], v[:, n_start:]
             seqlen_k -= n_start
-        cap_in = cap_out = scale_log2  # (unread without a softcap)
-        if SOFTCAP:
-            cap_in, cap_out = cap_factors(softcap, scale_log2)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
+        diag = diag_hi
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -363,7 +361,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False
             # dS = P (dP - D_i). Element (nt, e): row row_g + 8 (e >> 1), key n0 + t2 + 8 nt
             # + (e & 1).
             scores_to_ds(S, dP, lse_r, D_r, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
-                         scale_log2, cap_in, cap_out)
+                         scale_log2, mods)
 
             # dQ_i += dS K_j, keys as the reduction.
             accumulate(dQ, dP, K_OFF + buf + a_row * STRIDE + a_col, smem, scratch, tid)
@@ -434,7 +432,7 @@ class Dkdv(DkdvSpec):
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                 config.fmt, tiles.threads // 32, config.varlen, config.window,
-                                config.softcap)
+                                config.softcap, config.alibi)
 
     def samples(self):
         return _samples("dkdv", 1)
@@ -458,7 +456,7 @@ class Dq(DqSpec):
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                               config.fmt, tiles.threads // 32, config.varlen, config.window,
-                                config.softcap)
+                              config.softcap, config.alibi)
 
     def samples(self):
         return _samples("dq", 2)

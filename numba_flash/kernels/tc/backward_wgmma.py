@@ -73,7 +73,7 @@ from ..common.epilogue import make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
 from ..common.masks import make_kv_end, make_q_begin, make_seqlen_info, make_window
-from ..common.softmax import make_score_cap
+from ..common.score_mods import make_score_mods
 from ..instructions import convert, memory, sync, wgmma
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -119,7 +119,7 @@ def make_pack_a(FMT):
 
 @lru_cache(maxsize=None)
 def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
-                     WINDOW=False, SOFTCAP=False):
+                     WINDOW=False, SOFTCAP=False, ALIBI=False):
     """Kernel 1: dK_j, dV_j of BLOCK_N = 64 NWG keys of one (batch, kv head)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_N % 64 == 0 and BLOCK_M % 16 == 0
     THREADS = BLOCK_N // 64 * WARPGROUP
@@ -142,8 +142,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
     q_begin = make_q_begin(BLOCK_M, CAUSAL)
     stage_rows = backward.make_dkdv_rows(BLOCK_M, THREADS)
     scores_to_ds = backward.make_dkdv_scores_to_ds(MT, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                                                   SOFTCAP)
-    cap_factors = make_score_cap(False)
+                                                 SOFTCAP, ALIBI)
+    score_factors = make_score_mods(False, SOFTCAP, ALIBI)[0]
     query_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[1]
     ZERO = float32(0.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
@@ -152,7 +152,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
 
     def flash_bwd_dkdv_wgmma(q, k, v, dout, lse, delta, dk, dv, seqlen_q, seqlen_k, n_heads_k,
                              group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                             status, window_left, window_right, softcap):
+                             status, window_left, window_right, softcap, alibi_slopes):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # the same bytes
         words_u = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # ... again
@@ -181,10 +181,8 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
             k, v, dk, dv = k[:, k0:], v[:, k0:], dk[:, k0:], dv[:, k0:]
 
         # Sliding window: the queries past its left side see none of these keys.
+        rel0 = diag  # i + diag - j: ALiBi's distance
         seqlen_q, diag, diag_lo = query_window(n0, diag, seqlen_q, window_left, window_right)
-        cap_in = cap_out = scale_log2  # (unread without a softcap)
-        if SOFTCAP:
-            cap_in, cap_out = cap_factors(softcap, scale_log2)
         # Queries that may see these keys: all, or (causal) from the first tile reaching them.
         m_begin = q_begin(n0, diag)
         q_tiles = (seqlen_q - m_begin + BLOCK_M - 1) // BLOCK_M if seqlen_q > m_begin else 0
@@ -256,8 +254,9 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
             # P^T = exp2(S^T scale_log2 - lse_i log2 e), masked above the causal diagonal;
             # dS^T = P^T (dP^T - D_i). Element (mt, e): key key_g + 8 (e >> 1), query
             # m0 + t2 + 8 mt + (e & 1).
+            mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, rel0)
             scores_to_ds(S, dP, words, rows, m0, n0, key_g, t2, diag, diag_lo, scale_log2,
-                         cap_in, cap_out)
+                         mods)
 
             # dV_j += P^T dO_i and dK_j += dS^T Q_i, 16 queries per wgmma.
             wgmma.fence()
@@ -294,7 +293,7 @@ def make_dkdv_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
 
 @lru_cache(maxsize=None)
 def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
-                   WINDOW=False, SOFTCAP=False):
+                   WINDOW=False, SOFTCAP=False, ALIBI=False):
     """Kernel 2: dQ_i of BLOCK_M = 64 NWG queries of one (batch, query head)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
     THREADS = BLOCK_M // 64 * WARPGROUP
@@ -317,8 +316,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
     load_rows = backward.make_dq_rows(WITH_DELTA=False)
     tile_delta = backward.make_tile_delta(DPAD, BLOCK_M, FMT)
     scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW,
-                                                 SOFTCAP)
-    cap_factors = make_score_cap(False)
+                                                 SOFTCAP, ALIBI)
+    score_factors = make_score_mods(False, SOFTCAP, ALIBI)[0]
     key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
     ZERO = float32(0.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
@@ -327,7 +326,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
 
     def flash_bwd_dq_wgmma(q, k, v, dout, out, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q,
                            group, scale, scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                           status, window_left, window_right, softcap):
+                           status, window_left, window_right, softcap, alibi_slopes):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -361,13 +360,12 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
             lse, delta = lse[:, :, q0:], delta[:, :, q0:]
             k, v = k[:, k0:], v[:, k0:]
         # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
+        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
         if WINDOW:
             k, v = k[:, n_start:], v[:, n_start:]
             seqlen_k -= n_start
-        cap_in = cap_out = scale_log2  # (unread without a softcap)
-        if SOFTCAP:
-            cap_in, cap_out = cap_factors(softcap, scale_log2)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
+        diag = diag_hi
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -436,7 +434,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
             # dS = P (dP - D_i). Element (nt, e): row row_g + 8 (e >> 1), key n0 + t2 + 8 nt
             # + (e & 1).
             scores_to_ds(S, dP, lse_r, D_r, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
-                         scale_log2, cap_in, cap_out)
+                         scale_log2, mods)
 
             # dQ_i += dS K_j, 16 keys per wgmma.
             wgmma.fence()
@@ -524,7 +522,7 @@ class Dkdv(DkdvSpec):
     def make(self, config, tiles):
         return make_dkdv_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                 config.fmt, config.varlen, config.window,
-                                config.softcap)
+                                config.softcap, config.alibi)
 
     def samples(self):
         return _samples("dkdv", 1)
@@ -544,7 +542,7 @@ class Dq(DqDeltaSpec):
     def make(self, config, tiles):
         return make_dq_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                               config.fmt, config.varlen, config.window,
-                                config.softcap)
+                              config.softcap, config.alibi)
 
     def samples(self):
         return _samples("dq", 2)

@@ -73,7 +73,6 @@ from numba import cuda, float32, uint16, uint32, uint64
 from ...runtime.device import SHARED_RESERVED_PER_BLOCK
 from ...runtime.spec import Tiles
 from ..attention import HALF_FORMATS, ForwardSpec, sample
-from ..common import constants
 from ..instructions import convert, memory, sync
 from ..instructions import mma as mma_sync
 from ..common.copies import ROW_WORDS, make_paged_steps, make_tile_copy
@@ -81,7 +80,8 @@ from ..common.epilogue import lse_of, store_chunk
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
 from ..common.masks import make_kv_end, make_seqlen_info, make_window
-from ..common.softmax import make_score_cap, make_softmax_step
+from ..common.score_mods import make_score_mods, make_sink
+from ..common.softmax import make_softmax_step
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 
@@ -168,7 +168,7 @@ def make_products(MT, NT, DT, KSTEPS, STRIDE, FMT):
 
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False,
-                        PAGED=False, WINDOW=False, SOFTCAP=False):
+                        PAGED=False, WINDOW=False, SOFTCAP=False, ALIBI=False, SINK=False):
     """Python kernel function for one configuration (``SPEC`` compiles it).
     Each of the NWARPS warps owns MT = BLOCK_M / (16 NWARPS) m16 tiles of query rows: with
     MT = 2 every K/V fragment loaded by ldmatrix feeds two mma instead of one."""
@@ -190,10 +190,11 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
     scores, accumulate = make_products(MT, NT, DT, KSTEPS, STRIDE, FMT)
     seqlen_info = make_seqlen_info(VARLEN, PAGED)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
-    softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW, SOFTCAP)
-    cap_factors = make_score_cap(False)
+    softmax_step = make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW, SOFTCAP,
+                                     ALIBI)
+    score_factors = make_score_mods(False, SOFTCAP, ALIBI)[0]
+    sink_start = make_sink(False, SINK)
     key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
-    NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
     ROW_CHUNKS = HEAD_DIM // 8                        # 16-byte chunks of an output row
@@ -207,7 +208,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
 
     def flash_fwd_tc(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                      cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table, window_left,
-                     window_right, softcap):
+                     window_right, softcap, alibi_slopes, sink):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -243,13 +244,12 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
             if not PAGED:  # paged keys are found through the table (load_paged_kv)
                 k, v = k[:, k0:], v[:, k0:]
         # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
+        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
         if WINDOW:
             k, v = k[:, n_start:], v[:, n_start:]
             seqlen_k -= n_start
-        cap_in = cap_out = scale_log2  # (unread without a softcap)
-        if SOFTCAP:
-            cap_in, cap_out = cap_factors(softcap, scale_log2)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
+        diag = diag_hi
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         rows_w = ROWS_OFF >> 1  # paged: the row table, in 32-bit words
         entry = -1              # ... and the table entry this thread reads ahead
@@ -277,10 +277,12 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
         O_i = cuda.local.array((MT, DT, 4), float32)
         S = cuda.local.array((MT, NT, 4), float32)
         q_frag = cuda.local.array((MT, 4), uint32)  # A fragments of one k-step
+        # A sink starts each row as a key seen (its sum on one lane of the quad).
+        m_start, l_start = sink_start(sink, h, scale_log2)
         for mt in range(MT):
             for half in range(2):
-                m_i[mt, half] = NEG_INF
-                l_i[mt, half] = ZERO
+                m_i[mt, half] = m_start
+                l_i[mt, half] = l_start if t2 == 0 else ZERO
             for dt in range(DT):
                 for e in range(4):
                     O_i[mt, dt, e] = ZERO
@@ -312,7 +314,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=
             # Mask (only tiles that cross the ragged end or the causal diagonal), then the online
             # softmax: S becomes P, m_i / l_i / O_i move (make_softmax_step).
             softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
-                         scale_log2, cap_in, cap_out, shfl_scratch, tid)
+                         scale_log2, mods, shfl_scratch, tid)
 
             # O_i += P_ij V_j: P straight from registers as the A operand, V through
             # ldmatrix.trans.
@@ -420,7 +422,8 @@ class Spec(ForwardSpec):
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                    config.fmt, tiles.threads // 32, config.varlen,
-                                   config.paged, config.window, config.softcap)
+                                   config.paged, config.window, config.softcap, config.alibi,
+                                   config.sink)
 
     def samples(self):
         """A 32 x 16 tile of two warps at head dim 16 and every entry of the table at the largest

@@ -60,14 +60,14 @@ from numba import cuda, float32, int32, uint16, uint32, uint64
 
 from ...runtime.spec import SM90A, Tiles
 from ..attention import HALF_FORMATS, ForwardSpec, sample
-from ..common import constants
 from ..instructions import convert, memory, sync, wgmma
 from ..common.copies import ROW_WORDS, make_paged_steps, make_swizzled_copy
 from ..common.epilogue import lse_of, make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
 from ..common.masks import make_kv_end, make_seqlen_info, make_window
-from ..common.softmax import make_score_cap, make_softmax_step
+from ..common.score_mods import make_score_mods, make_sink
+from ..common.softmax import make_softmax_step
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
 
@@ -91,7 +91,7 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, PAGED=False):
 
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, PAGED=False,
-                        WINDOW=False, SOFTCAP=False):
+                        WINDOW=False, SOFTCAP=False, ALIBI=False, SINK=False):
     """Python kernel function for one configuration (``SPEC`` compiles it, for
     sm_90a)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
@@ -112,10 +112,11 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
     shfl_xor = sync.shfl_xor
     seqlen_info = make_seqlen_info(VARLEN, PAGED)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
-    softmax_step = make_softmax_step(1, NT, DT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW, SOFTCAP)
-    cap_factors = make_score_cap(False)
+    softmax_step = make_softmax_step(1, NT, DT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW, SOFTCAP,
+                                     ALIBI)
+    score_factors = make_score_mods(False, SOFTCAP, ALIBI)[0]
+    sink_start = make_sink(False, SINK)
     key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
-    NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
     # Descriptor arithmetic, in 16-byte units (kernels/ptx/wgmma.py, "Shared-memory operands";
@@ -132,7 +133,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
 
     def flash_fwd_wgmma(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
                         cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table,
-                        window_left, window_right, softcap):
+                        window_left, window_right, softcap, alibi_slopes, sink):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         smem_words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         scratch = cuda.shared.array(SCRATCH, uint32)
@@ -163,13 +164,12 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
             if not PAGED:  # paged keys are found through the table (load_paged_kv)
                 k, v = k[:, k0:], v[:, k0:]
         # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
+        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
         if WINDOW:
             k, v = k[:, n_start:], v[:, n_start:]
             seqlen_k -= n_start
-        cap_in = cap_out = scale_log2  # (unread without a softcap)
-        if SOFTCAP:
-            cap_in, cap_out = cap_factors(softcap, scale_log2)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
+        diag = diag_hi
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         rows_w = (base + ROWS_OFF) >> 1  # paged: the row table, in 32-bit words
         entry = -1                          # ... and the table entry this thread reads ahead
@@ -197,9 +197,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
         m_tile = cuda.local.array((1, 2), float32)  # row maxima of the current S tile
         O_i = cuda.local.array((1, DT, 4), float32)
         S = cuda.local.array((1, NT, 4), float32)
+        m_start, l_start = sink_start(sink, h, scale_log2)  # a sink: a key already seen
         for half in range(2):
-            m_i[0, half] = NEG_INF
-            l_i[0, half] = ZERO
+            m_i[0, half] = m_start
+            l_i[0, half] = l_start if t2 == 0 else ZERO
         for dt in range(DT):
             for e in range(4):
                 O_i[0, dt, e] = ZERO
@@ -235,7 +236,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
 
             # Mask and online softmax, as in forward_mma.py (one m16 tile of rows per warp).
             softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
-                         scale_log2, cap_in, cap_out, shfl_scratch, tid)
+                         scale_log2, mods, shfl_scratch, tid)
 
             # O_i += P_ij V_j: P from registers, 16 keys per wgmma.
             wgmma.fence()
@@ -307,7 +308,7 @@ class Spec(ForwardSpec):
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                    config.fmt, config.varlen, config.paged, config.window,
-                                   config.softcap)
+                                   config.softcap, config.alibi, config.sink)
 
     def samples(self):
         """Every entry of the table at the largest head dim it serves and three warpgroups of 64
