@@ -320,14 +320,16 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     (for s_q > 1): query token i sees the keys before ``seqlen - (s_q - 1 - i)``. Block-table
     entries at or past ``ceil(seqlen / page)`` and cache slots at or past ``seqlen`` are never
     read. ``backend``: ``"tc"`` (tensor cores, ``backends.decode_spec``), ``"simt"`` or ``"auto"``.
-    FlashMLA's ``is_fp8_kvcache=True``, ``indices`` (sparse attention) and ``attn_sink`` raise
-    ``NotImplementedError``.
+    ``attn_sink`` (float32 (h_q,), FlashMLA's): a logit per query head that joins each row's
+    softmax sum and adds nothing to its output, which shrinks by ``1 / (1 + exp(sink - lse))``;
+    the lse returned is the keys' alone, as FlashMLA returns it. FlashMLA's
+    ``is_fp8_kvcache=True`` and ``indices`` (sparse attention) raise ``NotImplementedError``.
     """
     dev = device.current()
-    validate.not_implemented(is_fp8_kvcache=is_fp8_kvcache, indices=indices,
-                             attn_sink=attn_sink)
+    validate.not_implemented(is_fp8_kvcache=is_fp8_kvcache, indices=indices)
     problem = validate.mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v,
-                                  tile_scheduler_metadata, num_splits, causal, softmax_scale)
+                                  tile_scheduler_metadata, num_splits, causal, softmax_scale,
+                                  attn_sink)
     q, k_cache, block_table, cache_seqlens = (problem.q, problem.k_cache, problem.block_table,
                                               problem.cache_seqlens)
     metadata, num_splits, dv = problem.metadata, problem.num_splits, problem.head_dim_v
@@ -365,11 +367,13 @@ def _decode_args(problem, decode, config, metadata, num_splits, o, dev):
                 lse=arrays.empty(q, (b, h_q, s_q), "float32", "lse"),
                 o_acc=arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc"),
                 lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
-    for name in ("v_cache", "key_start"):
+    for name in ("v_cache", "key_start", "attn_sink", "window", "softcap", "alibi_slopes"):
         if getattr(problem, name) is not None:
             args[name] = getattr(problem, name)
-    # Behind a decode that allows it (sm_90 kernels) the combine starts alongside the decode.
-    args["combine"] = registry.COMBINE.Config(dv, q.fmt, decode.allows_dependents)
+    # Behind a decode that allows it (sm_90 kernels) the combine starts alongside the decode;
+    # it applies an attention sink to every row (kernels/simt/combine.py).
+    args["combine"] = registry.COMBINE.Config(dv, q.fmt, decode.allows_dependents,
+                                              problem.attn_sink is not None)
     registry.COMBINE.prepare(args["combine"], args, dev)
     return args
 
@@ -402,15 +406,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     scheduler split long caches over CTAs, 1 gives each sequence one CTA, n > 1 plans n CTAs
     per sequence's worth of parts. Work: ``kernels/simt/kvcache_prepare.py``, then the decode and
     combine of ``flash_mla_with_kvcache``, all planned on the device (capturable in a CUDA
-    graph). Sliding windows, softcap, ALiBi and FP8 caches (``k_descale``, ``v_descale``) raise
-    ``NotImplementedError``.
+    graph). ``window_size``, ``softcap`` and ``alibi_slopes`` ((Hq,) or (B, Hq)) as in
+    ``flash_attn_fwd``, with each sequence's ``Sk = cache_seqlens[b] + S_new - cache_leftpad[b]``
+    keys (a window's keys before the first query token's are never read). FP8 caches
+    (``k_descale``, ``v_descale``) raise ``NotImplementedError``.
     """
-    validate.attention_options(window_size, softcap, alibi_slopes)
     validate.not_implemented(k_descale=k_descale, v_descale=v_descale)
     dev = device.current()
     c = validate.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                         rotary_interleaved, num_splits)
+                         rotary_interleaved, num_splits, window_size, softcap, alibi_slopes)
     q = c.q
     b, sq, hq, d = q.shape
     hk = c.k_cache.shape[2]
@@ -420,8 +425,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     key_start = arrays.empty(q, (b,), "int32", "key_start")
     table = c.block_table if c.block_table is not None else arrays.empty(q, (b, 1), "int32",
                                                                           "table")
+    # A window moves each sequence's first key (kvcache_prepare): the decode reads key_start.
+    starts = c.cache_leftpad is not None or c.window is not None
     problem = Decode(q_rot, c.k_cache, table, lengths, d, c.scale, c.causal, v_cache=c.v_cache,
-                     key_start=key_start if c.cache_leftpad is not None else None)
+                     key_start=key_start if starts else None, window=c.window,
+                     softcap=c.softcap, alibi_slopes=c.alibi_slopes)
     decode, config = backends.decode_spec(backend, problem, dev)
     o = validate.out_buffer(out, q, q.shape, q.fmt)
     if out is not None:
@@ -446,10 +454,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 table=table, metadata=metadata, num_splits=num_splits, status=args["status"],
                 s_new=0 if c.k is None else c.k.shape[1], fixed_seqlen=c.fixed_seqlen,
                 capacity=c.capacity, rotary_dim=0 if mode is None else 2 * cos.shape[1],
-                one_piece=int(one_piece))
+                one_piece=int(one_piece), window_left=c.window[0] if c.window else 0)
     prepare = registry.KVCACHE_PREPARE
     prep_config = prepare.Config(q.fmt, mode, c.causal and mode is not None,
-                                 c.block_table is not None)
+                                 c.block_table is not None, c.window is not None)
     stream = arrays.stream_of(q, stream)
     prepare.prepare(prep_config, prep, dev)  # every refusal before the first write
     prepare.launch(prep_config, prep, stream, dev)

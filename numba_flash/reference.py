@@ -232,7 +232,7 @@ def _probs_lowp(q, k, causal, softmax_scale, mask=None, softcap=None, bias=None,
 
 
 def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale=None,
-                   causal=False):
+                   causal=False, attn_sink=None):
     """Exact paged MLA decode (FlashMLA's ``flash_mla_with_kvcache``) in float64.
 
     ``q (b, s_q, h_q, d)``; ``k_cache (num_blocks, page_block_size, h_kv, d)``, V being
@@ -243,7 +243,8 @@ def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_s
     reads kv head ``h // (h_q // h_kv)``. With ``causal`` (meaningful for ``s_q > 1``) query token
     ``t`` sees keys ``< seqlen - (s_q - 1 - t)``. A row with no key gets ``out = 0``,
     ``lse = +inf``. Returns ``out (b, s_q, h_q, head_dim_v)`` and natural-log ``lse (b, h_q, s_q)``,
-    both float64.
+    both float64. ``attn_sink`` (h_q,): FlashMLA's, an ``exp(sink)`` more in each row's sum and
+    nothing in its output, which shrinks by ``1 / (1 + exp(sink - lse))``; lse stays the keys'.
     """
     q64 = to_float64(q)
     if q64.ndim != 4:
@@ -296,6 +297,9 @@ def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_s
             l = p.sum(axis=-1, keepdims=True)
             lse[i, :, t] = (m + np.log(l))[:, 0]
             out[i, t] = _einsum("hn,nhd->hd", p / l, kv[:visible, :, :head_dim_v])
+            if attn_sink is not None:
+                sink = np.asarray(attn_sink, np.float64)
+                out[i, t] /= (1 + np.exp(sink - lse[i, :, t]))[:, None]
     return out, lse
 
 
@@ -319,7 +323,8 @@ def rotary_ref(x, cos, sin, positions, interleaved):
 
 def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                 cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
-                softmax_scale=None, causal=False, rotary_interleaved=True):
+                softmax_scale=None, causal=False, rotary_interleaved=True, window_size=(-1, -1),
+                softcap=None, alibi_slopes=None):
     """flash-attn's ``flash_attn_with_kvcache`` on host arrays, from its definition.
 
     Returns ``(out, lse, k_cache, v_cache, q_used)``: out (B, Sq, Hq, D) and lse (B, Hq, Sq) in
@@ -330,6 +335,9 @@ def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin
     of cache row ``cache_batch_idx[b]`` (or ``b``), or of its pages ``block_table[b]``; the
     query then attends the keys at positions ``cache_leftpad[b] .. L + S_new - 1``, causal
     bottom-right. Rotary: keys at their positions, queries at ``L + t`` (causal) or ``L``.
+    ``window_size``, ``softcap`` and ``alibi_slopes`` ((Hq,) or (B, Hq)) as in
+    ``attention_fwd_ref``, over those keys (``Sk`` of them: the window and the distances from
+    the sequence's own ``Sq``, ``Sk``).
     """
     q = np.asarray(q)
     b, sq, hq, d = q.shape
@@ -371,6 +379,13 @@ def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin
             continue
         keys = np.stack([kc[r] for r in used])[None]
         vals = np.stack([vc[r] for r in used])[None]
-        o, l = attention_fwd_ref(q_used[i:i + 1], keys, vals, causal, softmax_scale)
+        n = len(used)
+        mask = None if tuple(window_size) == (-1, -1) else window_mask(sq, n, window_size, causal)
+        bias = None
+        if alibi_slopes is not None:
+            slopes = np.asarray(alibi_slopes)
+            bias = alibi_bias(slopes if slopes.ndim == 1 else slopes[i], sq, n)
+        o, l = attention_fwd_ref(q_used[i:i + 1], keys, vals, causal, softmax_scale, mask,
+                                 softcap, bias)
         out[i], lse[i] = o[0], l[0]
     return out, lse, kc, vc, q_used

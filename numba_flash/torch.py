@@ -48,6 +48,14 @@ def _cap(softcap):
     return validate.score_cap(softcap) or 0.0
 
 
+def _sink_grad(grads, sink):
+    """A backward's (dq, dk, dv[, dsink]) as the operations return them: four tensors, dsink an
+    empty one without a sink (an operation's outputs are fixed)."""
+    if sink is None:
+        return (*grads, grads[0].new_empty((0,), dtype=torch.float32))
+    return tuple(grads)
+
+
 def _new(like, shape, dtype=None):
     """A new contiguous tensor on ``like``'s device: what the real operations allocate."""
     return like.new_empty(shape, dtype=like.dtype if dtype is None else dtype)
@@ -58,14 +66,16 @@ def _new(like, shape, dtype=None):
 @torch.library.custom_op("numba_flash::flash_attn_fwd", mutates_args=())
 def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
                     softmax_scale: Optional[float], backend: str, window_left: int,
-                    window_right: int, softcap: float) -> tuple[Tensor, Tensor]:
+                    window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                    sink: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     return api.flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale,
                               backend=backend, window_size=(window_left, window_right),
-                              softcap=softcap)
+                              softcap=softcap, alibi_slopes=alibi_slopes, learnable_sink=sink)
 
 
 @_flash_attn_fwd.register_fake
-def _(q, k, v, causal, softmax_scale, backend, window_left, window_right, softcap):
+def _(q, k, v, causal, softmax_scale, backend, window_left, window_right, softcap, alibi_slopes,
+      sink):
     b, sq, hq, _ = q.shape
     return _new(q, q.shape), _new(q, (b, hq, sq), torch.float32)
 
@@ -73,23 +83,26 @@ def _(q, k, v, causal, softmax_scale, backend, window_left, window_right, softca
 @torch.library.custom_op("numba_flash::flash_attn_bwd", mutates_args=())
 def _flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                     causal: bool, softmax_scale: Optional[float], backend: str,
-                    window_left: int, window_right: int,
-                    softcap: float) -> tuple[Tensor, Tensor, Tensor]:
-    return api.flash_attn_bwd(dout, q, k, v, out, lse, causal=causal,
-                              softmax_scale=softmax_scale, backend=backend,
-                              window_size=(window_left, window_right), softcap=softcap)
+                    window_left: int, window_right: int, softcap: float,
+                    alibi_slopes: Optional[Tensor],
+                    sink: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _sink_grad(api.flash_attn_bwd(
+        dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, backend=backend,
+        window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+        learnable_sink=sink), sink)
 
 
 @_flash_attn_bwd.register_fake
 def _(dout, q, k, v, out, lse, causal, softmax_scale, backend, window_left, window_right,
-      softcap):
-    return _new(q, q.shape), _new(q, k.shape), _new(q, k.shape)
+      softcap, alibi_slopes, sink):
+    dsink = _new(q, (0,) if sink is None else sink.shape, torch.float32)
+    return _new(q, q.shape), _new(q, k.shape), _new(q, k.shape), dsink
 
 
 def _save_for_backward(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, _, window_left, window_right, softcap = inputs
+    q, k, v, causal, softmax_scale, _, window_left, window_right, softcap, slopes, sink = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, slopes, sink)
     ctx.args = (causal, softmax_scale, "auto", window_left, window_right, softcap)
     ctx.mark_non_differentiable(lse)  # the backward takes no lse gradient
 
@@ -97,9 +110,10 @@ def _save_for_backward(ctx, inputs, output):
 def _attention_backward(ctx, dout, _dlse):
     if dout.stride(-1) != 1:  # e.g. out.sum()'s gradient: ones expanded with zero strides
         dout = dout.contiguous()
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _flash_attn_bwd(dout, q, k, v, out, lse, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None
+    q, k, v, out, lse, slopes, sink = ctx.saved_tensors
+    dq, dk, dv, dsink = _flash_attn_bwd(dout, q, k, v, out, lse, *ctx.args, slopes, sink)
+    return dq, dk, dv, None, None, None, None, None, None, None, (
+        None if sink is None else dsink)
 
 
 torch.library.register_autograd("numba_flash::flash_attn_fwd", _attention_backward,
@@ -107,17 +121,18 @@ torch.library.register_autograd("numba_flash::flash_attn_fwd", _attention_backwa
 
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, backend="auto", *,
-                    return_lse=False, window_size=(-1, -1), softcap=0.0):
+                    return_lse=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    learnable_sink=None):
     """Differentiable exact attention on torch tensors: ``out``, or ``(out, lse)`` with
     ``return_lse=True`` (``numba_flash.flash_attn_func``'s results; ``lse`` is not
-    differentiable). ``return_lse``, ``window_size`` and ``softcap``
-    (``numba_flash.flash_attn_fwd``'s) are keyword-only, so the positional order stays that of
-    earlier releases. ``backend`` picks the forward's kernels (see
+    differentiable). ``return_lse``, ``window_size``, ``softcap``, ``alibi_slopes`` and
+    ``learnable_sink`` (``numba_flash.flash_attn_fwd``'s) are keyword-only, so the positional
+    order stays that of earlier releases. ``backend`` picks the forward's kernels (see
     ``numba_flash.flash_attn_fwd``); the backward is ``numba_flash.flash_attn_bwd``'s with
-    ``backend="auto"`` and the same window and cap."""
+    ``backend="auto"`` and the same options; a sink that requires grad gets its gradient."""
     left, right = _window_sides(window_size, causal)
     out, lse = _flash_attn_fwd(q, k, v, causal, softmax_scale, backend, left, right,
-                               _cap(softcap))
+                               _cap(softcap), alibi_slopes, learnable_sink)
     return (out, lse) if return_lse else out
 
 
@@ -129,20 +144,25 @@ def _flash_attn_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            softmax_scale: Optional[float], causal: bool,
                            seqused_k: Optional[Tensor], block_table: Optional[Tensor],
                            backend: str, window_left: int, window_right: int,
-                           softcap: float) -> tuple[Tensor, Tensor]:
+                           softcap: float, alibi_slopes: Optional[Tensor],
+                           sink: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     # Rows of no sequence, which the kernels do not write, read as rows that see no key.
     out = torch.zeros_like(q)
-    lse = q.new_full((q.shape[1], q.shape[0]), float("inf"), dtype=torch.float32)
+    if sink is None:
+        lse = q.new_full((q.shape[1], q.shape[0]), float("inf"), dtype=torch.float32)
+    else:  # such a row's sum holds the sink alone
+        lse = sink[:, None].repeat(1, q.shape[0])
     return api.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
                                      window_size=(window_left, window_right), softcap=softcap,
+                                     alibi_slopes=alibi_slopes, learnable_sink=sink,
                                      seqused_k=seqused_k, block_table=block_table,
                                      backend=backend, out=out, lse=lse)
 
 
 @_flash_attn_varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      seqused_k, block_table, backend, window_left, window_right, softcap):
+      seqused_k, block_table, backend, window_left, window_right, softcap, alibi_slopes, sink):
     total_q, hq, _ = q.shape
     return _new(q, q.shape), _new(q, (hq, total_q), torch.float32)
 
@@ -152,27 +172,29 @@ def _flash_attn_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                            lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
                            causal: bool, seqused_k: Optional[Tensor], window_left: int,
-                           window_right: int, softcap: float) -> tuple[Tensor, Tensor, Tensor]:
+                           window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                           sink: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     # Rows of no sequence get no gradient from the kernels: zeros, as autograd expects.
     dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
-    api.flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                              max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
-                              window_size=(window_left, window_right), softcap=softcap,
-                              seqused_k=seqused_k, dq=dq, dk=dk, dv=dv)
-    return dq, dk, dv
+    return _sink_grad(api.flash_attn_varlen_bwd(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right),
+        softcap=softcap, alibi_slopes=alibi_slopes, learnable_sink=sink, seqused_k=seqused_k,
+        dq=dq, dk=dk, dv=dv), sink)
 
 
 @_flash_attn_varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      softmax_scale, causal, seqused_k, window_left, window_right, softcap):
-    return _new(q, q.shape), _new(q, k.shape), _new(q, k.shape)
+      softmax_scale, causal, seqused_k, window_left, window_right, softcap, alibi_slopes, sink):
+    dsink = _new(q, (0,) if sink is None else sink.shape, torch.float32)
+    return _new(q, q.shape), _new(q, k.shape), _new(q, k.shape), dsink
 
 
 def _save_varlen(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, seqused_k, block_table, _,
-     window_left, window_right, softcap) = inputs
+     window_left, window_right, softcap, slopes, sink) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, slopes, sink)
     ctx.args = (max_q, max_k, softmax_scale, causal)
     ctx.window = (window_left, window_right, softcap)
     ctx.paged = block_table is not None
@@ -184,10 +206,10 @@ def _varlen_backward(ctx, dout, _dlse):
         raise NotImplementedError("block_table: the backward of paged K/V is not implemented")
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
-    dq, dk, dv = _flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args,
-                                        seqused_k, *ctx.window)
-    return (dq, dk, dv) + (None,) * 12
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, slopes, sink = ctx.saved_tensors
+    dq, dk, dv, dsink = _flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args,
+                                               seqused_k, *ctx.window, slopes, sink)
+    return (dq, dk, dv) + (None,) * 13 + (None if sink is None else dsink,)
 
 
 torch.library.register_autograd("numba_flash::flash_attn_varlen_fwd", _varlen_backward,
@@ -200,11 +222,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            block_table=None, backend="auto", *, seqused_k=None):
     """Differentiable ``numba_flash.flash_attn_varlen_func`` on packed torch tensors: ``out``,
     or ``(out, lse)`` with ``return_lse=True`` (lse (Hq, total_q), not differentiable). Rows
-    of no sequence read as rows that see no key (out 0, lse +inf) and get zero gradients. The options ``numba_flash.flash_attn_varlen_fwd``
-    refuses are refused here before the operation. Paged K/V (``block_table``) runs forward
-    only, as in flash-attn: asked for with gradients enabled on q, k or v it raises
-    ``NotImplementedError`` before anything runs."""
-    validate.attention_options(None, None, alibi_slopes, learnable_sink)
+    of no sequence read as rows that see no key (out 0, lse +inf; with a sink, lse = sink) and
+    get zero gradients. Paged K/V (``block_table``) runs forward only, as in flash-attn: asked
+    for with gradients enabled on q, k or v it raises ``NotImplementedError`` before anything
+    runs."""
     left, right = _window_sides(window_size, causal)
     if block_table is not None and torch.is_grad_enabled() and any(
             t.requires_grad for t in (q, k, v)):
@@ -212,7 +233,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                   "(call under torch.no_grad() or detach q, k and v)")
     out, lse = _flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       max_seqlen_k, softmax_scale, causal, seqused_k,
-                                      block_table, backend, left, right, _cap(softcap))
+                                      block_table, backend, left, right, _cap(softcap),
+                                      alibi_slopes, learnable_sink)
     return (out, lse) if return_lse else out
 
 
@@ -250,15 +272,15 @@ def _flash_mla_with_kvcache(q: Tensor, k_cache: Tensor, block_table: Tensor,
                             tile_scheduler_metadata: Optional[Tensor],
                             num_splits: Optional[Tensor], softmax_scale: Optional[float],
                             causal: bool, is_fp8_kvcache: bool, indices: Optional[Tensor],
-                            backend: str) -> tuple[Tensor, Tensor]:
+                            backend: str, attn_sink: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     return api.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                                       tile_scheduler_metadata, num_splits, softmax_scale, causal,
-                                      is_fp8_kvcache, indices, backend)
+                                      is_fp8_kvcache, indices, backend, attn_sink=attn_sink)
 
 
 @_flash_mla_with_kvcache.register_fake
 def _(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
-      softmax_scale, causal, is_fp8_kvcache, indices, backend):
+      softmax_scale, causal, is_fp8_kvcache, indices, backend, attn_sink):
     b, s_q, h_q, _ = q.shape
     return _new(q, (b, s_q, h_q, head_dim_v)), _new(q, (b, h_q, s_q), torch.float32)
 
@@ -267,12 +289,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                            tile_scheduler_metadata=None, num_splits=None, softmax_scale=None,
                            causal=False, is_fp8_kvcache=False, indices=None, backend="auto",
                            attn_sink=None):
-    """``numba_flash.flash_mla_with_kvcache`` as a torch operation: ``(out, lse)``
-    (``attn_sink``, which the kernels do not implement, is refused before the operation)."""
-    validate.not_implemented(attn_sink=attn_sink)
+    """``numba_flash.flash_mla_with_kvcache`` as a torch operation: ``(out, lse)``."""
     return _flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                                    tile_scheduler_metadata, num_splits, softmax_scale, causal,
-                                   is_fp8_kvcache, indices, backend)
+                                   is_fp8_kvcache, indices, backend, attn_sink)
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -285,19 +305,21 @@ def _flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opt
                              cache_seqlen: Optional[int], cache_batch_idx: Optional[Tensor],
                              cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
                              softmax_scale: Optional[float], causal: bool,
-                             rotary_interleaved: bool, num_splits: int,
-                             backend: str) -> tuple[Tensor, Tensor]:
+                             rotary_interleaved: bool, num_splits: int, backend: str,
+                             window_left: int, window_right: int, softcap: float,
+                             alibi_slopes: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     return api.flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
         cache_seqlen if cache_seqlens is None else cache_seqlens, cache_batch_idx, cache_leftpad,
-        block_table, softmax_scale, causal, rotary_interleaved=rotary_interleaved,
+        block_table, softmax_scale, causal, window_size=(window_left, window_right),
+        softcap=softcap, rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes,
         num_splits=num_splits, return_softmax_lse=True, backend=backend)
 
 
 @_flash_attn_with_kvcache.register_fake
 def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
       cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, rotary_interleaved,
-      num_splits, backend):
+      num_splits, backend, window_left, window_right, softcap, alibi_slopes):
     b, sq, hq, _ = q.shape
     return _new(q, q.shape), _new(q, (b, hq, sq), torch.float32)
 
@@ -313,13 +335,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     writes (``k_cache``, ``v_cache``), so ``torch.compile`` orders it and CUDA graphs capture
     it: ``out``, or ``(out, lse)`` with ``return_softmax_lse``. ``cache_seqlens`` may be an int
     or an int32 tensor, as in flash-attn."""
-    validate.attention_options(window_size, softcap, alibi_slopes)
     validate.not_implemented(k_descale=k_descale, v_descale=v_descale)
+    left, right = _window_sides(window_size, causal)
     fixed = None
     if cache_seqlens is not None and not isinstance(cache_seqlens, Tensor):
         fixed, cache_seqlens = int(cache_seqlens), None
     out, lse = _flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                         cache_seqlens, fixed, cache_batch_idx, cache_leftpad,
                                         block_table, softmax_scale, causal, rotary_interleaved,
-                                        num_splits, backend)
+                                        num_splits, backend, left, right, _cap(softcap),
+                                        alibi_slopes)
     return (out, lse) if return_softmax_lse else out

@@ -20,10 +20,10 @@ name contains it for a flash-attn kernel and tries to load one when the model is
   the positions restart, or the ``cu_seq_lens_q/k`` a data collator passed, through
   ``flash_attn_varlen_func``.
 
-A layer's sliding window (Mistral, Qwen2, Gemma's local layers) and softcap (Gemma-2) run as
-flash-attn's ``window_size`` and ``softcap`` in each of these calls. Sinks and dropout are
-refused with ``NotImplementedError`` until the kernels have them; nothing is silently computed
-without them.
+A layer's sliding window (Mistral, Qwen2, Gemma's local layers), softcap (Gemma-2) and sinks
+(gpt-oss's ``s_aux``, trained through autograd) run as flash-attn's ``window_size``, ``softcap``
+and ``learnable_sink`` in each of these calls. Dropout in training is refused with
+``NotImplementedError``; nothing is silently computed without it.
 """
 
 import torch
@@ -48,12 +48,10 @@ def register(name=NAME):
     return name
 
 
-def _refuse(dropout, s_aux, module):
+def _refuse(dropout, module):
     if dropout and module.training:
         raise NotImplementedError(f"dropout: not implemented (got {dropout}); numba_flash "
                                   f"offers none (set the model's attention_dropout to 0)")
-    if s_aux is not None:
-        raise NotImplementedError("s_aux: not implemented in numba_flash's attention yet")
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -62,24 +60,25 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     returns ``(out (B, Sq, Hq, D), None)``. A layer's ``sliding_window`` W (query i sees the
     keys i - W < j <= i, transformers' sliding-window mask) is flash-attn's ``window_size=(W -
     1, W - 1)``, its right side cut to 0 by causality, as transformers' flash-attn path passes
-    it. A layer's ``softcap`` (Gemma-2) caps its scores as flash-attn's ``softcap``."""
-    _refuse(dropout, s_aux, module)
-    softcap = softcap or 0.0
+    it. A layer's ``softcap`` (Gemma-2) caps its scores as flash-attn's ``softcap``; its sinks
+    ``s_aux`` (gpt-oss, one logit per query head) are ``learnable_sink`` (in float32, their
+    gradient flowing back through the cast)."""
+    _refuse(dropout, module)
     causal = bool(module.is_causal if is_causal is None else is_causal)
     window = (-1, -1) if sliding_window is None else (sliding_window - 1,) * 2
+    options = dict(softmax_scale=scaling, causal=causal, window_size=window,
+                   softcap=softcap or 0.0,
+                   learnable_sink=None if s_aux is None else s_aux.float())
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, S, H, D) views
     batch, sq = q.shape[:2]
     if attention_mask is not None:
-        return _padded(q, k, v, attention_mask, causal, scaling, window, softcap), None
+        return _padded(q, k, v, attention_mask, options), None
     cu = _packed(kwargs, batch, q.device)
     if cu is not None:
         (cu_q, cu_k), (max_q, max_k) = cu
-        out = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k,
-                                     softmax_scale=scaling, causal=causal, window_size=window,
-                                     softcap=softcap)
+        out = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, **options)
         return out[None], None
-    return flash_attn_func(q, k, v, causal=causal, softmax_scale=scaling, window_size=window,
-                           softcap=softcap), None
+    return flash_attn_func(q, k, v, **options), None
 
 
 def _packed(kwargs, batch, device):
@@ -101,10 +100,11 @@ def _packed(kwargs, batch, device):
     return (cu.to(device), cu.to(device)), (longest, longest)
 
 
-def _padded(q, k, v, mask, causal, scaling, window, softcap):
-    """A padded batch: the kept rows packed, attended per sequence, scattered back (padded query
-    rows 0). ``mask`` (B, Sk) marks the keys kept; the queries are its last Sq columns (left
-    padding during generation, as transformers lays it out)."""
+def _padded(q, k, v, mask, options):
+    """A padded batch: the kept rows packed, attended per sequence (``options``: the varlen
+    call's keywords), scattered back (padded query rows 0). ``mask`` (B, Sk) marks the keys
+    kept; the queries are its last Sq columns (left padding during generation, as transformers
+    lays it out)."""
     batch, sq, hq, d = q.shape
     keep_k = mask.bool()
     keep_q = keep_k[:, -sq:]
@@ -117,7 +117,6 @@ def _padded(q, k, v, mask, causal, scaling, window, softcap):
                           for x in (k, v))
     out = flash_attn_varlen_func(packed_q, packed_k, packed_v, cu_q, cu_k,
                                  max(int(lens_q.max()), 1), max(int(lens_k.max()), 1),
-                                 softmax_scale=scaling, causal=causal, window_size=window,
-                                 softcap=softcap)
+                                 **options)
     full = out.new_zeros(batch * sq, hq, d).index_copy(0, rows_q, out)
     return full.view(batch, sq, hq, d)

@@ -88,20 +88,6 @@ def not_implemented(**options):
                                       f"decodes dense 16- and 32-bit caches")
 
 
-def attention_options(window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                      learnable_sink=None, block_table=None):
-    """``NotImplementedError`` naming the first option asked for (anything but flash-attn's
-    default) that no kernel implements yet: none is ever ignored."""
-    if window_size is not None and tuple(window_size) != (-1, -1):
-        raise NotImplementedError(f"window_size: not implemented (got {window_size!r})")
-    if softcap is not None and score_cap(softcap) is not None:
-        raise NotImplementedError(f"softcap: not implemented (got {softcap!r})")
-    for name, value in (("alibi_slopes", alibi_slopes), ("learnable_sink", learnable_sink),
-                        ("block_table", block_table)):
-        if value is not None:
-            raise NotImplementedError(f"{name}: not implemented (got a {type(value).__name__})")
-
-
 # ----------------------------------------------------------------------------- outputs
 
 def _extent(t):
@@ -286,8 +272,6 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     max_k = positive_int(max_seqlen_k, "max_seqlen_k")
     _check_causal(causal)
     local = window(window_size, causal)
-    if local is not None and paged:
-        raise NotImplementedError("window_size with block_table: not implemented")
     cap, slopes, logits = score_cap(softcap), alibi(alibi_slopes, q, b), sink(learnable_sink, q)
     q = arrays.batched(q, b)
     if not paged:
@@ -341,7 +325,7 @@ def host_lengths(cache_seqlens):
 
 
 def mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
-               num_splits, causal, softmax_scale):
+               num_splits, causal, softmax_scale, attn_sink=None):
     """The decode's arguments; returns the ``Decode`` problem (its metadata and num_splits None
     when the call plans itself)."""
     q, k_cache = _tensor(q, "q", 4), _tensor(k_cache, "k_cache", 4)
@@ -368,8 +352,9 @@ def mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
                                               (None, scheduler.METADATA_SIZE))
         num_splits = index_array(num_splits, "num_splits", (b + 1,))
     _check_causal(causal)
+    sink = None if attn_sink is None else _head_values(attn_sink, "attn_sink", q, ((h_q,),))
     return Decode(q, k_cache, block_table, cache_seqlens, int(head_dim_v), _scale(softmax_scale, d),
-                  bool(causal), tile_scheduler_metadata, num_splits)
+                  bool(causal), tile_scheduler_metadata, num_splits, attn_sink=sink)
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -392,10 +377,14 @@ class KVCacheCall(NamedTuple):
     scale: float
     causal: bool
     num_splits: int
+    window: object = None        # validate.window's (left, right), or None
+    softcap: object = None       # validate.score_cap's, or None
+    alibi_slopes: object = None  # (B, Hq) float32, or None
 
 
 def kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-            cache_leftpad, block_table, softmax_scale, causal, rotary_interleaved, num_splits):
+            cache_leftpad, block_table, softmax_scale, causal, rotary_interleaved, num_splits,
+            window_size=None, softcap=None, alibi_slopes=None):
     """The checks of ``flash_attn_with_kvcache`` (flash-attn 2.8's rules, docs/api.md); values
     only the device sees (lengths, indices, table entries) are bounded by the kernels."""
     q = _tensor(q, "q", 4)
@@ -482,4 +471,5 @@ def kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     refuse_overlap(written, read)  # the append writes the caches while these are read
     return KVCacheCall(q, k_cache, v_cache, k, v, cache_seqlens, fixed, cache_batch_idx,
                        cache_leftpad, block_table, rotary, capacity,
-                       _scale(softmax_scale, d), bool(causal), int(num_splits))
+                       _scale(softmax_scale, d), bool(causal), int(num_splits),
+                       window(window_size, causal), score_cap(softcap), alibi(alibi_slopes, q, b))

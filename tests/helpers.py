@@ -128,10 +128,12 @@ def assert_lse(lse, ref):
 
 
 def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, softmax_scale=None,
-                  window_size=(-1, -1), softcap=0.0):
+                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None, learnable_sink=None):
     """Run flash_attn_fwd on fresh random inputs (out poisoned with NaN) and check out and lse
     against the float64 reference with the tolerance rule in docs/design.md (``window_size``:
-    the reference masks by ``reference.window_mask``; ``softcap``: it caps its scores)."""
+    the reference masks by ``reference.window_mask``; ``softcap``: it caps its scores;
+    ``alibi_slopes``: it adds ``reference.alibi_bias``; ``learnable_sink``: its rows' sums hold
+    the sink)."""
     import numba_flash as nf
     from numba_flash import reference as ref
 
@@ -139,13 +141,19 @@ def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, so
     out = nan_like(q)
     o, lse = nf.flash_attn_fwd(to_device(q), to_device(k), to_device(v), causal=causal,
                                softmax_scale=softmax_scale, backend=backend, out=out,
-                               window_size=window_size, softcap=softcap)
+                               window_size=window_size, softcap=softcap,
+                               alibi_slopes=None if alibi_slopes is None else to_device(
+                                   alibi_slopes),
+                               learnable_sink=None if learnable_sink is None else to_device(
+                                   learnable_sink))
     assert o is out
     mask = None if tuple(window_size) == (-1, -1) else ref.window_mask(Sq, Sk, window_size, causal)
-    ro, rl = ref.attention_fwd_ref(q, k, v, causal, softmax_scale, mask, softcap)
+    bias = None if alibi_slopes is None else ref.alibi_bias(alibi_slopes, Sq, Sk)
+    ro, rl = ref.attention_fwd_ref(q, k, v, causal, softmax_scale, mask, softcap, bias,
+                                   learnable_sink)
     assert to_host(o).dtype == q.dtype
-    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal, softmax_scale, mask, softcap),
-                      fmt)
+    assert_close_rule(o, ro, ref.attention_lowp(q, k, v, causal, softmax_scale, mask, softcap,
+                                                bias, learnable_sink), fmt)
     assert_lse(lse, rl)
 
 

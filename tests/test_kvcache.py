@@ -25,10 +25,12 @@ def rotary_tables(rng, positions, rotary_dim, fmt):
 
 def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqlens=(5, 30),
         page=None, rotary_dim=0, interleaved=True, causal=False, batch_idx=None, leftpad=None,
-        num_splits=0, int_seqlens=False, softmax_scale=None, backend="auto", grow=0.0):
+        num_splits=0, int_seqlens=False, softmax_scale=None, backend="auto", grow=0.0,
+        window_size=(-1, -1), softcap=None, alibi=False):
     """One call on fresh random inputs against kvcache_ref: out (poisoned), lse and both caches
     after the append. ``grow``: cached key j scaled by 1 + grow j, so that later tiles score
-    ever higher and the running maxima move tile after tile."""
+    ever higher and the running maxima move tile after tile. ``window_size``, ``softcap``,
+    ``alibi`` (random (B, Hq) slopes): the masks and modifiers."""
     q = randn(rng, (b, sq, hq, d), fmt)
     rows = b if batch_idx is None else max(batch_idx) + 2
     if page is None:
@@ -53,7 +55,10 @@ def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqle
     options = dict(cache_seqlens=lengths,
                    cache_batch_idx=None if batch_idx is None else np.asarray(batch_idx, np.int32),
                    cache_leftpad=None if leftpad is None else np.asarray(leftpad, np.int32),
-                   block_table=table, causal=causal, softmax_scale=softmax_scale)
+                   block_table=table, causal=causal, softmax_scale=softmax_scale,
+                   window_size=window_size, softcap=softcap,
+                   alibi_slopes=(0.5 ** rng.integers(0, 5, (b, hq))).astype(np.float32)
+                   if alibi else None)
     expect_out, expect_lse, expect_k, expect_v, q_used = ref.kvcache_ref(
         q, k_cache, v_cache, k, v, cos, sin, rotary_interleaved=interleaved, **options)
 
@@ -89,8 +94,12 @@ def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqle
         else:
             kk, vv = (np.concatenate(list(c[table[i]]))[start:n_cached + s_new]
                       for c in (expect_k, expect_v))
+        n = len(kk)
+        mask = (None if tuple(window_size) == (-1, -1) else
+                ref.window_mask(sq, n, window_size, causal))
+        bias = None if not alibi else ref.alibi_bias(options["alibi_slopes"][i], sq, n)
         lowp[i] = ref.attention_lowp(q_used[i:i + 1], kk[None], vv[None], causal,
-                                     softmax_scale)[0]
+                                     softmax_scale, mask, softcap, bias)[0]
     assert keys_used
     assert_close_rule(o, expect_out, lowp, fmt)
     assert_lse(lse, expect_lse)
@@ -138,6 +147,26 @@ def test_num_splits_one_gives_each_sequence_one_piece(rng):
 def test_a_group_of_eight_runs_as_two_narrow_tiles(rng):
     # 8 packed rows at D 128 are more than the narrow variant holds: two tiles of 4.
     run(rng, b=1, hq=8, hk=1, d=128, seqlens=(20,), s_c=24)
+
+
+# Masks and score modifiers: a window whose left side leaves keys behind (the plan covers the
+# window alone: 90 keys, window 16) on a split cache, a causal chunk in a window, a window with
+# a right side (not causal), a softcap with ALiBi per (sequence, head), left padding with both.
+@pytest.mark.parametrize("backend", ["auto", "simt"])
+def test_sliding_window_decode_reads_the_window_alone(rng, backend):
+    run(rng, b=2, hq=4, seqlens=(40, 90), s_c=100, window_size=(16, 0), causal=True,
+        backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["auto", "simt"])
+def test_causal_chunk_in_a_window_with_softcap_and_alibi(rng, backend):
+    run(rng, sq=3, s_new=3, seqlens=(0, 20), causal=True, window_size=(4, -1), softcap=1.5,
+        alibi=True, backend=backend)
+
+
+def test_window_with_a_right_side_and_left_padding(rng):
+    run(rng, sq=2, s_new=2, seqlens=(9, 25), leftpad=[3, 10], window_size=(5, 1), alibi=True,
+        hq=4)
 
 
 def test_float32_and_mha(rng):
@@ -193,10 +222,21 @@ def test_refusals_write_nothing(rng, change, match):
 
 def test_options_of_the_next_issue_are_refused_by_name(rng):
     q, kc, vc, _, _ = small(rng)
-    for kw in (dict(window_size=(4, 0)), dict(softcap=5.0), dict(alibi_slopes=q),
-               dict(k_descale=q), dict(v_descale=q)):
+    for kw in (dict(k_descale=q), dict(v_descale=q)):
         with pytest.raises(NotImplementedError, match=next(iter(kw))):
             nf.flash_attn_with_kvcache(q, kc, vc, **kw)
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(window_size=(-3, 0)), ValueError, "^window_size"),
+    (dict(softcap=-1.0), ValueError, "^softcap"),
+    (dict(alibi_slopes=np.zeros((3, 4), np.float32)), ValueError, "^alibi_slopes: expected shape"),
+])
+def test_bad_masks_and_modifiers_are_refused_by_name(rng, kw, exc, match):
+    q, kc, vc, _, _ = small(rng)
+    kw = {name: to_device(x) if isinstance(x, np.ndarray) else x for name, x in kw.items()}
+    with pytest.raises(exc, match=match):
+        nf.flash_attn_with_kvcache(q, kc, vc, **kw)
 
 
 def test_the_tensor_core_backend_names_why_it_cannot(rng):

@@ -22,6 +22,7 @@ from helpers import (SIMULATOR, assert_close_rule, assert_lse, randn, run_withou
 torch = pytest.importorskip("torch")
 import numba_flash.torch as nft  # noqa: E402  (needs torch)
 from numba_flash.torch import flash_attn_func  # noqa: E402
+from kernels._backward_cases import check_sink_gradient  # noqa: E402
 
 DEVICE = "cpu" if SIMULATOR else "cuda"  # the simulator takes CPU tensors
 
@@ -137,6 +138,28 @@ def test_a_sliding_window_and_softcap_loss_backward_matches_reference(rng):
         flash_attn_func(q, k, v, softcap=-1.0)
 
 
+def test_alibi_and_a_learned_sink_train_through_autograd(rng):
+    """gpt-oss's sinks as a leaf tensor: its gradient, with q's, k's and v's, from one loss."""
+    host = [randn(rng, s, "float16") for s in ((2, 9, 2, 16), (2, 12, 1, 16), (2, 12, 1, 16))]
+    dout = randn(rng, (2, 9, 2, 16), "float16")
+    slopes = np.array([0.25, 0.0625], np.float32)
+    sink_host = np.array([0.5, -1.0], np.float32)
+    q, k, v = (_leaf(x) for x in host)
+    sink = torch.from_numpy(sink_host).to(DEVICE).requires_grad_()
+    out = flash_attn_func(q, k, v, causal=True, alibi_slopes=_tensor(slopes),
+                          learnable_sink=sink, backend="simt")
+    (out.float() * torch.from_numpy(dout.astype(np.float32)).to(DEVICE)).sum().backward()
+    bias = ref.alibi_bias(slopes, 9, 12)
+    want = ref.attention_bwd_ref(dout, *host, True, bias=bias, sink=sink_host)
+    lowp = ref.attention_bwd_lowp(dout, *host, True, bias=bias, sink=sink_host)
+    for name, t, w, lp in zip(("dq", "dk", "dv"), (q, k, v), want, lowp):
+        assert_close_rule(to_host(t.grad), w, lp, "float16", factor=3.0, what=name)
+    check_sink_gradient(sink.grad, want[3], dout, *host, True, None, None, None, bias,
+                        sink_host)
+    with pytest.raises(ValueError, match="^learnable_sink: expected shape"):
+        flash_attn_func(q, k, v, learnable_sink=sink[:1])
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_varlen_loss_backward_matches_the_packed_reference(causal, rng):
     host, cu_q, cu_k = _varlen_inputs(rng)
@@ -193,40 +216,48 @@ def _opcheck_cases(rng):
     """(operation, arguments) for every operation, inputs as small as the kernels take."""
     host = [randn(rng, (1, 3, 1, 8), "float32") for _ in range(4)]
     q, k, v = (_leaf(x) for x in host[:3])
+    slopes = _tensor(np.array([0.25], np.float32))
+    sink = torch.tensor([0.5], device=DEVICE, requires_grad=True)
     ops = torch.ops.numba_flash
     out, lse = ops.flash_attn_fwd(*(t.detach() for t in (q, k, v)), True, None, "simt", 1, 0,
-                                  0.0)
+                                  2.5, slopes, sink.detach())
     mla = {name: _tensor(x) for name, x in _mla_inputs(rng).items()}
     packed, cu_q, cu_k = _varlen_inputs(rng)
     pq, pk, pv = (_leaf(x) for x in packed)
     cu = (_tensor(cu_q), _tensor(cu_k))
     p_out, p_lse = ops.flash_attn_varlen_fwd(pq.detach(), pk.detach(), pv.detach(), *cu, 5, 4,
-                                             None, True, None, None, "simt", -1, -1, 0.0)
+                                             None, True, None, None, "simt", -1, -1, 0.0, None,
+                                             None)
+    hq = packed[0].shape[1]
+    p_slopes = _tensor(np.full((len(cu_q) - 1, hq), 0.125, np.float32))
+    p_sink = torch.zeros(hq, device=DEVICE, requires_grad=True)
     pages, table = _paged(packed, cu_k)
     return {
         "flash_attn_varlen_fwd": (ops.flash_attn_varlen_fwd.default,
                                   (pq, pk, pv, *cu, 5, 4, None, True, None, None, "simt", 2,
-                                   0, 3.0)),
+                                   0, 3.0, p_slopes, p_sink)),
         "flash_attn_varlen_fwd paged": (ops.flash_attn_varlen_fwd.default,
                                         (pq.detach(), *pages, *cu, 5, 4, None, True, None,
-                                         table, "simt", -1, -1, 0.0)),
+                                         table, "simt", -1, -1, 0.0, None, None)),
         "flash_attn_varlen_bwd": (ops.flash_attn_varlen_bwd.default,
                                   (_tensor(packed[0]), pq.detach(), pk.detach(), pv.detach(),
-                                   p_out, p_lse, *cu, 5, 4, None, True, None, -1, -1, 0.0)),
+                                   p_out, p_lse, *cu, 5, 4, None, True, None, -1, -1, 0.0,
+                                   None, None)),
         "flash_attn_fwd": (ops.flash_attn_fwd.default,
-                           (q, k, v, True, None, "simt", 1, 0, 2.5)),
+                           (q, k, v, True, None, "simt", 1, 0, 2.5, slopes, sink)),
         "flash_attn_bwd": (ops.flash_attn_bwd.default,
                            (_tensor(host[3]), q.detach(), k.detach(), v.detach(), out, lse, True,
-                            None, "simt", 1, 0, 2.5)),
+                            None, "simt", 1, 0, 2.5, slopes, sink.detach())),
         "get_mla_metadata": (ops.get_mla_metadata.default,
                              (mla["cache_seqlens"], 4, 1, 2, False, None, 2)),
         "flash_mla_with_kvcache": (ops.flash_mla_with_kvcache.default,
                                    (mla["q"], mla["k_cache"], mla["block_table"],
                                     mla["cache_seqlens"], 8, None, None, None, True, False, None,
-                                    "auto")),
+                                    "auto", _tensor(np.array([0.5, -1.0], np.float32)))),
         "flash_attn_with_kvcache": (ops.flash_attn_with_kvcache.default,
                                     _kvcache_inputs(rng) + (None, None, None, 3, None, None,
-                                                            None, None, True, True, 1, "auto")),
+                                                            None, None, True, True, 1, "auto",
+                                                            2, 0, 5.0, None)),
     }
 
 
@@ -261,9 +292,14 @@ def test_mla_operations_match_the_reference(rng):
     assert out.shape == (1, 2, 2, 8) and out.dtype == torch.float32
     assert_close_rule(to_host(out), want_out, None, "float32")
     assert_lse(lse, want_lse)
-    with pytest.raises(NotImplementedError, match="^attn_sink"):
-        nft.flash_mla_with_kvcache(t["q"], t["k_cache"], t["block_table"], t["cache_seqlens"], 8,
-                                   metadata, num_splits, attn_sink=torch.zeros(2))
+    sink = np.array([0.5, -1.0], np.float32)
+    out, lse = nft.flash_mla_with_kvcache(t["q"], t["k_cache"], t["block_table"],
+                                          t["cache_seqlens"], 8, metadata, num_splits,
+                                          causal=True, attn_sink=_tensor(sink))
+    want_out, _ = ref.mla_decode_ref(host["q"], host["k_cache"], host["block_table"],
+                                     host["cache_seqlens"], 8, causal=True, attn_sink=sink)
+    assert_close_rule(to_host(out), want_out, None, "float32")
+    assert_lse(lse, want_lse)  # FlashMLA's: the keys' alone
 
 
 # ----------------------------------------------------------------------------- a compiled model

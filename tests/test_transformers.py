@@ -2,7 +2,7 @@
 numba_flash, against the same model on transformers' SDPA attention: logits and gradients of a
 dense batch, a left-padded batch, a padding-free packed batch, and greedy generation with the
 model's cache; a tiny Mistral with a sliding window likewise, and a tiny Gemma-2 (softcap and
-sliding windows) against transformers' eager attention (skipped without torch or transformers: the suite's set-up installs neither
+sliding windows) and a tiny gpt-oss (sinks) against transformers' eager attention (skipped without torch or transformers: the suite's set-up installs neither
 transformers nor the "hf" extra, whose transformers 5.2x brings a top-level package "kernels"
 that hides tests/kernels; these tests run where transformers is at hand, as on the GPU image)."""
 
@@ -42,6 +42,22 @@ def _close(got, want):
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
+def _same_logits_and_gradients(ref, ours, ids, masks=(None,)):
+    """Both models' logits (the rows each mask keeps) and every parameter's gradient of one
+    loss agree, for each attention mask in ``masks``."""
+    for attention_mask in masks:
+        logits = []
+        for model in (ref, ours):
+            model.zero_grad()
+            out = model(ids, attention_mask=attention_mask).logits
+            out.float().square().mean().backward()
+            logits.append(out)
+        keep = slice(None) if attention_mask is None else attention_mask.bool()
+        _close(logits[1][keep], logits[0][keep])
+        for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+            _close(p.grad, q.grad)
+
+
 def test_register_refuses_a_name_transformers_takes_for_flash_attn():
     with pytest.raises(ValueError, match="flash"):
         nftr.register("numba_flash")
@@ -53,17 +69,7 @@ def test_dense_and_padded_batches_give_sdpa_logits_and_gradients(rng):
     ids = torch.from_numpy(rng.integers(0, 61, (2, 7))).to(DEVICE)
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # left padding, as generation lays it out
-    for attention_mask in (None, mask):
-        logits = []
-        for model in (ref, ours):
-            model.zero_grad()
-            out = model(ids, attention_mask=attention_mask).logits
-            out.float().square().mean().backward()
-            logits.append(out)
-        keep = slice(None) if attention_mask is None else mask.bool()
-        _close(logits[1][keep], logits[0][keep])
-        for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
-            _close(p.grad, q.grad)
+    _same_logits_and_gradients(ref, ours, ids, (None, mask))
 
 
 def test_a_sliding_window_model_gives_sdpa_logits_gradients_and_generation(rng):
@@ -73,17 +79,7 @@ def test_a_sliding_window_model_gives_sdpa_logits_gradients_and_generation(rng):
     ids = torch.from_numpy(rng.integers(0, 61, (2, 7))).to(DEVICE)
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
-    for attention_mask in (None, mask):
-        logits = []
-        for model in (ref, ours):
-            model.zero_grad()
-            out = model(ids, attention_mask=attention_mask).logits
-            out.float().square().mean().backward()
-            logits.append(out)
-        keep = slice(None) if attention_mask is None else mask.bool()
-        _close(logits[1][keep], logits[0][keep])
-        for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
-            _close(p.grad, q.grad)
+    _same_logits_and_gradients(ref, ours, ids, (None, mask))
     kwargs = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert np.array_equal(ours.generate(ids[:, :5], **kwargs).cpu().numpy(),
                           ref.generate(ids[:, :5], **kwargs).cpu().numpy())
@@ -96,15 +92,25 @@ def test_a_softcapped_model_gives_eager_logits_and_gradients(rng):
     ref, ours = _models(rng, "Gemma2", reference="eager", num_hidden_layers=2, head_dim=8,
                         sliding_window=3, attn_logit_softcapping=2.0)
     ids = torch.from_numpy(rng.integers(0, 61, (2, 7))).to(DEVICE)
-    logits = []
-    for model in (ref, ours):
-        model.zero_grad()
-        out = model(ids).logits
-        out.float().square().mean().backward()
-        logits.append(out)
-    _close(logits[1], logits[0])
-    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
-        _close(p.grad, q.grad)
+    _same_logits_and_gradients(ref, ours, ids)
+
+
+def test_a_model_with_sinks_gives_eager_logits_and_gradients(rng):
+    """A tiny gpt-oss: a learned sink per query head in every layer (``s_aux``, numba_flash's
+    ``learnable_sink``; its gradient too), a 3-key sliding window in every other, dense and
+    left-padded, against transformers' eager attention."""
+    ref, ours = _models(rng, "GptOss", reference="eager", num_hidden_layers=2, head_dim=8,
+                        sliding_window=3, num_local_experts=2, num_experts_per_tok=1,
+                        layer_types=["sliding_attention", "full_attention"])
+    with torch.no_grad():  # sinks that matter: as large as the scores
+        for a, b in zip(ref.model.layers, ours.model.layers):
+            a.self_attn.sinks.copy_(2 * torch.randn_like(a.self_attn.sinks))
+            b.self_attn.sinks.copy_(a.self_attn.sinks)
+    ids = torch.from_numpy(rng.integers(0, 61, (2, 7))).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    _same_logits_and_gradients(ref, ours, ids, (None, mask))
+    assert ours.model.layers[0].self_attn.sinks.grad.abs().sum() > 0
 
 
 def test_a_padding_free_packed_batch_equals_its_sequences_run_alone(rng):

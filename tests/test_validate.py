@@ -61,6 +61,36 @@ def test_forward_refuses_bad_options(kwargs, exc, words, rng):
         nf.flash_attn_fwd(q, k, v, **kwargs)
 
 
+BAD_MODIFIERS = {
+    "window type": (lambda: dict(window_size=(4.0, 0)), TypeError, "^window_size"),
+    "window side": (lambda: dict(window_size=(-2, 0)), ValueError, "^window_size"),
+    "softcap": (lambda: dict(softcap=float("inf")), ValueError, "^softcap"),
+    "alibi dtype": (lambda: dict(alibi_slopes=to_device(np.zeros(2, np.float16))), TypeError,
+                    "^alibi_slopes: expected float32"),
+    "alibi shape": (lambda: dict(alibi_slopes=to_device(np.zeros((2, 2), np.float32))),
+                    ValueError, r"^alibi_slopes: expected shape \(2,\) or \(1, 2\)"),
+    "sink shape": (lambda: dict(learnable_sink=to_device(np.zeros((1, 2), np.float32))),
+                   ValueError, r"^learnable_sink: expected shape \(2,\)"),
+    "sink not an array": (lambda: dict(learnable_sink=[0.5, 0.5]), TypeError, "^learnable_sink"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MODIFIERS))
+def test_masks_and_modifiers_are_refused_before_launch(case, rng):
+    """Forward and backward name the argument and write nothing."""
+    make, exc, words = BAD_MODIFIERS[case]
+    q, k, v = qkv(rng)
+    out = nan_like(randn(rng, (1, 5, 2, 16), "float16"))
+    with pytest.raises(exc, match=words):
+        nf.flash_attn_fwd(q, k, v, out=out, **make())
+    assert np.isnan(to_host(out).astype(np.float32)).all(), "a refused call wrote to out"
+    o, lse = nf.flash_attn_fwd(q, k, v)
+    dq = nan_like(randn(rng, (1, 5, 2, 16), "float16"))
+    with pytest.raises(exc, match=words):
+        nf.flash_attn_bwd(o, q, k, v, o, lse, dq=dq, **make())
+    assert np.isnan(to_host(dq).astype(np.float32)).all(), "a refused call wrote to dq"
+
+
 def test_forward_refuses_wrong_out_buffer(rng):
     q, k, v = qkv(rng)
     with pytest.raises(ValueError, match="out"):
@@ -193,8 +223,10 @@ BAD_MLA = {
                                      "^backend: .*multiples of 16"),
     "fp8 cache": (lambda rng: dict(is_fp8_kvcache=True), NotImplementedError, "^is_fp8_kvcache"),
     "indices": (lambda rng: dict(indices=int32_array([[0]])), NotImplementedError, "^indices"),
-    "attention sink": (lambda rng: dict(attn_sink=_rand(rng, (2,), "float32")),
-                       NotImplementedError, "^attn_sink"),
+    "attention sink shape": (lambda rng: dict(attn_sink=_rand(rng, (3,), "float32")),
+                             ValueError, r"^attn_sink: expected shape \(2,\)"),
+    "attention sink dtype": (lambda rng: dict(attn_sink=_rand(rng, (2,))), TypeError,
+                             "^attn_sink: expected float32"),
     "metadata without num_splits": (lambda rng: dict(num_splits=None), ValueError,
                                     "^tile_scheduler_metadata, num_splits"),
 }

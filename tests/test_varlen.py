@@ -12,6 +12,7 @@ from numba_flash import reference as ref
 from numba_flash.runtime import device
 from helpers import (SIMULATOR, assert_close_rule, assert_lse, int32_array, nan_like, randn,
                      to_device, to_host)
+from kernels._backward_cases import check_sink_gradient
 
 # An sm_80 part: the tc backend runs the mma.sync kernels (under the simulator too).
 AMPERE = device.Device(cc=(8, 0), sms=8, shared_per_block=163 * 1024, shared_per_sm=164 * 1024)
@@ -177,6 +178,34 @@ def test_paged_varlen_forward_matches_the_packed_reference(rng, backend, fam, fm
     nf.check_errors()
 
 
+@pytest.mark.parametrize("backend, fam, fmt, page_size, window", [
+    ("simt", None, "float16", 3, (5, 1)), ("tc", "mma", "bfloat16", 4, (9, -1)),
+    ("tc", "wgmma", "float16", 5, (2, 0))])
+def test_paged_sliding_window_starts_at_the_windows_first_page(rng, backend, fam, fmt,
+                                                                page_size, window):
+    """A window over paged keys: each query tile's keys from the page its window starts in (the
+    table viewed from there; starts inside a page), with ALiBi's distances across that view."""
+    lengths_q, lengths_k = [6, 2], [40, 9]
+    q, k, v, cu_q, cu_k = packed(rng, lengths_q, lengths_k, fmt)
+    width = -(-max(lengths_k) // page_size) + 1
+    (k_pages, table), (v_pages, _) = (paginate(np.random.default_rng(5), x, cu_k, page_size,
+                                               width) for x in (k, v))
+    slopes = np.array([0.5, 0.125], np.float32)[:q.shape[1]]
+    with family(fam) if fam else device.plan_for(device.current()):
+        o, lse = nf.flash_attn_varlen_fwd(
+            to_device(q), to_device(k_pages), to_device(v_pages), int32_array(cu_q),
+            int32_array(cu_k), max(lengths_q), max(lengths_k), causal=True, window_size=window,
+            alibi_slopes=to_device(slopes), backend=backend, block_table=int32_array(table))
+    mask = ref.varlen_mask(cu_q, cu_k, len(q), len(k), True, window_size=window)
+    bias = ref.varlen_alibi_bias(slopes, cu_q, cu_k, len(q), len(k))
+    args = (q[None], k[None], v[None], False, None, mask, None, bias)
+    want, want_lse = ref.attention_fwd_ref(*args)
+    rows = slice(0, cu_q[-1])
+    assert_close_rule(to_host(o)[rows], want[0][rows], ref.attention_lowp(*args)[0][rows], fmt)
+    assert_lse(to_host(lse)[:, rows], want_lse[0][:, rows])
+    nf.check_errors()
+
+
 @pytest.mark.parametrize("fam, tiles", [("wgmma", (64, 16, 4, 0)), ("mma", (32, 16, 2, 0))])
 def test_paged_tiles_past_the_first_read_the_pages_fetched_a_tile_ahead(rng, fam, tiles):
     """16-key tiles over 37 keys in pages of 3 (a page size below the rows one copy pass
@@ -284,6 +313,38 @@ def test_varlen_sliding_window_backward_matches_the_packed_reference(rng, backen
     nf.check_errors()
 
 
+@pytest.mark.parametrize("backend, fam, fmt", [("simt", None, "float16"),
+                                               ("tc", "mma", "bfloat16")])
+def test_varlen_alibi_and_sinks_match_the_packed_reference(rng, backend, fam, fmt):
+    """Per-sequence ALiBi slopes (B, Hq) and sinks, with a window, forward and backward: each
+    sequence's distances from its own lengths; the empty sequence's rows are never written."""
+    lengths_q, lengths_k = [7, 0, 3], [12, 4, 2]
+    q, k, v, cu_q, cu_k = packed(rng, lengths_q, lengths_k, fmt, extra=0)
+    hq = q.shape[1]
+    slopes = (0.5 ** rng.integers(1, 6, (3, hq))).astype(np.float32)
+    sink = rng.standard_normal(hq).astype(np.float32)
+    dout = randn(rng, q.shape, fmt)
+    args = [to_device(x) for x in (dout, q, k, v)]
+    bounds = (int32_array(cu_q), int32_array(cu_k), max(lengths_q), max(lengths_k))
+    options = dict(causal=True, window_size=(4, -1), alibi_slopes=to_device(slopes),
+                   learnable_sink=to_device(sink), backend=backend)
+    with family(fam) if fam else device.plan_for(device.current()):
+        out, lse = nf.flash_attn_varlen_fwd(*args[1:], *bounds, **options)
+        grads = nf.flash_attn_varlen_bwd(*args, out, lse, *bounds, **options)
+    mask = ref.varlen_mask(cu_q, cu_k, len(q), len(k), True, window_size=(4, -1))
+    bias = ref.varlen_alibi_bias(slopes, cu_q, cu_k, len(q), len(k))
+    packed_args = (q[None], k[None], v[None], False, None, mask, None, bias, sink)
+    want, want_lse = ref.attention_fwd_ref(*packed_args)
+    assert_close_rule(out, want[0], ref.attention_lowp(*packed_args)[0], fmt)
+    assert_lse(to_host(lse), want_lse[0])
+    want = ref.attention_bwd_ref(dout[None], *packed_args)
+    lowp = ref.attention_bwd_lowp(dout[None], *packed_args)
+    for name, got, w, lp in zip(("dq", "dk", "dv"), grads, want, lowp):
+        assert_close_rule(got, w[0], lp[0], fmt, factor=3.0, what=name)
+    check_sink_gradient(grads[3], want[3], dout[None], *packed_args)
+    nf.check_errors()
+
+
 REFUSALS = {
     "q rank": (lambda g, rng: dict(q=to_device(randn(rng, (1, 5, 2, 16), "float16"))),
                ValueError, "^q: expected 3 dimensions"),
@@ -303,12 +364,13 @@ REFUSALS = {
                     "^window_size: expected a pair of ints"),
     "window side": (lambda g, rng: dict(window_size=(-2, 0)), ValueError,
                     "^window_size: each side must be -1"),
-    "window paged": (lambda g, rng: dict(window_size=(4, 0), block_table=int32_array([[0], [1]]),
-                                         **_pages(rng)),
-                     NotImplementedError, "^window_size with block_table"),
     "softcap": (lambda g, rng: dict(softcap=-30.0), ValueError, "^softcap: expected a finite"),
-    "alibi": (lambda g, rng: dict(alibi_slopes=int32_array([1, 2])), NotImplementedError,
-              "^alibi_slopes"),
+    "alibi dtype": (lambda g, rng: dict(alibi_slopes=int32_array([1, 2])), TypeError,
+                    "^alibi_slopes: expected float32"),
+    "alibi shape": (lambda g, rng: dict(alibi_slopes=to_device(np.zeros((3, 2), np.float32))), ValueError,
+                    r"^alibi_slopes: expected shape \(2,\) or \(2, 2\)"),
+    "sink shape": (lambda g, rng: dict(learnable_sink=to_device(np.zeros((2, 2), np.float32))), ValueError,
+                   r"^learnable_sink: expected shape \(2,\)"),
     "paged k rank": (lambda g, rng: dict(block_table=int32_array([[0], [1]])),
                      ValueError, "^k: expected 4 dimensions"),
     "table shape": (lambda g, rng: dict(block_table=int32_array([0, 1]), **_pages(rng)),

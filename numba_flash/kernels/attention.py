@@ -268,6 +268,9 @@ class DecodeConfig(NamedTuple):
     tma: bool = False  # cache tiles by TMA boxes (wgmma; page size a multiple of 64)
     separate_v: bool = False  # V in a cache of its own (ordinary attention), not k_cache's columns
     leftpad: bool = False  # each sequence's keys start at its own cache position (key_start)
+    window: bool = False   # ordinary attention's masks and score modifiers (KVCacheDecodeSpec)
+    softcap: bool = False
+    alibi: bool = False
 
 
 # The tensor-core decodes' samples (``KernelSpec.samples``) by label: (q_rows, head_dim,
@@ -311,3 +314,22 @@ class DecodeSpec(KernelSpec):
                 np.int32(s_q),
                 np.int32(h_q // p["k_cache"].shape[2]), np.int32(p["k_cache"].shape[1]),
                 np.float32(p["scale"] * LOG2E))
+
+
+class KVCacheDecodeSpec(DecodeSpec):
+    """A decode that also runs ``flash_attn_with_kvcache``'s attention: the decode's arguments,
+    then ``v_cache`` (V's own cache, else ``k_cache`` again) and ``key_start`` (each sequence's
+    first cache position, else any int32 array), read only with ``separate_v`` / ``leftpad``,
+    and the masks' and modifiers' (``MODS``: window sides, softcap, ALiBi slopes (b, h_q)),
+    read only with ``window`` / ``softcap`` / ``alibi``. Query token t of a sequence of
+    ``seqlen`` keys (in the view ``key_start`` begins) has ``diag = seqlen - s_q``: flash-attn's
+    rules of ``common/masks.py`` and ``common/score_mods.py``."""
+
+    def signature(self, config):
+        t, i1 = tensor_type(config.fmt), types.Array(types.int32, 1, "A")
+        return types.void(*super().signature(config).args, t, i1, *MODS)
+
+    def arguments(self, config, p):
+        return super().arguments(config, p) + (p.get("v_cache", p["k_cache"]),
+                                               p.get("key_start", p["cache_seqlens"]),
+                                               *_mods(p))

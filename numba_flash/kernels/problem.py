@@ -83,8 +83,12 @@ class Decode(NamedTuple):
     fp8_cache: Optional[bool] = None      # the cache holds FP8 values with their scales
     v_cache: Optional[Tensor] = None      # V's own cache, shaped like k_cache (ordinary attention)
     key_start: Optional[Tensor] = None    # (b,) int32: cache position of each sequence's key 0
+    window: Optional[tuple] = None        # (left, right) keys around each token's diagonal
+    softcap: Optional[float] = None       # scores through softcap * tanh(s / softcap)
+    alibi_slopes: Optional[Tensor] = None  # (b, h_q) float32
 
-    OPTIONS = ("indices", "attn_sink", "fp8_cache", "v_cache", "key_start")
+    OPTIONS = ("indices", "attn_sink", "fp8_cache", "v_cache", "key_start", "window", "softcap",
+               "alibi_slopes")
     options, fmt, head_dim = Attention.options, Attention.fmt, Attention.head_dim  # q's, as there
 
     @property

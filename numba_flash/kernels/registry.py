@@ -130,15 +130,21 @@ def _mma_decode_config(problem):
     return tc_mla_decode_mma.SPEC.Config(*_decode_key(problem), True, False)
 
 
+def _modifiers(problem):
+    """A decode config's last fields: window, softcap, alibi."""
+    return (problem.window is not None, problem.softcap is not None,
+            problem.alibi_slopes is not None)
+
+
 def _kvcache_decode_config(problem):
     return tc_kvcache_decode_mma.SPEC.Config(*_decode_key(problem), True, False, True,
-                                             problem.key_start is not None)
+                                             problem.key_start is not None, *_modifiers(problem))
 
 
 def _simt_decode_config(problem):
     return simt_mla_decode.SPEC.Config(*_decode_key(problem), problem.cache_aligned, False,
                                        problem.v_cache is not None,
-                                       problem.key_start is not None)
+                                       problem.key_start is not None, *_modifiers(problem))
 
 
 # Packed sequences (kernels/attention.py): every forward and backward kernel runs them, and
@@ -150,8 +156,11 @@ PAGED_VARLEN = VARLEN | {"block_table"}
 MODIFIERS = frozenset(("window", "softcap", "alibi_slopes", "sink"))
 FORWARD = PAGED_VARLEN | MODIFIERS
 BACKWARD = VARLEN | MODIFIERS
-# flash_attn_with_kvcache's decode: V in its own cache, keys from a per-sequence start.
-KVCACHE = frozenset(("v_cache", "key_start"))
+# A decode's attention sink is the combine's, behind every decode kernel (simt/combine.py).
+DECODE = frozenset(("attn_sink",))
+# flash_attn_with_kvcache's decode: V in its own cache, keys from a per-sequence start, the
+# masks and score modifiers of ordinary attention.
+KVCACHE = DECODE | {"v_cache", "key_start", "window", "softcap", "alibi_slopes"}
 
 ENTRIES = (
     Entry("tc.forward_wgmma", "forward", "tc", (tc_forward_wgmma.SPEC,), _on("wgmma"),
@@ -169,11 +178,11 @@ ENTRIES = (
     Entry("tc.kvcache_decode_mma", "decode", "tc", (tc_kvcache_decode_mma.SPEC,),
           _kvcache_decode, _kvcache_decode_config, honours=KVCACHE),
     Entry("tc.mla_decode_seesaw", "decode", "tc", (tc_mla_decode_seesaw.SPEC,), _seesaw,
-          _tc_decode_config),
+          _tc_decode_config, honours=DECODE),
     Entry("tc.mla_decode_wgmma", "decode", "tc", (tc_mla_decode_wgmma.SPEC,),
-          _tc_decode(tc_mla_decode_wgmma, "wgmma"), _tc_decode_config),
+          _tc_decode(tc_mla_decode_wgmma, "wgmma"), _tc_decode_config, honours=DECODE),
     Entry("tc.mla_decode_mma", "decode", "tc", (tc_mla_decode_mma.SPEC,),
-          _tc_decode(tc_mla_decode_mma, "mma"), _mma_decode_config),
+          _tc_decode(tc_mla_decode_mma, "mma"), _mma_decode_config, honours=DECODE),
     Entry("simt.mla_decode", "decode", "simt", (simt_mla_decode.SPEC,), _anywhere,
           _simt_decode_config, honours=KVCACHE),
 )

@@ -3,8 +3,10 @@ against the float64 reference and a same-dtype naive backward (tests/kernels/sim
 
 import numpy as np
 
+import numba_flash as nf
 from numba_flash import reference as ref
-from helpers import SIMULATOR, assert_close_rule, randn, to_host
+from helpers import SIMULATOR, assert_close_rule, randn, to_device, to_host
+from kernels._window_cases import modifier_options
 
 
 def inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt, scale=1.0):
@@ -13,12 +15,37 @@ def inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt, scale=1.0):
     return [randn(rng, s, fmt, scale) for s in shapes]
 
 
+def library_backward(backend, forward_backend="auto"):
+    """``backward(dout, q, k, v, causal, softmax_scale=None, dq=None, dk=None, dv=None,
+    **options)``: host inputs through the library's forward (``forward_backend``) and backward
+    (``backend``), with ``options`` (window_size, softcap, alibi_slopes, learnable_sink; host
+    arrays moved to the device) in both; returns what the backward returns."""
+
+    def backward(dout, q, k, v, causal, softmax_scale=None, dq=None, dk=None, dv=None,
+                 **options):
+        dev = [to_device(x) for x in (dout, q, k, v)]
+        options = {name: to_device(x) if isinstance(x, np.ndarray) else x
+                   for name, x in options.items()}
+        out, lse = nf.flash_attn_fwd(*dev[1:], causal=causal, softmax_scale=softmax_scale,
+                                     backend=forward_backend, **options)
+        return nf.flash_attn_bwd(*dev, out, lse, causal=causal, softmax_scale=softmax_scale,
+                                 backend=backend, dq=dq, dk=dk, dv=dv, **options)
+
+    return backward
+
+
 def check_gradients(grads, dout, q, k, v, causal, fmt, softmax_scale=None, mask=None,
-                    softcap=None):
+                    softcap=None, bias=None, sink=None):
     """dq, dk, dv against the reference: shapes, dtypes and the 3x rule (``mask``: the keys
-    each query sees, in place of ``causal``; ``softcap``: the scores' cap)."""
-    want = ref.attention_bwd_ref(dout, q, k, v, causal, softmax_scale, mask, softcap)
-    lowp = ref.attention_bwd_lowp(dout, q, k, v, causal, softmax_scale, mask, softcap)
+    each query sees, in place of ``causal``; ``softcap``: the scores' cap; ``bias``: ALiBi's;
+    ``sink``: the sinks, whose gradient ``grads`` then holds fourth)."""
+    want = ref.attention_bwd_ref(dout, q, k, v, causal, softmax_scale, mask, softcap, bias, sink)
+    lowp = ref.attention_bwd_lowp(dout, q, k, v, causal, softmax_scale, mask, softcap, bias,
+                                  sink)
+    assert len(grads) == (3 if sink is None else 4)
+    if sink is not None:
+        check_sink_gradient(grads[3], want[3], dout, q, k, v, causal, softmax_scale, mask,
+                            softcap, bias, sink)
     for name, got, w, lp, like in zip(("dq", "dk", "dv"), grads, want, lowp, (q, k, v)):
         assert to_host(got).shape == like.shape and to_host(got).dtype == like.dtype, name
         assert_close_rule(got, w, lp, fmt, factor=3.0, what=name)
@@ -75,6 +102,60 @@ def check_softcap(rng, backward, case):
     dout, q, k, v = inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt, scale)
     grads = backward(dout, q, k, v, causal, softcap=softcap)
     check_gradients(grads, dout, q, k, v, causal, fmt, softcap=softcap)
+
+
+def check_sink_gradient(got, want, dout, q, k, v, causal, softmax_scale, mask, softcap, bias,
+                        sink):
+    """dsink against the float64 one. It sums ``P_sink D_i`` over every row, and D_i = rowsum(dO
+    O) comes from the stored (rounded) out: the bound is 3x what the rows' terms move by when
+    out is the textbook one in the inputs' dtype (``reference.attention_lowp``), summed without
+    cancellation, plus float32's rounding of the sum."""
+    got = to_host(got)
+    assert got.shape == want.shape and got.dtype == np.float32
+    o, lse = ref.attention_fwd_ref(q, k, v, causal, softmax_scale, mask, softcap, bias, sink)
+    o_low = ref.attention_lowp(q, k, v, causal, softmax_scale, mask, softcap, bias, sink)
+    p_sink = np.exp(sink.astype(np.float64)[None, :, None] - lse)
+
+    def terms(out):
+        return p_sink * (ref.to_float64(dout) * out).sum(axis=-1).transpose(0, 2, 1)
+
+    lowp_err = np.abs(terms(o_low) - terms(o)).sum(axis=(0, 2))
+    bound = 3 * lowp_err + 1e-5 * np.abs(terms(o)).sum(axis=(0, 2)) + 1e-6
+    err = np.abs(got.astype(np.float64) - want)
+    assert (err <= bound).all(), f"dsink: error {err} over the bound {bound}"
+
+
+# Masks and modifiers together, (B, Sq, Sk, Hq, Hk, D, causal, fmt, options): ALiBi (per head
+# and per batch entry) and sinks (kernels/_window_cases.modifier_options), alone and with a
+# window and a softcap; the sink's gradient (flash_attn_bwd's fourth output) with them.
+MODIFIER_CASES = [
+    (2, 37, 45, 2, 1, 16, True, "bfloat16", "alibi batched"),
+    (1, 20, 33, 2, 1, 16, False, "float16", "sink"),
+    (1, 33, 20, 2, 2, 16, True, "bfloat16", "all"),
+] if SIMULATOR else [
+    (2, 1000, 1000, 8, 2, 64, True, "bfloat16", "alibi"),
+    (1, 777, 1531, 4, 4, 128, False, "float16", "sink"),
+    (1, 1531, 777, 4, 1, 128, True, "bfloat16", "all"),
+]
+
+
+def modifier_id(case):
+    return "-".join(map(str, case[:-1])) + "-" + case[-1].replace(" ", "-")
+
+
+def check_modifiers(rng, backward, case):
+    """The forward and backward of ``case``'s options against the reference."""
+    B, Sq, Sk, Hq, Hk, D, causal, fmt, _ = case
+    options = modifier_options(rng, case)
+    dout, q, k, v = inputs(rng, B, Sq, Sk, Hq, Hk, D, fmt)
+    grads = backward(dout, q, k, v, causal, **options)
+    window = options.get("window_size", (-1, -1))
+    slopes = options.get("alibi_slopes")
+    check_gradients(grads, dout, q, k, v, causal, fmt,
+                    mask=ref.window_mask(Sq, Sk, window, causal),
+                    softcap=options.get("softcap"),
+                    bias=None if slopes is None else ref.alibi_bias(slopes, Sq, Sk),
+                    sink=options.get("learnable_sink"))
 
 
 # Checks every backward family runs; ``backward(dout, q, k, v, causal, softmax_scale=None)``

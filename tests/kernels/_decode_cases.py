@@ -38,9 +38,10 @@ def paged_cache(rng, seqlens, page, h_kv, d, fmt, spare_pages=3, spare_columns=2
     return cache.astype(DTYPES[fmt]), table
 
 
-def mla_lowp(q, k_cache, block_table, seqlens, head_dim_v, causal):
+def mla_lowp(q, k_cache, block_table, seqlens, head_dim_v, causal, attn_sink=None):
     """The same-dtype plain attention of the tolerance rule in docs/design.md, one sequence at
-    a time (float64 out)."""
+    a time (float64 out); ``attn_sink`` scales each row as ``reference.mla_decode_ref`` does,
+    the result rounded again."""
     b, s_q, h_q, _ = q.shape
     page = k_cache.shape[1]
     out = np.zeros((b, s_q, h_q, head_dim_v))
@@ -49,6 +50,10 @@ def mla_lowp(q, k_cache, block_table, seqlens, head_dim_v, causal):
             pages = block_table[i, :cdiv(n, page)]
             k = k_cache[pages].reshape(1, -1, *k_cache.shape[2:])[:, :n]
             out[i:i + 1] = ref.attention_lowp(q[i:i + 1], k, k[..., :head_dim_v], causal)
+    if attn_sink is not None:
+        _, lse = ref.mla_decode_ref(q, k_cache, block_table, seqlens, head_dim_v, causal=causal)
+        share = 1 / (1 + np.exp(attn_sink.astype(np.float64)[None, :, None] - lse))
+        out = ref.to_float64((out * share.transpose(0, 2, 1)[..., None]).astype(q.dtype))
     return out
 
 
@@ -79,11 +84,11 @@ def grow_keys(k_cache, table, seqlens, growth):
 
 
 def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits=None,
-             unaligned=False, backend="auto", growth=0.0):
+             unaligned=False, backend="auto", growth=0.0, sink=False):
     """One decode through the public API, checked against the reference; ``splits`` (if not
     None) asserts whether the plan cut some request into pieces, i.e. whether the combine ran;
     ``unaligned`` passes the cache as a view that starts one element into wider rows;
-    ``growth``: keys scaled by ``grow_keys``."""
+    ``growth``: keys scaled by ``grow_keys``; ``sink``: a random ``attn_sink``."""
     seqlens = np.asarray(seqlens, np.int32)
     k_cache, table = paged_cache(rng, seqlens, page, h_kv, d, fmt)
     if growth:
@@ -100,12 +105,15 @@ def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, sp
     if splits is not None:
         assert (np.diff(to_host(num_splits)) > 1).any() == splits, to_host(num_splits)
     out = nan_like(np.zeros((len(seqlens), s_q, h_q, dv), DTYPES[fmt]))
+    attn_sink = (2 * rng.standard_normal(h_q)).astype(np.float32) if sink else None
     o, lse = nf.flash_mla_with_kvcache(to_device(q), dk_cache, to_device(table),
                                        to_device(seqlens), dv, metadata, num_splits,
-                                       causal=causal, out=out, backend=backend)
+                                       causal=causal, out=out, backend=backend,
+                                       attn_sink=None if sink is False else to_device(attn_sink))
     assert o is out
-    ro, rl = ref.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=causal)
-    assert_close_rule(o, ro, mla_lowp(q, k_cache, table, seqlens, dv, causal), fmt)
+    ro, rl = ref.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=causal,
+                                attn_sink=attn_sink)
+    assert_close_rule(o, ro, mla_lowp(q, k_cache, table, seqlens, dv, causal, attn_sink), fmt)
     assert_lse(lse, rl)
 
 

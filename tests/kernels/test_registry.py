@@ -101,13 +101,13 @@ def test_the_host_layer_reaches_kernels_through_the_registry_alone(module):
 
 def test_a_problem_option_goes_only_to_a_kernel_that_honours_it(monkeypatch):
     plain = attention_problem(64)
-    alibi = plain._replace(alibi_slopes="slopes")  # an option no kernel implements yet
-    assert plain.options() == frozenset() and alibi.options() == {"alibi_slopes"}
+    fp8 = plain._replace(descale=("q", "k", "v"))  # an option no kernel implements yet
+    assert plain.options() == frozenset() and fp8.options() == {"descale"}
     with pytest.raises(ValueError) as refused:
-        registry.choose("forward", "tc", alibi, HOPPER)
-    assert "tc.forward_wgmma: does not implement alibi_slopes" in str(refused.value)
-    assert "tc.forward_mma: does not implement alibi_slopes" in str(refused.value)
-    honouring = registry.ENTRIES[1]._replace(honours=frozenset({"alibi_slopes", "window"}))
+        registry.choose("forward", "tc", fp8, HOPPER)
+    assert "tc.forward_wgmma: does not implement descale" in str(refused.value)
+    assert "tc.forward_mma: does not implement descale" in str(refused.value)
+    honouring = registry.ENTRIES[1]._replace(honours=frozenset({"descale", "window"}))
     monkeypatch.setattr(registry, "ENTRIES", (registry.ENTRIES[0], honouring))
-    assert registry.choose("forward", "tc", alibi, HOPPER) is honouring
+    assert registry.choose("forward", "tc", fp8, HOPPER) is honouring
     assert registry.choose("forward", "tc", plain, HOPPER) is registry.ENTRIES[0]

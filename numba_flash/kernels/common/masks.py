@@ -152,12 +152,13 @@ def make_window(BLOCK_M, BLOCK_N, WINDOW):
     """The sliding window of a forward query tile (flash-attn's ``window_size=(left, right)``:
     query r sees keys ``r + diag - left <= j <= r + diag + right``), as two device functions.
 
-    ``key_window(m0, diag, seqlen_k, left, right) -> (n_start, diag_hi, diag_lo)``: the first
-    key tile the query tile ``m0 ..`` may see (a multiple of BLOCK_N) and the two diagonals
-    relative to it: the kernel views its keys from ``n_start`` on (the tiles before it are
-    never visited, so the cost follows the visible pairs), and the causal rules of this module
-    hold with ``diag_hi`` as the diagonal (right = 0 is causal). Without ``WINDOW``: (0, diag,
-    0). An unbounded side arrives as a bound past any sequence (``validate.window``).
+    ``key_window(m0, diag, seqlen_k, left, right, unit) -> (n_start, diag_hi, diag_lo)``: the
+    first key the query tile ``m0 ..`` may see, rounded down to a multiple of ``unit``, and the
+    two diagonals relative to it: the kernel views its keys from ``n_start`` on (the tiles
+    before it are never visited, so the cost follows the visible pairs), and the causal rules
+    of this module hold with ``diag_hi`` as the diagonal (right = 0 is causal). Without
+    ``WINDOW``: (0, diag, 0). An unbounded side arrives as a bound past any sequence
+    (``validate.window``). ``make_key_view`` applies it.
 
     ``query_window(n0, diag, seqlen_q, left, right) -> (q_end, diag_hi, diag_lo)``: the
     transposed view, for the key tile ``n0 ..`` of a dK/dV kernel: the queries from ``q_end`` on
@@ -170,10 +171,10 @@ def make_window(BLOCK_M, BLOCK_N, WINDOW):
     elements need the lower test, besides those ``make_needs_mask`` names."""
 
     @cuda.jit(device=True, inline="always")
-    def key_window(m0, diag, seqlen_k, left, right):
+    def key_window(m0, diag, seqlen_k, left, right, unit):
         if WINDOW:
             diag_lo = diag - left
-            n_start = min(max(0, m0 + diag_lo) // BLOCK_N * BLOCK_N, max(seqlen_k, 0))
+            n_start = min(max(0, m0 + diag_lo) // unit * unit, max(seqlen_k, 0))
             return n_start, diag + right - n_start, diag_lo - n_start
         return 0, diag, 0
 
@@ -188,3 +189,29 @@ def make_window(BLOCK_M, BLOCK_N, WINDOW):
         return WINDOW and n0 < m0 + BLOCK_M - 1 + diag_lo
 
     return key_window, query_window, crosses_begin
+
+
+def make_key_view(BLOCK_M, BLOCK_N, WINDOW, PAGED=False):
+    """Device function ``key_view(k, v, block_table, m0, diag, seqlen_k, left, right) -> (k, v,
+    block_table, seqlen_k, rel0, diag_hi, diag_lo)``: the keys a forward or dQ query tile walks,
+    viewed from the first one its window reaches (``make_window``'s ``key_window``), with the
+    diagonals relative to that view and ``rel0 = diag - n_start``, which turns a row and a
+    key of the view back into ``i + diag - j`` (``score_mods``). Dense and packed keys are
+    sliced from the window's first tile on; paged ones (``PAGED``) from its first page, by
+    slicing the block table (its columns are whole pages), so ``n_start`` is then a multiple
+    of the page size. Without ``WINDOW``: everything as given, ``rel0 = diag``."""
+    key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
+
+    @cuda.jit(device=True, inline="always")
+    def key_view(k, v, block_table, m0, diag, seqlen_k, left, right):
+        unit = k.shape[1] if PAGED else BLOCK_N  # a page, or a tile
+        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, left, right, unit)
+        if WINDOW:
+            if PAGED:
+                block_table = block_table[:, n_start // unit:]
+            else:
+                k, v = k[:, n_start:], v[:, n_start:]
+            seqlen_k -= n_start
+        return k, v, block_table, seqlen_k, diag - n_start, diag_hi, diag_lo
+
+    return key_view

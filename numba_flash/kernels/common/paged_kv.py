@@ -50,6 +50,9 @@ fetch (Nsight Compute):
         at a piece's start: the keys rows row0 and row0 + 8 may see, m_i, l_i and O_i reset
     mask_keys(S, limit, key0)  S past each row's limit -> -inf (key0: the thread's first key)
 
+and ``make_row_modifiers`` what ordinary attention's decode adds to them (a sliding window,
+softcap, ALiBi).
+
 Values only the device sees are bounded here, so no metadata, length or table entry can move an
 access outside its array: a part whose first request is not in the batch is idle and its last
 request is clamped to the batch; a piece never starts before key 0; every decode reads the
@@ -68,6 +71,7 @@ from numba import cuda, float32, int32, uint32, uint64
 from ... import scheduler
 from ..instructions import convert, memory
 from . import constants, formats
+from .score_mods import make_score_mods
 from .status import (BAD_METADATA, BAD_SPLITS, BAD_TABLE_ENTRY, NEGATIVE_LENGTH, PAST_TABLE,
                      report)
 
@@ -474,3 +478,57 @@ def make_row_keys(CAUSAL, NT, DT):
                         S[0, nt, e] = NEG_INF
 
     return start_rows, mask_keys
+
+
+def make_row_modifiers(NT, WINDOW=False, SOFTCAP=False, ALIBI=False):
+    """What the tensor-core decode of ordinary attention (``flash_attn_with_kvcache``) adds to
+    ``make_row_keys`` for a thread's two fragment rows: flash-attn's sliding window, softcap and
+    ALiBi, in the view of the sequence's keys its ``key_start`` begins (token t has ``diag =
+    seqlen - s_q``: ``common/masks.py``'s rules; S in raw ``Q K^T`` units, the scale in the
+    exponent).
+
+        row_mods(limit, begin, softcap, alibi_slopes, req, hk, seqlen, s_q, group, q_rows, row0,
+                 left, right, scale_log2) -> (mods0, mods1)
+            after ``start_rows``: the window's sides tighten each row's ``limit`` and set its
+            first key ``begin`` (2,); each row's ``score_mods`` factors (its head's slope)
+        modify_keys(S, begin, mods0, mods1, key0)
+            S -> the scores the softmax sees, then keys before a row's window -> -inf; before
+            ``mask_keys``, which masks the rest (key0: the thread's first key)
+
+    Without the options both cost nothing."""
+    factors, modified = make_score_mods(False, SOFTCAP, ALIBI)
+    NEG_INF = constants.NEG_INF
+
+    @cuda.jit(device=True, inline="always")
+    def row_mods(limit, begin, softcap, alibi_slopes, req, hk, seqlen, s_q, group, q_rows, row0,
+                 left, right, scale_log2):
+        diag = seqlen - s_q
+        r0 = min(row0, q_rows - 1)  # rows past the last are never stored: any head will do
+        r1 = min(row0 + 8, q_rows - 1)
+        t0 = int32(convert.div_u32(r0, group))
+        t1 = int32(convert.div_u32(r1, group))
+        if WINDOW:
+            begin[0] = t0 + diag - left
+            begin[1] = t1 + diag - left
+            limit[0] = min(limit[0], t0 + diag + right + 1)
+            limit[1] = min(limit[1], t1 + diag + right + 1)
+        return (factors(softcap, alibi_slopes, req, hk * group + r0 - t0 * group, scale_log2,
+                        t0 + diag),
+                factors(softcap, alibi_slopes, req, hk * group + r1 - t1 * group, scale_log2,
+                        t1 + diag))
+
+    @cuda.jit(device=True, inline="always")
+    def modify_keys(S, begin, mods0, mods1, key0):
+        for half in range(2):
+            mods = mods0 if half == 0 else mods1
+            rel = mods[3] - float32(key0)  # t + diag - j of the thread's first key
+            lo = int32(begin[half] - key0)
+            for nt in range(NT):
+                for e in range(2 * half, 2 * half + 2):
+                    col = 8 * nt + (e & 1)
+                    if SOFTCAP or ALIBI:
+                        S[0, nt, e] = modified(S[0, nt, e], mods, rel - float32(col))[0]
+                    if WINDOW and int32(col) < lo:
+                        S[0, nt, e] = NEG_INF
+
+    return row_mods, modify_keys

@@ -63,6 +63,14 @@ Limits
     Dense batches, or packed varlen sequences (``VARLEN``): each CTA takes its sequence's
     rows from ``common/masks.make_seqlen_info`` and returns when its tile lies past the
     sequence's end (kernels/attention.py).
+
+Masks and score modifiers (compile-time options, as in the forward)
+    ``WINDOW``: dQ views its keys from the window's first tile (``masks.make_key_view``), dK/dV
+    ends its queries where the window's left side leaves its keys (``masks.make_window``).
+    ``SOFTCAP``, ``ALIBI``: P is recomputed from the score the forward's softmax saw
+    (``common/score_mods.py``) and dS takes the cap's derivative ``1 - tanh^2`` (ALiBi's bias is
+    a constant). A sink needs nothing here: the lse holds it, and ``dS = P (dP - D_i)`` is
+    unchanged; its own gradient is ``simt/sink_grad.py``'s.
 """
 
 import math
@@ -76,8 +84,8 @@ from ..attention import DkdvSpec, DqSpec, PreprocessSpec, sample
 from ..common import constants, formats
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import (make_kv_end, make_mask, make_q_begin, make_seqlen_info,
-                            make_window)
+from ..common.masks import (make_key_view, make_kv_end, make_mask, make_q_begin,
+                            make_seqlen_info, make_window)
 from ..common.score_mods import make_score_mods
 from ..instructions import sync
 from .tiles import LANES_PER_ROW, ROW_GROUPS, THREADS, make_tile_loader, row_pad
@@ -326,7 +334,8 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW
     seqlen_info = make_seqlen_info(VARLEN)
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     masked_out = make_mask(CAUSAL)
-    key_window, _, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
+    crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)[2]
+    key_view = make_key_view(BLOCK_M, BLOCK_N, WINDOW)
     score_factors, modified = make_score_mods(False, SOFTCAP, ALIBI)
     store = formats.storer(FMT)
     LOG2E = constants.LOG2E
@@ -356,12 +365,9 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, WINDOW
                                        dq[:, q0:])
             k, v = k[:, k0:], v[:, k0:]
         # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
-        if WINDOW:
-            k, v = k[:, n_start:], v[:, n_start:]
-            seqlen_k -= n_start
-        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
-        diag = diag_hi
+        k, v, _, seqlen_k, rel0, diag, diag_lo = key_view(k, v, status, m0, diag, seqlen_k,
+                                                          window_left, window_right)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, rel0)
 
         # Q_i, dO_i stay in shared memory; lse_i, D_i and dQ_i in registers.
         load_q(smem, Q_OFF, q, b, m0, h, seqlen_q, ONE, tid)
@@ -438,13 +444,14 @@ TILES = ((64, (32, 64), (64, 32)), (128, (32, 32), (64, 32)), (256, (32, 16), (1
 
 def _samples(kernel, more=()):
     """A tiled kernel's samples: the largest head dim of each tile class, causal or not, in
-    bfloat16, one varlen, a sliding window dense and varlen, a softcap, then the configs
+    bfloat16, one varlen, a sliding window dense and varlen, a softcap, ALiBi, then the configs
     ``more``."""
     configs = [(d, causal, "bfloat16") for d, _, _ in TILES for causal in (False, True)]
     configs.append((64, True, "bfloat16", True))
     configs += [(64, True, "float16", False, False, True),
                 (64, True, "bfloat16", True, False, True),
-                (64, False, "bfloat16", False, False, False, True)]
+                (64, False, "bfloat16", False, False, False, True),
+                (64, True, "float16", False, False, False, False, True)]
     return [sample(f"simt bwd {kernel}", config) for config in configs + list(more)]
 
 

@@ -15,6 +15,14 @@ What it computes
     ``out = 0``, ``lse = +inf``. Requests handled in one piece were written by the decode
     kernel: their CTAs return at once.
 
+Attention sink (``Config.sink``: FlashMLA's ``attn_sink``, one logit per query head)
+    The sink joins the softmax's sum and adds nothing to the output: every row's output shrinks
+    by ``1 / (1 + exp(sink_h - lse))``, and the lse returned stays that of the keys (FlashMLA's
+    convention; a row that sees no key keeps ``out = 0``, ``lse = +inf``). The merge applies it
+    to the rows it writes; the rows the decode kernel wrote whole (one-piece requests) are
+    scaled here in place, after the decode, so every decode kernel runs unchanged. Without a
+    sink that code is not compiled.
+
 Overlap with the decode (``Config.programmatic``: behind the sm_90 decodes)
     The kernel is launched as a programmatic dependent of the decode (``kernels/ptx/sync.py``),
     which allows it at its first instruction: once every decode CTA has started, the
@@ -44,6 +52,7 @@ from typing import NamedTuple
 
 from numba import cuda, float32, types, uint64
 
+from ...runtime import arrays
 from ...runtime.launcher import cdiv
 from ...runtime.arrays import FLOAT_FORMATS
 from ...runtime.spec import SM90, KernelSpec, Sample, Tiles
@@ -57,16 +66,17 @@ ROWS = THREADS // 32  # query rows per CTA, one per warp
 
 
 @lru_cache(maxsize=None)
-def make_combine_kernel(HEAD_DIM_V, FMT, PROGRAMMATIC):
+def make_combine_kernel(HEAD_DIM_V, FMT, PROGRAMMATIC, SINK=False):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
     TD = -(-HEAD_DIM_V // 32)  # columns per lane
     DV_EXACT = HEAD_DIM_V % 32 == 0
-    store = formats.storer(FMT)
+    store, load = formats.storer(FMT), formats.loader(FMT)
+    LOG2E, ONE = constants.LOG2E, float32(1.0)
     NEG_INF, POS_INF, LN2, NAN = (constants.NEG_INF, constants.POS_INF, constants.LN2,
                                   constants.NAN)
     ZERO = float32(0.0)
 
-    def mla_combine_simt(o_acc, lse_acc, num_splits, out, lse, status):
+    def mla_combine_simt(o_acc, lse_acc, num_splits, out, lse, status, attn_sink):
         req = cuda.blockIdx.x
         if PROGRAMMATIC and req == 0 and cuda.blockIdx.y == 0:
             sync.wait_prior_grid()  # this grid never ends before the decode (docstring)
@@ -76,16 +86,27 @@ def make_combine_kernel(HEAD_DIM_V, FMT, PROGRAMMATIC):
         lane = cuda.threadIdx.x & 31
         first = num_splits[req]
         n = num_splits[req + 1] - first
-        if n <= 1 or row >= s_q * h_q:
-            return  # written by the decode kernel / past the last row
+        if row >= s_q * h_q:
+            return  # past the last row
+        t = row // h_q
+        h = row - t * h_q
+        if n <= 1:  # written by the decode kernel; with a sink, scaled here
+            if SINK:
+                if PROGRAMMATIC:
+                    sync.wait_prior_grid()  # the decode's row is written
+                share = ONE / (ONE + math.exp(attn_sink[h] - lse[req, h, t]))
+                for jd in range(TD):
+                    col = lane + 32 * jd
+                    if DV_EXACT or col < HEAD_DIM_V:
+                        c = uint64(col)
+                        out[req, t, h, c] = store(load(out[req, t, h, c]) * share)
+            return
         if first < 0 or first + n > lse_acc.shape[0]:  # slots that do not exist
             if lane == 0:
                 report(status, BAD_SPLITS)
             return
         if PROGRAMMATIC:
             sync.wait_prior_grid()  # the decode's partials are complete and visible
-        t = row // h_q
-        h = row - t * h_q
 
         M = NEG_INF
         nan = False  # a NaN partial makes the row NaN (max() would pass over it)
@@ -112,10 +133,13 @@ def make_combine_kernel(HEAD_DIM_V, FMT, PROGRAMMATIC):
                     col = lane + 32 * jd
                     if DV_EXACT or col < HEAD_DIM_V:
                         acc[jd] += w * o_acc[first + i, t, h, uint64(col)]
+        share = ONE  # the keys' share of the sum, less the sink's (docstring)
+        if SINK:
+            share = ONE / (ONE + math.exp2(attn_sink[h] * LOG2E - G))
         for jd in range(TD):
             col = lane + 32 * jd
             if DV_EXACT or col < HEAD_DIM_V:
-                out[req, t, h, uint64(col)] = store(acc[jd])
+                out[req, t, h, uint64(col)] = store(acc[jd] * share)
         if lane == 0:
             lse[req, h, t] = G * LN2  # +inf stays +inf
 
@@ -128,11 +152,13 @@ class Config(NamedTuple):
     head_dim_v: int
     fmt: str
     programmatic: bool = False  # launched to overlap the decode (sm_90+: the module docstring)
+    sink: bool = False          # FlashMLA's attn_sink (the module docstring)
 
 
 class Spec(KernelSpec):
-    """(o_acc, lse_acc, num_splits, out, lse, status); grid (b, ceil(s_q * h_q / ROWS)): ROWS
-    query rows (one per warp) per CTA, no shared memory."""
+    """(o_acc, lse_acc, num_splits, out, lse, status, attn_sink (h_q,) float32, read with
+    ``sink`` only); grid (b, ceil(s_q * h_q / ROWS)): ROWS query rows (one per warp) per CTA, no
+    shared memory."""
 
     name = "mla_combine_simt"
     Config = Config
@@ -144,29 +170,36 @@ class Spec(KernelSpec):
         return Tiles(entry, 0, THREADS, 0)
 
     def make(self, config, tiles):
-        return make_combine_kernel(config.head_dim_v, config.fmt, config.programmatic)
+        return make_combine_kernel(config.head_dim_v, config.fmt, config.programmatic,
+                                   config.sink)
 
     def dependent(self, config):
         return config.programmatic
 
     def samples(self):
-        """Each format on its own and, for sm_90, as the decode launches it (programmatic)."""
+        """Each format on its own and, for sm_90, as the decode launches it (programmatic); a
+        sink, both ways."""
         return [s for fmt in FLOAT_FORMATS for s in (
             Sample(f"simt mla combine dv=512 {fmt}", (512, fmt)),
-            Sample(f"simt mla combine dv=512 {fmt} programmatic", (512, fmt, True), ccs=(SM90,)))]
+            Sample(f"simt mla combine dv=512 {fmt} programmatic", (512, fmt, True), ccs=(SM90,)))
+        ] + [Sample("simt mla combine dv=512 bfloat16 sink", (512, "bfloat16", False, True)),
+             Sample("simt mla combine dv=512 bfloat16 programmatic sink",
+                    (512, "bfloat16", True, True), ccs=(SM90,))]
 
     def signature(self, config):
         t = types.Array(formats.storage_type(config.fmt), 4, "A")
         f3, f4 = types.Array(types.float32, 3, "A"), types.Array(types.float32, 4, "A")
-        i1 = types.Array(types.int32, 1, "A")
-        return types.void(f4, f3, i1, t, f3, i1)
+        f1, i1 = types.Array(types.float32, 1, "A"), types.Array(types.int32, 1, "A")
+        return types.void(f4, f3, i1, t, f3, i1, f1)
 
     def grid(self, config, tiles, p):
         b, s_q, h_q, _ = p["out"].shape
         return (b, cdiv(s_q * h_q, tiles.BLOCK_M))
 
     def arguments(self, config, p):
-        return p["o_acc"], p["lse_acc"], p["num_splits"], p["out"], p["lse"], p["status"]
+        sink = p.get("attn_sink") or arrays.placeholder(p["status"], "float32", 1)
+        return (p["o_acc"], p["lse_acc"], p["num_splits"], p["out"], p["lse"], p["status"],
+                sink)
 
 
 SPEC = Spec()

@@ -50,11 +50,15 @@ Varlen (packed sequences, kernels/attention.py)
     and is reported.
 
 Masks and score modifiers (compile-time options: off, they cost nothing)
-    ``WINDOW`` (sliding window, not paged): the causal code with the diagonal moved right by the
-    window's right side, the keys viewed from the first tile the window reaches, and a lower
-    test in the tiles that cross its start (``common/masks.make_window``). ``SOFTCAP``: each S
-    element (base-2 units here, Q being pre-scaled) through ``cap_out tanh(S cap_in)`` before
-    the masks (``common/softmax.make_score_cap``).
+    ``WINDOW`` (sliding window): the causal code with the diagonal moved right by the window's
+    right side, the keys viewed from the first tile (or page) the window reaches, and a lower
+    test in the tiles that cross its start (``common/masks.make_key_view``). ``SOFTCAP``,
+    ``ALIBI``: each S element (base-2 units here, Q being pre-scaled) becomes the score the
+    softmax sees before the masks: ``cap_out tanh(S cap_in)``, then minus the slope times ``|i
+    + Sk - Sq - j|`` (``common/score_mods.py``). ``SINK``: each row starts with the sink as a
+    key already seen, of value 0 (``m_i = sink``, ``l_i = 1`` on one lane of the row), so it
+    joins the row's sum and its lse, and a row that sees no key ends with ``out = 0``, ``lse =
+    sink``.
 
 Limits
     HEAD_DIM a multiple of 8 up to 256; any Sq, Sk; strides other than the last honoured.
@@ -73,8 +77,8 @@ from ..common import constants, formats
 from ..common.epilogue import lse_of
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import (make_kv_end, make_mask, make_needs_mask, make_seqlen_info,
-                            make_window)
+from ..common.masks import (make_key_view, make_kv_end, make_mask, make_needs_mask,
+                            make_seqlen_info, make_window)
 from ..common.paged_kv import make_key_row
 from ..common.score_mods import make_score_mods, make_sink
 from ..instructions import sync
@@ -113,7 +117,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
     kv_end = make_kv_end(BLOCK_M, CAUSAL)
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
     masked_out = make_mask(CAUSAL)
-    key_window, _, crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)
+    crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)[2]
+    key_view = make_key_view(BLOCK_M, BLOCK_N, WINDOW, PAGED)
     score_factors, modified = make_score_mods(True, SOFTCAP, ALIBI)
     sink_start = make_sink(True, SINK)
     load, store = formats.loader(FMT), formats.storer(FMT)
@@ -146,13 +151,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
             q, out, lse = q[:, q0:], out[:, q0:], lse[:, :, q0:]
             if not PAGED:  # paged keys are found through the table (key_row)
                 k, v = k[:, k0:], v[:, k0:]
-        # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
-        if WINDOW:
-            k, v = k[:, n_start:], v[:, n_start:]
-            seqlen_k -= n_start
-        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
-        diag = diag_hi
+        # Sliding window: keys from the first tile (or page) it reaches, diagonals relative to it.
+        k, v, block_table, seqlen_k, rel0, diag, diag_lo = key_view(
+            k, v, block_table, m0, diag, seqlen_k, window_left, window_right)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, rel0)
 
         # Q_i -> shared (transposed), pre-scaled so that S is in base-2 units.
         load_qt(smem, Q_OFF, q, b, m0, h, seqlen_q, scale_log2, tid)
@@ -286,7 +288,7 @@ class Spec(ForwardSpec):
     def samples(self):
         """The smallest head dim, the largest of each tile class (causal or not, each format)
         one between classes, one varlen and one paged varlen, a sliding window dense and varlen,
-        and a softcap."""
+        a softcap, and a paged window with ALiBi and a sink."""
         configs = [(8, True, "bfloat16")]
         configs += [(d, causal, fmt) for d, _ in TILES for causal in (False, True)
                     for fmt in FLOAT_FORMATS]
@@ -296,6 +298,8 @@ class Spec(ForwardSpec):
         configs.append((64, True, "float16", False, False, True))  # sliding window
         configs.append((64, True, "bfloat16", True, False, True))  # varlen, sliding window
         configs.append((64, False, "float16", False, False, False, True))  # softcap
+        configs.append((64, True, "bfloat16", True, True, True, False, True, True))  # paged
+        # window, ALiBi and a sink
         return [sample("simt fwd", config) for config in configs]
 
 

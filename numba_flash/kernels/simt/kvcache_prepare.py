@@ -17,7 +17,11 @@ What it computes
               token at its own place) or ``L`` (otherwise all of them at the first new place),
               into ``q_rot``, which the decode reads instead of ``q``.
     view      ``lengths[b] = L + S_new - leftpad`` (the keys the query sees, from cache position
-              ``key_start[b] = cache_leftpad[b]`` on); a contiguous cache is a paged one with a
+              ``key_start[b] = cache_leftpad[b]`` on; with a sliding window (``WINDOW``) of
+              left side ``left``, from the first key the first query token's window reaches,
+              ``shift = L + S_new - leftpad - Sq - left`` keys further when positive: the
+              decode's plan and its walk then cover the window alone, and its rules, read in
+              the shifted view, are unchanged); a contiguous cache is a paged one with a
               page per sequence: ``table[b, 0] = cache_batch_idx[b]`` (or ``b``), page size the
               cache's length. With ``one_piece`` (``num_splits=1``) it also writes the scheduler
               plan that gives each sequence one CTA, whole: metadata row ``b`` = ``(b, b, 0,
@@ -66,7 +70,7 @@ MAX_GRID_Y = 4096  # rows per sequence past this loop in their CTAs
 ROTARY = (None, "interleaved", "half")  # no rotary; GPT-J pairs (2i, 2i+1); NeoX (i, i+rd/2)
 
 
-def make_prepare_kernel(FMT, ROTARY_MODE, CAUSAL, PAGED):
+def make_prepare_kernel(FMT, ROTARY_MODE, CAUSAL, PAGED, WINDOW=False):
     load, store = formats.loader(FMT), formats.storer(FMT)
     _, _, lookup = make_page_lookup(int32(0))
     INTERLEAVED = ROTARY_MODE == "interleaved"
@@ -94,7 +98,7 @@ def make_prepare_kernel(FMT, ROTARY_MODE, CAUSAL, PAGED):
     def kvcache_prepare(q, k, v, k_cache, v_cache, block_table, cache_seqlens, cache_batch_idx,
                         cache_leftpad, rotary_cos, rotary_sin, q_rot, lengths, key_start, table,
                         metadata, num_splits, status, s_new, fixed_seqlen, capacity, rotary_dim,
-                        one_piece):
+                        one_piece, window_left):
         b = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         batch = q.shape[0]
@@ -130,6 +134,10 @@ def make_prepare_kernel(FMT, ROTARY_MODE, CAUSAL, PAGED):
                     report(status, BAD_CACHE_LENGTH)
         if head:
             n = total - pad if row_ok else 0
+            if WINDOW:  # keys before the first query token's window: never visited
+                shift = min(max(n - q.shape[1] - window_left, 0), n)
+                n -= shift
+                pad += shift
             lengths[b] = n
             key_start[b] = pad
             if not PAGED:
@@ -190,12 +198,14 @@ class Config(NamedTuple):
     rotary: object = None  # one of ROTARY
     causal: bool = False   # rotary: each query token at its own position
     paged: bool = False    # the caches are pages behind block_table (else one row per sequence)
+    window: bool = False   # a sliding window's left side bounds the keys (the module's "view")
 
 
 class Spec(FixedSpec):
     """(q, k, v, k_cache, v_cache, block_table, cache_seqlens, cache_batch_idx, cache_leftpad,
     rotary_cos, rotary_sin, q_rot, lengths, key_start, table, metadata, num_splits, status,
-    s_new, fixed_seqlen, capacity, rotary_dim, one_piece); grid (B, min(rows, MAX_GRID_Y)).
+    s_new, fixed_seqlen, capacity, rotary_dim, one_piece, window_left); grid (B, min(rows,
+    MAX_GRID_Y)).
     Absent optional arrays are empty ones (never read)."""
 
     name = "kvcache_prepare"
@@ -203,21 +213,23 @@ class Spec(FixedSpec):
     THREADS = THREADS
 
     def make(self, config, tiles):
-        return make_prepare_kernel(config.fmt, config.rotary, config.causal, config.paged)
+        return make_prepare_kernel(config.fmt, config.rotary, config.causal, config.paged,
+                                   config.window)
 
     def samples(self):
         return [Sample(f"simt kvcache prepare {fmt} rotary={rotary} paged={paged}",
                        (fmt, rotary, rotary is not None, paged))
                 for fmt, rotary, paged in (("bfloat16", None, False), ("bfloat16", "half", True),
                                            ("float16", "interleaved", False),
-                                           ("float32", "half", False))]
+                                           ("float32", "half", False))] + [
+            Sample("simt kvcache prepare bfloat16 window", ("bfloat16", None, False, True, True))]
 
     def signature(self, config):
         t, t2 = tensor_type(config.fmt), tensor_type(config.fmt, 2)
         i1, i2 = types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A")
         I32 = types.int32
         return types.void(t, t, t, t, t, i2, i1, i1, i1, t2, t2, t, i1, i1, i2, i2, i1, i1,
-                          I32, I32, I32, I32, I32)
+                          I32, I32, I32, I32, I32, I32)
 
     def grid(self, config, tiles, p):
         rows = max(p["s_new"], p["q"].shape[1] if config.rotary is not None else 0, 1)
@@ -229,7 +241,7 @@ class Spec(FixedSpec):
             "cache_batch_idx", "cache_leftpad", "rotary_cos", "rotary_sin", "q_rot", "lengths",
             "key_start", "table", "metadata", "num_splits", "status")) + tuple(
             np.int32(p[name]) for name in ("s_new", "fixed_seqlen", "capacity", "rotary_dim",
-                                           "one_piece"))
+                                           "one_piece", "window_left"))
 
 
 SPEC = Spec()

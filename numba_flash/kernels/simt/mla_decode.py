@@ -80,7 +80,10 @@ Narrow variant: few query rows (MLA: BLOCK_M <= 2, h_q = 1; short rows: ``narrow
 V in its own cache (``SEPARATE_V``: ``flash_attn_with_kvcache``)
     A tile row holds the key's HEAD_DIM columns, then its HEAD_DIM_V value columns copied from
     ``v_cache`` with the same block-table lookup (``kv_row``); P V reads the second part. With
-    ``LEFTPAD`` a sequence's key ``n`` is cache position ``key_start[req] + n``.
+    ``LEFTPAD`` a sequence's key ``n`` is cache position ``key_start[req] + n``. ``WINDOW``,
+    ``SOFTCAP``, ``ALIBI``: flash-attn's sliding window, softcap and ALiBi per packed row
+    (``make_row_modifiers``; the keys before the first token's window are out of the view,
+    ``kvcache_prepare.py``), compile-time options that cost nothing when off.
 
 Wide variant: more query rows (MLA: h_q >= 4 or s_q h_q >= 4)
     grid as above; block = THREADS = 256. All threads share each tile; every phase uses the
@@ -140,10 +143,11 @@ from numba import cuda, float32, int32, types, uint32, uint64
 from ...runtime.device import SIMULATOR, Device
 from ...runtime.spec import SM80, SM90, Sample, Tiles
 
-from ..attention import DecodeSpec, tensor_type
+from ..attention import KVCacheDecodeSpec
 from ..common import constants, formats
 from ..common.layout import SharedLayout
 from ..common.paged_kv import SCHED_BLOCK, make_kv_ring, make_paged_kv_walk
+from ..common.score_mods import make_score_mods
 from ..instructions import convert, memory, sync
 
 SHARED_ALIGN = memory.SHARED_ALIGN  # a module-level name: alignment= takes constants only
@@ -283,14 +287,47 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS, 
 
 @lru_cache(maxsize=None)
 def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
-                           VEC=True, SEPARATE_V=False, LEFTPAD=False):
+                           VEC=True, SEPARATE_V=False, LEFTPAD=False, WINDOW=False,
+                           SOFTCAP=False, ALIBI=False):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it), of the
     variant BLOCK_M selects; ``VEC``: the caches are 16-byte aligned
     (``arrays.rows_16_byte_aligned``); ``SEPARATE_V``: V is ``v_cache``, not the first key
-    columns; ``LEFTPAD``: sequence ``req``'s keys start at cache position ``key_start[req]``."""
+    columns; ``LEFTPAD``: sequence ``req``'s keys start at cache position ``key_start[req]``;
+    ``WINDOW``, ``SOFTCAP``, ``ALIBI``: ordinary attention's masks and score modifiers
+    (``make_row_modifiers``)."""
     make = make_narrow_kernel if narrow_lanes(BLOCK_M, HEAD_DIM) else make_wide_kernel
     return make(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC, SEPARATE_V,
-                LEFTPAD)
+                LEFTPAD, WINDOW, SOFTCAP, ALIBI)
+
+
+def make_row_modifiers(WINDOW, SOFTCAP, ALIBI):
+    """Ordinary attention's sliding window, softcap and ALiBi (``flash_attn_with_kvcache``) for
+    one packed query row, in the view of the sequence's keys ``key_start`` begins (token t has
+    ``diag = seqlen - s_q``, ``common/masks.py``'s rules), S in base-2 units:
+
+        row_window(gr, visible, hk, group, q_rows, seqlen, s_q, left, right, softcap,
+                   alibi_slopes, req, scale_log2) -> (visible, begin, mods)
+            packed row ``gr``'s end of keys tightened by the window's right side, its first key,
+            and its ``score_mods`` factors (its head's slope; rel0 = t + diag)
+        modified(s, mods, rel) -> (score, slope)   ``score_mods``' (rel = t + diag - key)
+
+    Without the options they cost nothing."""
+    factors, modified = make_score_mods(True, SOFTCAP, ALIBI)
+
+    @cuda.jit(device=True, inline="always")
+    def row_window(gr, visible, hk, group, q_rows, seqlen, s_q, left, right, softcap,
+                   alibi_slopes, req, scale_log2):
+        r = min(gr, q_rows - 1)  # rows past the last are never stored: any head will do
+        t = r // group
+        diag = seqlen - s_q
+        begin = 0
+        if WINDOW:
+            begin = t + diag - left
+            visible = min(visible, t + diag + right + 1)
+        return visible, begin, factors(softcap, alibi_slopes, req, hk * group + r - t * group,
+                                       scale_log2, t + diag)
+
+    return row_window, modified
 
 
 # ----------------------------------------------------------------------------- both variants
@@ -437,8 +474,10 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
 
 def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC,
-                       SEPARATE_V, LEFTPAD):
+                       SEPARATE_V, LEFTPAD, WINDOW=False, SOFTCAP=False, ALIBI=False):
     """The narrow variant (``narrow_lanes``): the warps split the keys."""
+    row_window, modified = make_row_modifiers(WINDOW, SOFTCAP, ALIBI)
+    MOD_ROWS = BLOCK_M + 1  # each row's (alibi, rel0), then the cap's (cap_in, cap_out)
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     WARPS = THREADS // 32
     TPR = THREADS // BLOCK_N  # copy: threads per cache row
@@ -485,13 +524,20 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
                     S[m, k] += shfl_xor(S[m, k], 1 << j, scratch, tid)
 
     @cuda.jit(device=True, inline="always")
-    def update(S, m_i, l_i, O_i, visible, n0, key, kq, scratch, tid):
+    def update(S, m_i, l_i, O_i, visible, begin, row_mods, n0, key, kq, scratch, tid):
         """Online softmax of the batch, row by row (the warp's lane groups share each row's
-        maximum): S becomes P; l_i sums the group's own keys."""
+        maximum): S becomes P; l_i sums the group's own keys. ``begin``, ``row_mods``: each
+        row's first key and (alibi, rel0) of its score modifiers, the cap's factors after them
+        (``make_row_modifiers``)."""
         for m in range(BLOCK_M):
             mx = NEG_INF
             for k in range(KBW):
-                if n0 + key + k * KPL + kq >= visible[m]:
+                j = n0 + key + k * KPL + kq
+                if SOFTCAP or ALIBI:
+                    mods = (row_mods[BLOCK_M, 0], row_mods[BLOCK_M, 1], row_mods[m, 0],
+                            row_mods[m, 1])
+                    S[m, k] = modified(S[m, k], mods, row_mods[m, 1] - float32(j))[0]
+                if j >= visible[m] or (WINDOW and j < begin[m]):
                     S[m, k] = NEG_INF
                 mx = max(mx, S[m, k])
             for j in range(LOG_LPK, 5):
@@ -524,7 +570,8 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
 
     def mla_decode_narrow(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out,
                           lse, o_acc, lse_acc, status, s_q, group, page_size, scale_log2,
-                          v_cache, key_start):
+                          v_cache, key_start, window_left, window_right, softcap,
+                          alibi_slopes):
         tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
         floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
@@ -549,6 +596,8 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
         m_i = cuda.local.array(BLOCK_M, float32)
         l_i = cuda.local.array(BLOCK_M, float32)
         visible = cuda.local.array(BLOCK_M, np.int32)
+        begin = cuda.local.array(BLOCK_M, np.int32)  # (window) each row's first key
+        row_mods = cuda.local.array((MOD_ROWS, 2), float32)  # (alibi, rel0); the cap's
         S = cuda.local.array((BLOCK_M, KBW), float32)
         wscale = cuda.local.array(WARPS, float32)
 
@@ -560,6 +609,13 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
             ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n_lo, n_hi,
                        row, rl, src, valid, page_size, status)
             stage_q(q, floats, visible, req, hk, m0, s_q, group, q_rows, seqlen, scale_log2, tid)
+            if WINDOW or SOFTCAP or ALIBI:
+                for m in range(BLOCK_M):
+                    visible[m], begin[m], mods = row_window(
+                        m0 + m, visible[m], hk, group, q_rows, seqlen, s_q, window_left,
+                        window_right, softcap, alibi_slopes, req, scale_log2)
+                    row_mods[m, 0], row_mods[m, 1] = mods[2], mods[3]
+                    row_mods[BLOCK_M, 0], row_mods[BLOCK_M, 1] = mods[0], mods[1]
             cuda.syncthreads()  # the staged query rows are written
             start_rows(floats, qv, m_i, l_i, O_i, ll)
 
@@ -570,7 +626,7 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
                 for b in range(BATCHES):  # the warp's keys, KBW KPL at a time
                     key = warp * KPW + b * KBW * KPL  # first tile row of the batch
                     score(words, floats, S, qv, rd, key, kq, ll, scratch, tid)
-                    update(S, m_i, l_i, O_i, visible, n0, key, kq, scratch, tid)
+                    update(S, m_i, l_i, O_i, visible, begin, row_mods, n0, key, kq, scratch, tid)
                     accumulate(words, floats, S, O_i, rd, key, kq, ll)
                 rd = rd + 1 if rd + 1 < NSTAGES else 0
 
@@ -650,8 +706,9 @@ def make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, S
 
 
 def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC,
-                     SEPARATE_V, LEFTPAD):
+                     SEPARATE_V, LEFTPAD, WINDOW=False, SOFTCAP=False, ALIBI=False):
     """The wide variant: all threads share each tile."""
+    row_window, modified = make_row_modifiers(WINDOW, SOFTCAP, ALIBI)
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS, SEPARATE_V)
     TM, TN, C, DS, SL, TS = (th[k] for k in ("TM", "TN", "C", "DS", "SL", "TS"))
@@ -697,18 +754,21 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
                 floats[uint64(part_at + P_STRIDE * im + C * jn)] = S[im, jn]
 
     @cuda.jit(device=True, inline="always")
-    def update(floats, sv, n0, visible, srow, sl, p_at, m_i, l_i, scale_log2, scratch, tid):
+    def update(floats, sv, n0, visible, begin, mods, srow, sl, p_at, m_i, l_i, scale_log2,
+               scratch, tid):
         """Online softmax, SL lanes per row: the scores (scaled, masked), the new maximum,
         P = exp2(S - m_new) (over plane 0) and the rescale factor alpha; the new m_i, l_i."""
         mx = NEG_INF
         for j in range(TS):
             c = sl + SL * j
             s = NEG_INF
-            if srow < BLOCK_M and c < BLOCK_N and n0 + c < visible:
+            if srow < BLOCK_M and c < BLOCK_N and n0 + c < visible and (
+                    not WINDOW or n0 + c >= begin):
                 s = ZERO
                 for plane in range(DS):
                     s += floats[uint64(p_at + PLANE * plane + SL * j)]
                 s *= scale_log2
+                s = modified(s, mods, mods[3] - float32(n0 + c))[0]  # (make_row_modifiers)
             sv[j] = s
             mx = max(mx, s)
         for k in range(LOG_SL):
@@ -753,7 +813,7 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
 
     def mla_decode_wide(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
                         o_acc, lse_acc, status, s_q, group, page_size, scale_log2, v_cache,
-                        key_start):
+                        key_start, window_left, window_right, softcap, alibi_slopes):
         tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
         floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
@@ -804,6 +864,9 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
             visible = seqlen
             if CAUSAL:
                 visible = min(seqlen - (s_q - 1 - (m0 + srow) // group), seqlen)
+            visible, begin, mods = row_window(m0 + srow, visible, hk, group, q_rows, seqlen, s_q,
+                                              window_left, window_right, softcap, alibi_slopes,
+                                              req, scale_log2)
             m_i = NEG_INF
             l_i = ZERO  # partial: this lane's share of the row sum
             for im in range(TMo):
@@ -819,8 +882,8 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
                 kv_at = RING_P + rd * SLOT_P  # the tile's first pair
                 score(words, floats, S, kv, kv_at, q_at, k_at, part_at, ds)
                 cuda.syncthreads()  # the S planes are written
-                m_i, l_i = update(floats, sv, n0, visible, srow, sl, p_at, m_i, l_i, scale_log2,
-                                  scratch, tid)
+                m_i, l_i = update(floats, sv, n0, visible, begin, mods, srow, sl, p_at, m_i, l_i,
+                                  scale_log2, scratch, tid)
                 cuda.syncthreads()  # P and alpha are written
                 accumulate(words, floats, O_i, vv, kv_at, o_row0, co)
                 rd = rd + 1 if rd + 1 < NSTAGES else 0
@@ -849,7 +912,7 @@ BLOCK_N_BY_ROWS = ((8, 32), (16, 16))
 LAUNCH_THREADS = 64 if SIMULATOR else THREADS
 
 
-class Spec(DecodeSpec):
+class Spec(KVCacheDecodeSpec):
     name = "mla_decode"
 
     def entry(self, config, device):
@@ -885,18 +948,8 @@ class Spec(DecodeSpec):
     def make(self, config, tiles):
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, tiles.BLOCK_M,
                                       tiles.BLOCK_N, tiles.threads, config.causal, config.fmt,
-                                      config.vec, config.separate_v, config.leftpad)
-
-    def signature(self, config):
-        """The decode's arguments, then ``v_cache`` (V's own cache, else ``k_cache`` again) and
-        ``key_start`` (each sequence's first cache position, else any int32 array): read only
-        when ``separate_v`` / ``leftpad`` are on."""
-        t, i1 = tensor_type(config.fmt), types.Array(types.int32, 1, "A")
-        return types.void(*super().signature(config).args, t, i1)
-
-    def arguments(self, config, p):
-        return super().arguments(config, p) + (p.get("v_cache", p["k_cache"]),
-                                               p.get("key_start", p["cache_seqlens"]))
+                                      config.vec, config.separate_v, config.leftpad,
+                                      config.window, config.softcap, config.alibi)
 
     def samples(self):
         """DeepSeek's head dims: 1 to 16 and 128 rows, causal or not, in bfloat16 under an
@@ -915,10 +968,13 @@ class Spec(DecodeSpec):
                       (rows, 576, 512, causal, fmt, vec), device=dev, ccs=(dev.cc,))
                for rows, causal, fmt, vec, dev in cases]
         # flash_attn_with_kvcache's decode: V in its own cache (D 128), a GQA group of 4 query
-        # heads (the wide variant) with left padding, and one head (the narrow one).
-        return mla + [Sample(f"simt kvcache q_rows={rows} d=128 leftpad={pad} bfloat16",
-                             (rows, 128, 128, False, "bfloat16", True, False, True, pad),
-                             device=h100, ccs=(SM90,)) for rows, pad in ((4, True), (1, False))]
+        # heads (the wide variant) with left padding, and one head (the narrow one); each with a
+        # window, a softcap and ALiBi.
+        return mla + [Sample(f"simt kvcache q_rows={rows} d=128 leftpad={pad} bfloat16"
+                             + (" window softcap alibi" if mods else ""),
+                             (rows, 128, 128, mods, "bfloat16", True, False, True, pad,
+                              mods, mods, mods), device=h100, ccs=(SM90,))
+                      for rows, pad in ((4, True), (1, False)) for mods in (False, True)]
 
 
 SPEC = Spec()

@@ -44,7 +44,9 @@ Limits
     and data pointers 16-byte aligned (the host checks); compute capability 8.0 or newer.
     Dense batches, or packed varlen sequences (``VARLEN``): each CTA takes its sequence's
     rows from ``common/masks.make_seqlen_info`` and returns when its tile lies past the
-    sequence's end (kernels/attention.py).
+    sequence's end (kernels/attention.py). Masks and score modifiers: the compile-time
+    ``WINDOW``, ``SOFTCAP`` and ``ALIBI`` of ``simt/backward.py``, through the same pieces
+    (``common/masks.py``, ``common/backward.py``, ``common/score_mods.py``).
 """
 
 from functools import lru_cache
@@ -57,7 +59,8 @@ from ..common import backward
 from ..common.copies import make_tile_copy
 from ..common.epilogue import make_fragment_store
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_q_begin, make_seqlen_info, make_window
+from ..common.masks import (make_key_view, make_kv_end, make_q_begin, make_seqlen_info,
+                            make_window)
 from ..common.score_mods import make_score_mods
 from ..instructions import convert, memory
 from ..instructions import mma as mma_sync
@@ -281,7 +284,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False
     scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW,
                                                  SOFTCAP, ALIBI)
     score_factors = make_score_mods(False, SOFTCAP, ALIBI)[0]
-    key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
+    key_view = make_key_view(BLOCK_M, BLOCK_N, WINDOW)
     ZERO = float32(0.0)
 
     def flash_bwd_dq_tc(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, n_heads_q, group,
@@ -312,12 +315,9 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, NWARPS, VARLEN=False
                                        dq[:, q0:])
             k, v = k[:, k0:], v[:, k0:]
         # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
-        if WINDOW:
-            k, v = k[:, n_start:], v[:, n_start:]
-            seqlen_k -= n_start
-        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
-        diag = diag_hi
+        k, v, _, seqlen_k, rel0, diag, diag_lo = key_view(k, v, status, m0, diag, seqlen_k,
+                                                          window_left, window_right)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, rel0)
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -397,14 +397,16 @@ SMALL_TILES = ((128, (32, 64, 4), (64, 32, 4)), (256, (16, 32, 4), (32, 16, 2)))
 def _samples(kernel, column):
     """Head dims 8 and 72 with the table's entries; every entry of the table, causal or not, in
     both formats; the small tiles; varlen at head dim 64; a sliding window, dense at head dim
-    128 and varlen at 64; a softcap at 128."""
+    128 and varlen at 64; a softcap at 128; ALiBi with a softcap at 128."""
     name = f"tc mma bwd {kernel}"
     return ([sample(name, config) for config in ((8, True, "float16"), (72, False, "bfloat16"),
                                                  (64, True, "bfloat16", True),
                                                  (128, True, "float16", False, False, True),
                                                  (64, True, "bfloat16", True, False, True),
                                                  (128, False, "bfloat16", False, False, False,
-                                                  True))]
+                                                  True),
+                                                 (128, True, "float16", False, False, False,
+                                                  True, True))]
             + [sample(name, (row[0], causal, fmt), row[column][int(causal)]) for row in TILES
                for causal in (False, True) for fmt in HALF_FORMATS]
             + [sample(name, (row[0], True, "bfloat16"), row[column]) for row in SMALL_TILES])

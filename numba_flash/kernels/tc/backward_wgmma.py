@@ -58,7 +58,10 @@ Limits
     checks); compute capability 9.0 (sm_90a).
     Dense batches, or packed varlen sequences (``VARLEN``): each CTA takes its sequence's
     rows from ``common/masks.make_seqlen_info`` and returns when its tile lies past the
-    sequence's end (kernels/attention.py).
+    sequence's end (kernels/attention.py). Masks and score modifiers: the compile-time
+    ``WINDOW``, ``SOFTCAP`` and ``ALIBI`` of ``simt/backward.py``, through the same pieces
+    (``common/masks.py``, ``common/backward.py``, ``common/score_mods.py``). A softcap runs on
+    ``backward_mma.py`` instead (its tanh spills this kernel's accumulators' registers).
 """
 
 from functools import lru_cache
@@ -72,7 +75,8 @@ from ..common.copies import make_swizzled_copy
 from ..common.epilogue import make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_q_begin, make_seqlen_info, make_window
+from ..common.masks import (make_key_view, make_kv_end, make_q_begin, make_seqlen_info,
+                            make_window)
 from ..common.score_mods import make_score_mods
 from ..instructions import convert, memory, sync, wgmma
 
@@ -318,7 +322,7 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
     scores_to_ds = backward.make_dq_scores_to_ds(NT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW,
                                                  SOFTCAP, ALIBI)
     score_factors = make_score_mods(False, SOFTCAP, ALIBI)[0]
-    key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
+    key_view = make_key_view(BLOCK_M, BLOCK_N, WINDOW)
     ZERO = float32(0.0)
     SBO, MN_STEP, k_step = wgmma.SBO, wgmma.MN_K_STEP, wgmma.k_step
     K_LBO = BLOCK_N * wgmma.SWIZZLE_BYTES    # K as MN-major B: 64-column blocks apart
@@ -360,12 +364,9 @@ def make_dq_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False,
             lse, delta = lse[:, :, q0:], delta[:, :, q0:]
             k, v = k[:, k0:], v[:, k0:]
         # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
-        if WINDOW:
-            k, v = k[:, n_start:], v[:, n_start:]
-            seqlen_k -= n_start
-        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
-        diag = diag_hi
+        k, v, _, seqlen_k, rel0, diag, diag_lo = key_view(k, v, status, m0, diag, seqlen_k,
+                                                          window_left, window_right)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, rel0)
         end = kv_end(m0, diag, seqlen_k)
         n_tiles = (end + BLOCK_N - 1) // BLOCK_N if end > 0 else 0
 
@@ -491,8 +492,8 @@ def _entry(config, column):
 def _samples(kernel, column):
     """Every entry of the table, causal or not, in both formats, each without its register cap
     (the PTX record keys the dQ entry of D = 64 from before its cap); varlen at head dim 128
-    with the table's entry; a sliding window at head dim 128, dense and varlen (a softcap runs
-    on the mma.sync pair: registry.py)."""
+    with the table's entry; a sliding window at head dim 128, dense and varlen; ALiBi at 128 (a
+    softcap runs on the mma.sync pair: registry.py)."""
     return [sample(f"tc wgmma bwd {kernel}", (row[0], causal, fmt), row[column][int(causal)][:2],
                    ccs=(SM90A,))
             for row in TILES for causal in (False, True) for fmt in HALF_FORMATS] + [
@@ -500,7 +501,9 @@ def _samples(kernel, column):
                 sample(f"tc wgmma bwd {kernel}", (128, True, "float16", False, False, True),
                        ccs=(SM90A,)),
                 sample(f"tc wgmma bwd {kernel}", (128, True, "bfloat16", True, False, True),
-                       ccs=(SM90A,))]
+                       ccs=(SM90A,)),
+                sample(f"tc wgmma bwd {kernel}",
+                       (128, True, "bfloat16", False, False, False, False, True), ccs=(SM90A,))]
 
 
 def _tiles(entry, threads_of, shared_layout, head_dim):

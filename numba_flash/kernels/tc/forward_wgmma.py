@@ -48,10 +48,14 @@ Limits
     sequence's end (kernels/attention.py). Paged K/V (``PAGED``, varlen): each K/V tile's rows
     come through a row table in shared memory (2 x BLOCK_N x 8 bytes more), written a tile ahead
     by one owner thread per row from the block table (``common/copies.make_paged_steps``).
-    Sliding window (``WINDOW``, not paged): the causal code with the diagonal moved right and
-    the keys viewed from the window's first tile (``common/masks.make_window``); softcap
-    (``SOFTCAP``): S through ``cap_out tanh(S cap_in)`` before the masks
-    (``common/softmax.make_score_cap``). Both compile-time options: off, they cost nothing.
+    Sliding window (``WINDOW``): the causal code with the diagonal moved right and the keys
+    viewed from the window's first tile, or page (``common/masks.make_key_view``); softcap and
+    ALiBi (``SOFTCAP``, ``ALIBI``): each S element becomes the score the softmax sees before the
+    masks (``common/score_mods.py``: ``cap_out tanh(S cap_in)``, then minus the slope times
+    ``|i + diag - j|``, two instructions per element); a sink (``SINK``): each row starts as if
+    it had seen a key of logit ``sink`` and value 0 (``m_i = sink``, ``l_i = 1``), so the
+    sink joins the sum and the lse at no cost per tile. All compile-time options: off, they
+    cost nothing.
 """
 
 from functools import lru_cache
@@ -65,7 +69,7 @@ from ..common.copies import ROW_WORDS, make_paged_steps, make_swizzled_copy
 from ..common.epilogue import lse_of, make_row_writer
 from ..common.grid import folded_row
 from ..common.layout import SharedLayout
-from ..common.masks import make_kv_end, make_seqlen_info, make_window
+from ..common.masks import make_key_view, make_kv_end, make_seqlen_info
 from ..common.score_mods import make_score_mods, make_sink
 from ..common.softmax import make_softmax_step
 
@@ -116,7 +120,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
                                      ALIBI)
     score_factors = make_score_mods(False, SOFTCAP, ALIBI)[0]
     sink_start = make_sink(False, SINK)
-    key_window = make_window(BLOCK_M, BLOCK_N, WINDOW)[0]
+    key_view = make_key_view(BLOCK_M, BLOCK_N, WINDOW, PAGED)
     ZERO, ONE = float32(0.0), float32(1.0)
 
     # Descriptor arithmetic, in 16-byte units (kernels/ptx/wgmma.py, "Shared-memory operands";
@@ -163,13 +167,10 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
             q, out, lse = q[:, q0:], out[:, q0:], lse[:, :, q0:]
             if not PAGED:  # paged keys are found through the table (load_paged_kv)
                 k, v = k[:, k0:], v[:, k0:]
-        # Sliding window: keys from the first tile it reaches, diagonals relative to it.
-        n_start, diag_hi, diag_lo = key_window(m0, diag, seqlen_k, window_left, window_right)
-        if WINDOW:
-            k, v = k[:, n_start:], v[:, n_start:]
-            seqlen_k -= n_start
-        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, diag - n_start)
-        diag = diag_hi
+        # Sliding window: keys from the first tile (or page) it reaches, diagonals relative to it.
+        k, v, block_table, seqlen_k, rel0, diag, diag_lo = key_view(
+            k, v, block_table, m0, diag, seqlen_k, window_left, window_right)
+        mods = score_factors(softcap, alibi_slopes, b, h, scale_log2, rel0)
         end = kv_end(m0, diag, seqlen_k)  # causal: the key tiles past the diagonal are skipped
         rows_w = (base + ROWS_OFF) >> 1  # paged: the row table, in 32-bit words
         entry = -1                          # ... and the table entry this thread reads ahead
@@ -314,7 +315,7 @@ class Spec(ForwardSpec):
         """Every entry of the table at the largest head dim it serves and three warpgroups of 64
         rows at head dim 8, causal or not, in both formats; varlen at head dim 128,
         with and without paged K/V; a sliding window, dense at head dim 128 and varlen at 64;
-        a softcap at 128."""
+        a softcap at 128; ALiBi with a sink at 128; a paged window at 64."""
         rows = TILES + ((8, ((192, 32, 12, 0),) * 2),)
         return [sample("tc wgmma fwd", (d, causal, fmt), entries[int(causal)], ccs=(SM90A,))
                 for d, entries in rows for causal in (False, True) for fmt in HALF_FORMATS] + [
@@ -325,6 +326,10 @@ class Spec(ForwardSpec):
                     sample("tc wgmma fwd", (64, True, "bfloat16", True, False, True),
                            ccs=(SM90A,)),
                     sample("tc wgmma fwd", (128, False, "bfloat16", False, False, False, True),
+                           ccs=(SM90A,)),
+                    sample("tc wgmma fwd", (128, True, "float16", False, False, False, False,
+                                            True, True), ccs=(SM90A,)),
+                    sample("tc wgmma fwd", (64, True, "bfloat16", True, True, True),
                            ccs=(SM90A,))]
 
 

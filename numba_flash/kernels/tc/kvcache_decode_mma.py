@@ -32,6 +32,14 @@ Grid / block mapping
     scales its O_i by ``exp2(m_i - M) / L`` (L the rescaled sum of the warps' l_i), and the
     scaled partials are added up column by column on their way out.
 
+Masks and score modifiers (``WINDOW``, ``SOFTCAP``, ``ALIBI``: compile-time, off they cost nothing)
+    flash-attn's sliding window, softcap and ALiBi in the view of the keys ``key_start`` begins,
+    where token t has ``diag = seqlen - s_q`` (``common/paged_kv.make_row_modifiers``): each
+    row's window tightens its key limit and sets its first key, S becomes the score the
+    softmax sees before the masks (each row with its own head's slope). The keys before the
+    first token's window never reach the plan: ``simt/kvcache_prepare.py`` moves the view's
+    start past them.
+
 Memory pipeline
     The cache streams through a ring of NSTAGES tiles (``paged_kv.make_kv_ring``): a tile row
     holds a key's HEAD_DIM columns, then its value's HEAD_DIM_V columns, both copied in 16-byte
@@ -64,11 +72,11 @@ from numba import cuda, float32, int32, types, uint16, uint32
 
 from ...runtime.device import SHARED_RESERVED_PER_BLOCK
 from ...runtime.spec import SM80, SM90, Sample, Tiles
-from ..attention import DecodeSpec, tensor_type
+from ..attention import KVCacheDecodeSpec
 from ..common import constants
 from ..common.layout import SharedLayout
 from ..common.paged_kv import SCHED_BLOCK, make_kv_ring, make_paged_kv_walk, make_row_copy
-from ..common.paged_kv import make_row_keys
+from ..common.paged_kv import make_row_keys, make_row_modifiers
 from ..common.softmax import make_online_update, make_row_max
 from ..instructions import convert, memory, sync
 from ..instructions import mma as mma_sync
@@ -118,7 +126,8 @@ def static_bytes(warps):
 
 
 @lru_cache(maxsize=None)
-def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES, LEFTPAD):
+def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES, LEFTPAD,
+                               WINDOW=False, SOFTCAP=False, ALIBI=False):
     """Python kernel function for one configuration (``SPEC`` compiles it)."""
     assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)  # (on sm_90)
     BLOCK_N = 16 * WARPS
@@ -145,6 +154,7 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
     row_max = make_row_max(1, NT)
     update = make_online_update(1, NT, DT)
     start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
+    row_mods, modify_keys = make_row_modifiers(NT, WINDOW, SOFTCAP, ALIBI)
     cta_work, piece_of, _, _, put, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, True)
     first_key, ring_start, ring_next = make_kv_ring(
         HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, True, RING_OFF, KV_STRIDE,
@@ -210,7 +220,8 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
 
     def kvcache_decode_mma(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out,
                            lse, o_acc, lse_acc, status, s_q, group, page_size, scale_log2,
-                           v_cache, key_start):
+                           v_cache, key_start, window_left, window_right, softcap,
+                           alibi_slopes):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # the same bytes
         xm = cuda.shared.array(WARP_ROWS, float32)
@@ -247,6 +258,7 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
         l_i = cuda.local.array((1, 2), float32)
         m_tile = cuda.local.array((1, 2), float32)
         limit = cuda.local.array(2, int32)
+        begin = cuda.local.array(2, int32)  # (window) each row's first key
         O_i = cuda.local.array((1, DT, 4), float32)
         S = cuda.local.array((1, NT, 4), float32)
         q_frag = cuda.local.array((1, 4), uint32)
@@ -265,6 +277,8 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
             ring_start(smem, k_cache, v_cache, block_table, num_pages, req, hk, key0, n_lo, n_hi,
                        row, rl, src, valid, page_size, status)
             start_rows(limit, m_i, l_i, O_i, n_hi, seqlen, s_q, group, m0 + g)
+            mods0, mods1 = row_mods(limit, begin, softcap, alibi_slopes, req, hk, seqlen, s_q,
+                                    group, q_rows, m0 + g, window_left, window_right, scale_log2)
 
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
@@ -272,6 +286,7 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
                           rd, row, rl, src, valid, page_size, status)
                 at = rd * SLOT
                 scores(S, q_frag, q_lane, k_lane + at, smem, scratch, tid)
+                modify_keys(S, begin, mods0, mods1, n0 + key_lane)  # softcap, ALiBi, window
                 mask_keys(S, limit, n0 + key_lane)  # past the piece, or (causal) the diagonal
                 row_max(S, m_tile, shfl_scratch, tid)
                 update(S, m_i, l_i, O_i, m_tile, scale_log2)
@@ -287,7 +302,7 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
 
 # ----------------------------------------------------------------------------- spec
 
-class Spec(DecodeSpec):
+class Spec(KVCacheDecodeSpec):
     name = "kvcache_decode_mma"
     unroll_loops = True
 
@@ -317,27 +332,21 @@ class Spec(DecodeSpec):
         nstages = ring // (tiles.BLOCK_N * kv_stride(d, dv))
         return make_kvcache_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
                                           config.fmt, tiles.threads // 32, nstages,
-                                          config.leftpad)
-
-    def signature(self, config):
-        """The decode's arguments, then ``v_cache`` and ``key_start`` (each sequence's first
-        cache position; any int32 array, never read, without ``leftpad``)."""
-        t, i1 = tensor_type(config.fmt), types.Array(types.int32, 1, "A")
-        return types.void(*super().signature(config).args, t, i1)
-
-    def arguments(self, config, p):
-        return super().arguments(config, p) + (p["v_cache"],
-                                               p.get("key_start", p["cache_seqlens"]))
+                                          config.leftpad, config.window, config.softcap,
+                                          config.alibi)
 
     def samples(self):
         """A decode step of a GQA group of 4 (D 128, left padding), a causal chunk of 3 tokens
-        of 8 heads at D 64, and D 256; every table entry."""
+        of 8 heads at D 64, D 256, and a causal chunk with a window, a softcap and ALiBi; every
+        table entry."""
         cases = (("q_rows=4 d=128 leftpad bfloat16", (4, 128, 128, False, "bfloat16", True, False,
                                                       True, True)),
                  ("q_rows=24 d=64 causal float16", (24, 64, 64, True, "float16", True, False,
                                                     True, False)),
                  ("q_rows=8 d=256 bfloat16", (8, 256, 256, False, "bfloat16", True, False, True,
-                                              False)))
+                                              False)),
+                 ("q_rows=8 d=128 window softcap alibi bfloat16",
+                  (8, 128, 128, True, "bfloat16", True, False, True, True, True, True, True)))
         return [Sample(f"tc kvcache {label} tiles={entry}", config, entry,
                        ccs=(SM90,) if config[1] > MAX_HEAD_DIM_SM8X else (SM80, SM90))
                 for entry in TILES for label, config in cases]

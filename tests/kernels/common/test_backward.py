@@ -1,6 +1,6 @@
 """kernels/common/backward.py against P = exp2(S scale_log2 - lse log2 e), dS = P (dP - D_i)
-(with a sliding window's lower diagonal, and with a softcap: P from ``cap_out tanh(S cap_in)``,
-dS times ``1 - tanh^2``) written out in NumPy on whole tiles: one warp's C fragments (row ``g`` and ``g + 8``, columns
+(with a sliding window's lower diagonal, with a softcap: P from ``cap_out tanh(S cap_in)``,
+dS times ``1 - tanh^2``, and with ALiBi: the score minus ``slope |i + diag - j|``) written out in NumPy on whole tiles: one warp's C fragments (row ``g`` and ``g + 8``, columns
 ``t2, t2 + 1`` of each 8-column tile) are scattered back to matrices, so a wrong fragment
 mapping, a missed mask or a query past the end with P != 0 shows up as a wrong element; and
 the fused preprocess' D_i = rowsum(dO_i O_i) from swizzled tiles against a float64 sum."""
@@ -17,10 +17,12 @@ NT = 4  # 8-column tiles per fragment row: 32 columns, one warp's 16 rows
 COLS = 8 * NT
 STAGED = 2 * COLS  # floats of the lse_i log2 e and D_i rows the probe stages
 SCALE_LOG2 = 0.37
-CAP_IN, CAP_OUT = 0.25, 3.0  # a softcap in the kernels' units (softmax.make_score_cap)
-# (causal, left side of a window or None, softcap): the masks and modifiers the probes run
-MODES = [(False, None, False), (True, None, False), (True, 9, False), (False, None, True),
-         (True, 5, True)]
+CAP_IN, CAP_OUT = 0.25, 3.0  # a softcap in the kernels' units (common/score_mods.py)
+ALIBI = 0.3  # an ALiBi slope in the same units
+# (causal, left side of a window or None, softcap, alibi): the masks and modifiers the probes run
+MODES = [(False, None, False, False), (True, None, False, False), (True, 9, False, False),
+         (False, None, True, False), (True, 5, True, False), (False, None, False, True),
+         (True, 5, True, True)]
 
 
 def fragments_of(M):
@@ -44,10 +46,10 @@ def matrix_of(F):
     return M
 
 
-def make_dq_probe(causal, window, softcap):
+def make_dq_probe(causal, window, softcap, alibi):
     load_rows = backward.make_dq_rows()
     scores_to_ds = backward.make_dq_scores_to_ds(NT, COLS, causal or window, 16, window,
-                                                 softcap)
+                                                 softcap, alibi)
     LEFT = window or 0
 
     @cuda.jit
@@ -65,8 +67,9 @@ def make_dq_probe(causal, window, softcap):
         row_g = m0 + g
         load_rows(lse_r, D_r, lse, delta, 0, 0, row_g, seqlen_q)
         diag = seqlen_k - seqlen_q
+        mods = (float32(CAP_IN), float32(CAP_OUT), float32(ALIBI), float32(diag))
         scores_to_ds(S, dP, lse_r, D_r, n0, m0, row_g, t2, seqlen_k, diag, diag - LEFT,
-                     float32(SCALE_LOG2), float32(CAP_IN), float32(CAP_OUT))
+                     float32(SCALE_LOG2), mods)
         for nt in range(NT):
             for e in range(4):
                 dS_out[lane, nt, e] = dP[nt, e]
@@ -74,10 +77,10 @@ def make_dq_probe(causal, window, softcap):
     return probe
 
 
-def make_dkdv_probe(causal, window, softcap):
+def make_dkdv_probe(causal, window, softcap, alibi):
     stage_rows = backward.make_dkdv_rows(COLS, 32)
     scores_to_ds = backward.make_dkdv_scores_to_ds(NT, COLS, 16, causal or window, window,
-                                                   softcap)
+                                                   softcap, alibi)
     LEFT = window or 0
 
     @cuda.jit
@@ -94,8 +97,9 @@ def make_dkdv_probe(causal, window, softcap):
         stage_rows(words, 0, lse, delta, 0, 0, m0, seqlen_q, lane)
         cuda.syncthreads()
         diag = seqlen_k - seqlen_q
+        mods = (float32(CAP_IN), float32(CAP_OUT), float32(ALIBI), float32(diag))
         scores_to_ds(S, dP, words, 0, m0, n0, n0 + g, t2, diag, diag - LEFT,
-                     float32(SCALE_LOG2), float32(CAP_IN), float32(CAP_OUT))
+                     float32(SCALE_LOG2), mods)
         for nt in range(NT):
             for e in range(4):
                 P_out[lane, nt, e] = S[nt, e]
@@ -114,7 +118,8 @@ def inputs(rng, seqlen_q, rows, cols):
     return S, dP, lse, delta
 
 
-def expected(S, dP, lse_q, D_q, queries, keys, seqlen_q, seqlen_k, causal, window, softcap):
+def expected(S, dP, lse_q, D_q, queries, keys, seqlen_q, seqlen_k, causal, window, softcap,
+             alibi):
     """P, the visible pairs, D and the cap's slope of S, dP laid out [query][key] for the given
     query and key indices (a window of ``window`` keys to the left, causal on the right)."""
     q, k = queries[:, None], keys[None, :]
@@ -126,46 +131,48 @@ def expected(S, dP, lse_q, D_q, queries, keys, seqlen_q, seqlen_k, causal, windo
     if softcap:
         t = np.tanh(S.astype(np.float64) * CAP_IN)
         S, slope = (CAP_OUT * t).astype(np.float32), (1 - t * t).astype(np.float32)
-    P = np.exp2(S * np.float32(SCALE_LOG2) - lse2).astype(np.float32)
     diag = seqlen_k - seqlen_q
+    if alibi:
+        S = (S - ALIBI * np.abs(q + diag - k)).astype(np.float32)
+    P = np.exp2(S * np.float32(SCALE_LOG2) - lse2).astype(np.float32)
     visible = (k <= q + diag) if causal or window else np.ones_like(inside)
     if window is not None:
         visible = visible & (k >= q + diag - window)
     return P, visible, D, slope
 
 
-@pytest.mark.parametrize("causal, window, softcap", MODES)
+@pytest.mark.parametrize("causal, window, softcap, alibi", MODES)
 @pytest.mark.parametrize("seqlen_q, seqlen_k, m0, n0",
                          [(40, 40, 16, 0), (40, 40, 16, 16), (30, 50, 16, 32), (20, 12, 16, 0),
                           (40, 40, 0, 32)])
-def test_dq_step_is_p_times_dp_minus_d_with_masks(rng, causal, window, softcap, seqlen_q,
+def test_dq_step_is_p_times_dp_minus_d_with_masks(rng, causal, window, softcap, alibi, seqlen_q,
                                                   seqlen_k, m0, n0):
     S, dP, lse, delta = inputs(rng, seqlen_q, 16, COLS)
     dS = np.full((32, NT, 4), np.nan, np.float32)
-    make_dq_probe(causal, window, softcap)[1, 32](fragments_of(S), fragments_of(dP), lse, delta,
-                                                  m0, n0, seqlen_q, seqlen_k, dS)
+    make_dq_probe(causal, window, softcap, alibi)[1, 32](
+        fragments_of(S), fragments_of(dP), lse, delta, m0, n0, seqlen_q, seqlen_k, dS)
     queries, keys = np.arange(m0, m0 + 16), np.arange(n0, n0 + COLS)
     P, visible, D, slope = expected(S, dP, lse[0, 0], delta[0, 0], queries, keys, seqlen_q,
-                                    seqlen_k, causal, window, softcap)
+                                    seqlen_k, causal, window, softcap, alibi)
     P = np.where(visible & (keys[None, :] < seqlen_k), P, 0)
     np.testing.assert_allclose(matrix_of(dS), P * (dP - D) * slope, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("causal, window, softcap", MODES)
+@pytest.mark.parametrize("causal, window, softcap, alibi", MODES)
 @pytest.mark.parametrize("seqlen_q, seqlen_k, m0, n0",
                          [(40, 40, 0, 16), (40, 40, 16, 16), (50, 30, 32, 0), (20, 44, 0, 16),
                           (40, 40, 32, 0)])
-def test_dkdv_step_is_the_transposed_step(rng, causal, window, softcap, seqlen_q, seqlen_k, m0,
-                                          n0):
+def test_dkdv_step_is_the_transposed_step(rng, causal, window, softcap, alibi, seqlen_q,
+                                          seqlen_k, m0, n0):
     S_t, dP_t, lse, delta = inputs(rng, seqlen_q, 16, COLS)  # keys x queries
     P_out = np.full((32, NT, 4), np.nan, np.float32)
     dS_out = np.full((32, NT, 4), np.nan, np.float32)
-    make_dkdv_probe(causal, window, softcap)[1, 32](fragments_of(S_t), fragments_of(dP_t), lse,
-                                                    delta, m0, n0, seqlen_q, seqlen_k, P_out,
-                                                    dS_out)
+    make_dkdv_probe(causal, window, softcap, alibi)[1, 32](
+        fragments_of(S_t), fragments_of(dP_t), lse, delta, m0, n0, seqlen_q, seqlen_k, P_out,
+        dS_out)
     queries, keys = np.arange(m0, m0 + COLS), np.arange(n0, n0 + 16)
     P, visible, D, slope = expected(S_t.T, dP_t.T, lse[0, 0], delta[0, 0], queries, keys,
-                                    seqlen_q, seqlen_k, causal, window, softcap)
+                                    seqlen_q, seqlen_k, causal, window, softcap, alibi)
     P = np.where(visible, P, 0)  # no ragged-key mask here: those rows are never stored
     np.testing.assert_allclose(matrix_of(P_out), P.T, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(matrix_of(dS_out), (P * (dP_t.T - D) * slope).T, rtol=1e-5,

@@ -10,6 +10,7 @@ import numba_flash as nf
 from helpers import SIMULATOR, assert_compiles_clean, nan_like, randn, to_device, to_host
 from kernels._backward_cases import WINDOW_CASES, check_window, window_id
 from kernels._backward_cases import SOFTCAP_CASES, check_softcap, softcap_id
+from kernels._backward_cases import MODIFIER_CASES, check_modifiers, library_backward, modifier_id
 from kernels._backward_cases import check_bitwise_deterministic, check_large_logits
 from kernels._backward_cases import check_gradients as _check
 from kernels._backward_cases import check_rows_without_keys
@@ -42,15 +43,7 @@ CASES_GPU = [
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
 
 
-def _backward(dout, q, k, v, causal, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-              **buffers):
-    """Forward then backward through the library; returns dq, dk, dv."""
-    dev = [to_device(x) for x in (dout, q, k, v)]
-    out, lse = nf.flash_attn_fwd(*dev[1:], causal=causal, softmax_scale=softmax_scale,
-                                 backend="simt", window_size=window_size, softcap=softcap)
-    return nf.flash_attn_bwd(*dev, out, lse, causal=causal, softmax_scale=softmax_scale,
-                             backend="simt", window_size=window_size, softcap=softcap,
-                             **buffers)
+_backward = library_backward("simt", "simt")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -106,3 +99,8 @@ def test_every_specialization_compiles_without_spills():
         assert_compiles_clean(f"simt.backward:{kernel}",
                               [((d, causal, fmt), None) for d in (64, 128, 256)])
     assert_compiles_clean("simt.backward:PREPROCESS", [((256, False, "float16"), None)])
+
+
+@pytest.mark.parametrize("case", MODIFIER_CASES, ids=modifier_id)
+def test_alibi_and_sinks_match_reference(case, rng):
+    check_modifiers(rng, _backward, case)

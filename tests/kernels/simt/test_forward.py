@@ -9,6 +9,7 @@ from helpers import (SIMULATOR, assert_close_rule, assert_compiles_clean, assert
                      randn, to_device, to_host)
 from kernels._window_cases import CASES as WINDOW_CASES, case_id as window_id
 from kernels._window_cases import SOFTCAP_CASES, softcap_id
+from kernels._window_cases import MODIFIER_CASES, modifier_id, modifier_options
 
 # (B, Sq, Sk, Hq, Hk, D, causal, fmt): odd lengths, Sq != Sk both ways, GQA/MQA, head dims 8..256.
 CASES_SIM = [
@@ -49,6 +50,11 @@ def test_sliding_window_matches_reference(case, rng):
 def test_softcap_matches_reference(case, rng):
     *shape, softcap, scale = case
     check_forward(rng, *shape, backend="simt", softcap=softcap, scale=scale)
+
+
+@pytest.mark.parametrize("case", MODIFIER_CASES, ids=modifier_id)
+def test_alibi_and_sinks_match_reference(case, rng):
+    check_forward(rng, *case[:-1], backend="simt", **modifier_options(rng, case))
 
 
 def test_large_logits_stay_finite(rng):

@@ -61,6 +61,13 @@ def test_decode_matches_reference(case, rng):
     run_case(rng, *case, backend="simt")
 
 
+# FlashMLA's attn_sink on split requests (merged by the combine) and whole ones (scaled by it
+# after the decode): the first cases of CASES.
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "-".join(map(str, c[1:])))
+def test_attention_sink_shrinks_every_row(case, rng):
+    run_case(rng, *case, backend="simt", sink=True)
+
+
 @pytest.mark.parametrize("case", CASES_UNALIGNED, ids=lambda c: "-".join(map(str, c[1:])))
 def test_unaligned_cache_copies_elements(case, rng):
     """A cache view whose rows are not 16-byte aligned: the API picks the element-copy kernel

@@ -11,6 +11,7 @@ from helpers import (FMTS, SIMULATOR, assert_compiles_clean, attention_problem, 
                      to_device)
 from kernels._backward_cases import WINDOW_CASES, check_window, window_id
 from kernels._backward_cases import SOFTCAP_CASES, check_softcap
+from kernels._backward_cases import MODIFIER_CASES, check_modifiers, library_backward, modifier_id
 from kernels._backward_cases import (check_bitwise_deterministic, check_gradients,
                                      check_large_logits, check_rows_without_keys, inputs)
 from kernels.tc._forward_cases import planned_for_family
@@ -43,15 +44,7 @@ CASES = CASES_SIM if SIMULATOR else CASES_GPU
 SIM_TILES = ((16, 64), (64, 16))
 
 
-def _backward(dout, q, k, v, causal, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-              **buffers):
-    """Forward then the tc backward through the library; returns dq, dk, dv."""
-    dev = [to_device(x) for x in (dout, q, k, v)]
-    out, lse = nf.flash_attn_fwd(*dev[1:], causal=causal, softmax_scale=softmax_scale,
-                                 window_size=window_size, softcap=softcap)
-    return nf.flash_attn_bwd(*dev, out, lse, causal=causal, softmax_scale=softmax_scale,
-                             backend="tc", window_size=window_size, softcap=softcap,
-                             **buffers)
+_backward = library_backward("tc")
 
 
 @pytest.fixture(autouse=True)
@@ -193,3 +186,8 @@ def test_tiles_fit_the_shared_memory_of_a_hopper():
                 tiles = spec.tiles(spec.Config(d, causal, "float16"),
                                    spec.entry(spec.Config(d, causal, "float16"), None))
                 assert tiles.shared_bytes <= 227 * 1024 and tiles.threads % 128 == 0
+
+
+@pytest.mark.parametrize("case", MODIFIER_CASES, ids=modifier_id)
+def test_alibi_and_sinks_match_reference(case, rng):
+    check_modifiers(rng, _backward, case)

@@ -12,6 +12,7 @@ from kernels.tc._forward_cases import (CASES, check_growing_row_maxima, check_la
                                        planned_for_family)
 from kernels._window_cases import CASES as WINDOW_CASES, case_id as window_id
 from kernels._window_cases import SOFTCAP_CASES, softcap_id
+from kernels._window_cases import MODIFIER_CASES, modifier_id, modifier_options
 
 
 @pytest.fixture(autouse=True)
@@ -36,6 +37,11 @@ def test_sliding_window_matches_reference(case, rng):
 def test_softcap_matches_reference(case, rng):
     *shape, softcap, scale = case
     check_forward(rng, *shape, backend="tc", softcap=softcap, scale=scale)
+
+
+@pytest.mark.parametrize("case", MODIFIER_CASES, ids=modifier_id)
+def test_alibi_and_sinks_match_reference(case, rng):
+    check_forward(rng, *case[:-1], backend="tc", **modifier_options(rng, case))
 
 
 def test_large_logits_stay_finite(rng):

@@ -41,6 +41,14 @@ def test_decode_matches_reference(case, rng):
     run_case(rng, *case, backend="tc")
 
 
+@pytest.mark.slow
+def test_attention_sink_behind_the_overlapping_combine(rng):
+    """FlashMLA's attn_sink with the sm_90 combine launched as the decode's programmatic
+    dependent: the rows it merges and the rows the decode wrote whole both shrink."""
+    case = CASES[2] if SIMULATOR else DEEPSEEK_CASES[3]
+    run_case(rng, *case, backend="tc", sink=True)
+
+
 @pytest.mark.parametrize("page", [16, 64], ids=["cp.async", "tma"])
 def test_bad_device_values_are_bounded_and_reported(rng, page):
     check_bad_device_values(rng, "tc", page)
