@@ -86,27 +86,27 @@ def make_combine_kernel(HEAD_DIM_V, FMT, PROGRAMMATIC, SINK=False):
         lane = cuda.threadIdx.x & 31
         first = num_splits[req]
         n = num_splits[req + 1] - first
-        if row >= s_q * h_q:
-            return  # past the last row
-        t = row // h_q
-        h = row - t * h_q
-        if n <= 1:  # written by the decode kernel; with a sink, scaled here
-            if SINK:
+        if n <= 1 or row >= s_q * h_q:
+            if SINK and row < s_q * h_q:  # the decode wrote the row whole: scaled here
                 if PROGRAMMATIC:
                     sync.wait_prior_grid()  # the decode's row is written
+                t = row // h_q
+                h = row - t * h_q
                 share = ONE / (ONE + math.exp(attn_sink[h] - lse[req, h, t]))
                 for jd in range(TD):
                     col = lane + 32 * jd
                     if DV_EXACT or col < HEAD_DIM_V:
                         c = uint64(col)
                         out[req, t, h, c] = store(load(out[req, t, h, c]) * share)
-            return
+            return  # written by the decode kernel / past the last row
         if first < 0 or first + n > lse_acc.shape[0]:  # slots that do not exist
             if lane == 0:
                 report(status, BAD_SPLITS)
             return
         if PROGRAMMATIC:
             sync.wait_prior_grid()  # the decode's partials are complete and visible
+        t = row // h_q
+        h = row - t * h_q
 
         M = NEG_INF
         nan = False  # a NaN partial makes the row NaN (max() would pass over it)
@@ -133,13 +133,14 @@ def make_combine_kernel(HEAD_DIM_V, FMT, PROGRAMMATIC, SINK=False):
                     col = lane + 32 * jd
                     if DV_EXACT or col < HEAD_DIM_V:
                         acc[jd] += w * o_acc[first + i, t, h, uint64(col)]
-        share = ONE  # the keys' share of the sum, less the sink's (docstring)
-        if SINK:
+        if SINK:  # the keys' share of the sum, less the sink's (docstring)
             share = ONE / (ONE + math.exp2(attn_sink[h] * LOG2E - G))
+            for jd in range(TD):
+                acc[jd] *= share
         for jd in range(TD):
             col = lane + 32 * jd
             if DV_EXACT or col < HEAD_DIM_V:
-                out[req, t, h, uint64(col)] = store(acc[jd] * share)
+                out[req, t, h, uint64(col)] = store(acc[jd])
         if lane == 0:
             lse[req, h, t] = G * LN2  # +inf stays +inf
 
