@@ -29,7 +29,8 @@ from .runtime.device import SIMULATOR
 # ----------------------------------------------------------------------------- attention
 
 def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", out=None, stream=None,
-                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, learnable_sink=None):
+                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, learnable_sink=None,
+                   dropout_p=0.0):
     """Exact attention forward. Returns ``(out, lse)``.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq % Hk == 0; out like q; lse (B, Hq, Sq)
@@ -43,7 +44,9 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     ``alibi_slopes`` (float32 (Hq,) or (B, Hq)) then adds ``-slope * |i + Sk - Sq - j|``.
     ``learnable_sink`` (float32 (Hq,)) adds ``exp(sink)`` to each row's softmax sum (and
     nothing to its output): lse includes it, and a row that sees no key gets ``lse = sink``.
+    ``dropout_p`` other than 0 raises ``NotImplementedError`` (no dropout is offered).
     """
+    validate.dropout(dropout_p)
     plain = (alibi_slopes is None and learnable_sink is None and
              validate.window(window_size, causal) is None and validate.score_cap(softcap) is None)
     key, pointers = (torch_plans.key(q, k, v, causal, softmax_scale, backend, out, stream)
@@ -65,7 +68,8 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
 def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                           alibi_slopes=None, learnable_sink=None, seqused_k=None,
-                          block_table=None, backend="auto", out=None, stream=None, lse=None):
+                          block_table=None, backend="auto", out=None, stream=None, lse=None,
+                          dropout_p=0.0):
     """Exact attention forward over packed sequences (flash-attn's varlen interface). Returns
     ``(out, lse)``.
 
@@ -81,8 +85,9 @@ def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     ``seqused_k``) gives only each sequence's number of keys; an entry that is not a page reads
     as zeros and is reported. ``window_size`` (not with ``block_table`` yet), ``softcap``,
     ``alibi_slopes`` ((Hq,) or (B, Hq)) and ``learnable_sink`` as in ``flash_attn_fwd``, each
-    sequence with its own lengths.
+    sequence with its own lengths; ``dropout_p`` as in ``flash_attn_fwd``.
     """
+    validate.dropout(dropout_p)
     dev = device.current()
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal, softmax_scale, seqused_k, block_table, window_size,
@@ -141,7 +146,7 @@ def _args(problem, **tensors):
 
 def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, backend="auto",
                    dq=None, dk=None, dv=None, stream=None, window_size=(-1, -1), softcap=0.0,
-                   alibi_slopes=None, learnable_sink=None):
+                   alibi_slopes=None, learnable_sink=None, dropout_p=0.0):
     """Gradients of exact attention for the incoming ``dout``. Returns ``(dq, dk, dv)``, and
     ``dsink`` ((Hq,) float32) fourth when ``learnable_sink`` is given.
 
@@ -154,8 +159,10 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
     aligned views, else the CUDA-core ones; an explicit ``tc`` refuses unaligned views.
     ``window_size`` and ``softcap`` as in the forward (the gradient goes through the cap's
     ``1 - tanh^2``); the key tiles outside a window are skipped here too. ``alibi_slopes`` and
-    ``learnable_sink`` as in the forward (no gradient for the slopes, as in flash-attn).
+    ``learnable_sink`` as in the forward (no gradient for the slopes, as in flash-attn);
+    ``dropout_p`` as in the forward.
     """
+    validate.dropout(dropout_p)
     dev = device.current()
     problem = validate.attention(q, k, v, causal, softmax_scale, window_size, softcap,
                                  alibi_slopes, learnable_sink)
@@ -166,14 +173,16 @@ def flash_attn_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, ba
 def flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                           max_seqlen_k, softmax_scale=None, causal=False, window_size=(-1, -1),
                           softcap=0.0, alibi_slopes=None, learnable_sink=None, backend="auto",
-                          dq=None, dk=None, dv=None, stream=None, seqused_k=None):
+                          dq=None, dk=None, dv=None, stream=None, seqused_k=None,
+                          dropout_p=0.0):
     """Gradients of ``flash_attn_varlen_fwd`` for the incoming ``dout``. Returns ``(dq, dk,
     dv)``: packed like q, k, v; dout and out (total_q, Hq, D), lse (Hq, total_q) as the forward
     returned them, with the same offsets, bounds, causal, softmax_scale and seqused_k. Rows of
     no sequence (and keys past ``seqused_k``) get no gradient written. Deterministic, like
     ``flash_attn_bwd``; ``window_size``, ``softcap``, ``alibi_slopes`` and ``learnable_sink``
-    as in the forward (``dsink`` then fourth, as there).
+    as in the forward (``dsink`` then fourth, as there); ``dropout_p`` as in the forward.
     """
+    validate.dropout(dropout_p)
     dev = device.current()
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal, softmax_scale, seqused_k, window_size=window_size,
@@ -218,24 +227,27 @@ def _backward(problem, backend, dout, out, lse, given, stream, dev):
 
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False, backend="auto",
-                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, learnable_sink=None):
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, learnable_sink=None,
+                    dropout_p=0.0):
     """``flash_attn_fwd`` returning ``out`` (or ``(out, lse)`` with ``return_lse=True``)."""
     out, lse = flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                               window_size=window_size, softcap=softcap,
-                              alibi_slopes=alibi_slopes, learnable_sink=learnable_sink)
+                              alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
+                              dropout_p=dropout_p)
     return (out, lse) if return_lse else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            alibi_slopes=None, learnable_sink=None, return_lse=False,
-                           block_table=None, backend="auto"):
+                           block_table=None, backend="auto", dropout_p=0.0):
     """``flash_attn_varlen_fwd`` returning ``out`` (or ``(out, lse)`` with ``return_lse=True``)."""
     out, lse = flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
                                      window_size=window_size, softcap=softcap,
                                      alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
-                                     block_table=block_table, backend=backend)
+                                     block_table=block_table, backend=backend,
+                                     dropout_p=dropout_p)
     return (out, lse) if return_lse else out
 
 

@@ -122,14 +122,16 @@ torch.library.register_autograd("numba_flash::flash_attn_fwd", _attention_backwa
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, backend="auto", *,
                     return_lse=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    learnable_sink=None):
+                    learnable_sink=None, dropout_p=0.0):
     """Differentiable exact attention on torch tensors: ``out``, or ``(out, lse)`` with
     ``return_lse=True`` (``numba_flash.flash_attn_func``'s results; ``lse`` is not
     differentiable). ``return_lse``, ``window_size``, ``softcap``, ``alibi_slopes`` and
     ``learnable_sink`` (``numba_flash.flash_attn_fwd``'s) are keyword-only, so the positional
     order stays that of earlier releases. ``backend`` picks the forward's kernels (see
     ``numba_flash.flash_attn_fwd``); the backward is ``numba_flash.flash_attn_bwd``'s with
-    ``backend="auto"`` and the same options; a sink that requires grad gets its gradient."""
+    ``backend="auto"`` and the same options; a sink that requires grad gets its gradient.
+    ``dropout_p`` other than 0 raises ``NotImplementedError``."""
+    validate.dropout(dropout_p)
     left, right = _window_sides(window_size, causal)
     out, lse = _flash_attn_fwd(q, k, v, causal, softmax_scale, backend, left, right,
                                _cap(softcap), alibi_slopes, learnable_sink)
@@ -219,13 +221,14 @@ torch.library.register_autograd("numba_flash::flash_attn_varlen_fwd", _varlen_ba
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            alibi_slopes=None, learnable_sink=None, return_lse=False,
-                           block_table=None, backend="auto", *, seqused_k=None):
+                           block_table=None, backend="auto", *, seqused_k=None, dropout_p=0.0):
     """Differentiable ``numba_flash.flash_attn_varlen_func`` on packed torch tensors: ``out``,
     or ``(out, lse)`` with ``return_lse=True`` (lse (Hq, total_q), not differentiable). Rows
     of no sequence read as rows that see no key (out 0, lse +inf; with a sink, lse = sink) and
     get zero gradients. Paged K/V (``block_table``) runs forward only, as in flash-attn: asked
     for with gradients enabled on q, k or v it raises ``NotImplementedError`` before anything
-    runs."""
+    runs, as does a ``dropout_p`` other than 0."""
+    validate.dropout(dropout_p)
     left, right = _window_sides(window_size, causal)
     if block_table is not None and torch.is_grad_enabled() and any(
             t.requires_grad for t in (q, k, v)):

@@ -88,6 +88,20 @@ def not_implemented(**options):
                                       f"decodes dense 16- and 32-bit caches")
 
 
+def dropout(dropout_p):
+    """flash-attn's ``dropout_p``: only 0 (or None) is accepted. numba_flash offers no dropout
+    (FA3 and FA4 dropped it): anything else is a ``NotImplementedError``, a non-number a
+    ``TypeError``."""
+    if dropout_p is None:
+        return
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float, np.integer,
+                                                                  np.floating)):
+        raise TypeError(f"dropout_p: expected a number, got {type(dropout_p).__name__}")
+    if dropout_p != 0:
+        raise NotImplementedError(f"dropout_p: not implemented (got {dropout_p!r}); numba_flash "
+                                  f"offers no dropout, as FA3 and FA4 do not")
+
+
 # ----------------------------------------------------------------------------- outputs
 
 def _extent(t):

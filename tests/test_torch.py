@@ -136,6 +136,9 @@ def test_a_sliding_window_and_softcap_loss_backward_matches_reference(rng):
         flash_attn_func(q, k, v, window_size=(-3, 0))
     with pytest.raises(ValueError, match="^softcap"):
         flash_attn_func(q, k, v, softcap=-1.0)
+    with pytest.raises(NotImplementedError, match="^dropout_p"):
+        flash_attn_func(q, k, v, dropout_p=0.1)
+    assert flash_attn_func(q, k, v, dropout_p=0.0).shape == q.shape
 
 
 def test_alibi_and_a_learned_sink_train_through_autograd(rng):

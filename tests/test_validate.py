@@ -72,6 +72,8 @@ BAD_MODIFIERS = {
     "sink shape": (lambda: dict(learnable_sink=to_device(np.zeros((1, 2), np.float32))),
                    ValueError, r"^learnable_sink: expected shape \(2,\)"),
     "sink not an array": (lambda: dict(learnable_sink=[0.5, 0.5]), TypeError, "^learnable_sink"),
+    "dropout": (lambda: dict(dropout_p=0.1), NotImplementedError, "^dropout_p: not implemented"),
+    "dropout type": (lambda: dict(dropout_p="0.1"), TypeError, "^dropout_p"),
 }
 
 

@@ -358,6 +358,7 @@ REFUSALS = {
     "no sequence": (lambda g, rng: dict(cu_seqlens_q=int32_array([0])),
                     ValueError, "^cu_seqlens_q: expected shape"),
     "max_seqlen": (lambda g, rng: dict(max_seqlen_q=0), ValueError, "^max_seqlen_q"),
+    "dropout": (lambda g, rng: dict(dropout_p=0.5), NotImplementedError, "^dropout_p"),
     "seqused_k": (lambda g, rng: dict(seqused_k=int32_array([1, 2, 3])),
                   ValueError, r"^seqused_k: expected shape \(2,\)"),
     "window type": (lambda g, rng: dict(window_size=(4.0, 0)), TypeError,

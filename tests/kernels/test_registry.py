@@ -64,7 +64,8 @@ def test_specs_lists_every_launched_spec_once():
     assert len(specs) == len(set(map(id, specs)))
     for entry in registry.ENTRIES:
         assert all(spec in specs for spec in entry.specs), entry.name
-    for spec in (registry.PREPROCESS, registry.COMBINE, registry.METADATA, *registry.NAIVE):
+    for spec in (registry.PREPROCESS, registry.SINK_GRAD, registry.COMBINE, registry.METADATA,
+                 *registry.NAIVE):
         assert spec in specs
 
 

@@ -522,7 +522,7 @@ def make_row_modifiers(NT, WINDOW=False, SOFTCAP=False, ALIBI=False):
         for half in range(2):
             mods = mods0 if half == 0 else mods1
             rel = mods[3] - float32(key0)  # t + diag - j of the thread's first key
-            lo = int32(begin[half] - key0)
+            lo = int32(begin[half] - key0) if WINDOW else int32(0)
             for nt in range(NT):
                 for e in range(2 * half, 2 * half + 2):
                     col = 8 * nt + (e & 1)
