@@ -38,6 +38,7 @@ import numpy as np
 from numba import types
 
 from ..runtime import arrays
+from ..runtime.status import unread
 from ..runtime.launcher import cdiv
 from ..runtime.spec import SM80, SM90, KernelSpec, Sample
 from .common.formats import storage_type
@@ -152,7 +153,7 @@ class ForwardSpec(KernelSpec):
         return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
                 np.float32(p["scale"] * LOG2E), *sequence_arguments(p),
                 arrays.batched(p["status"], 1) if table is None else table, *_mods(p),
-                p.get("sink") or arrays.placeholder(p["status"], "float32", 1))
+                p.get("sink") or unread(p["status"], 1))
 
 
 class PreprocessSpec(KernelSpec):
@@ -185,7 +186,7 @@ def _mods(p):
     the sliding window's left and right sides (``validate.window``), the softcap
     (``validate.score_cap``) and the ALiBi slopes (B, Hq) (``validate.head_values``), read only
     by the kernels of a ``window`` / ``softcap`` / ``alibi`` config."""
-    slopes = p.get("alibi_slopes") or arrays.placeholder(p["status"], "float32", 2)
+    slopes = p.get("alibi_slopes") or unread(p["status"], 2)
     return (*(np.int32(x) for x in p.get("window", (0, 0))), np.float32(p.get("softcap", 0.0)),
             slopes)
 

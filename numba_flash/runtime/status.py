@@ -61,6 +61,20 @@ def word(t):
     return entry[1]
 
 
+_unread = {}  # (device, ndim) -> a float32 placeholder over that device's status word
+
+
+def unread(t, ndim):
+    """A float32 array of ``ndim`` dimensions over the status word of ``t``'s device (cached):
+    what a kernel takes for an optional float array its configuration never reads, at no host
+    cost per call (``arrays.placeholder``)."""
+    key = (t.device, ndim)
+    view = _unread.get(key)
+    if view is None:
+        view = _unread[key] = arrays.placeholder(word(t), "float32", ndim)
+    return view
+
+
 def take():
     """The bits set in any device's word since the last call, cleared there: each device that
     has a word is synchronized first. Without a driver: ``CudaSetupError``."""

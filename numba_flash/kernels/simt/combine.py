@@ -52,7 +52,7 @@ from typing import NamedTuple
 
 from numba import cuda, float32, types, uint64
 
-from ...runtime import arrays
+from ...runtime.status import unread
 from ...runtime.launcher import cdiv
 from ...runtime.arrays import FLOAT_FORMATS
 from ...runtime.spec import SM90, KernelSpec, Sample, Tiles
@@ -198,7 +198,7 @@ class Spec(KernelSpec):
         return (b, cdiv(s_q * h_q, tiles.BLOCK_M))
 
     def arguments(self, config, p):
-        sink = p.get("attn_sink") or arrays.placeholder(p["status"], "float32", 1)
+        sink = p.get("attn_sink") or unread(p["status"], 1)
         return (p["o_acc"], p["lse_acc"], p["num_splits"], p["out"], p["lse"], p["status"],
                 sink)
 

@@ -45,17 +45,10 @@ Limits
     exists on Hopper only; the tc backend runs ``forward_mma.py`` elsewhere).
     Dense batches, or packed varlen sequences (``VARLEN``): each CTA takes its sequence's
     rows from ``common/masks.make_seqlen_info`` and returns when its tile lies past the
-    sequence's end (kernels/attention.py). Paged K/V (``PAGED``, varlen): each K/V tile's rows
-    come through a row table in shared memory (2 x BLOCK_N x 8 bytes more), written a tile ahead
-    by one owner thread per row from the block table (``common/copies.make_paged_steps``).
-    Sliding window (``WINDOW``): the causal code with the diagonal moved right and the keys
-    viewed from the window's first tile, or page (``common/masks.make_key_view``); softcap and
-    ALiBi (``SOFTCAP``, ``ALIBI``): each S element becomes the score the softmax sees before the
-    masks (``common/score_mods.py``: ``cap_out tanh(S cap_in)``, then minus the slope times
-    ``|i + diag - j|``, two instructions per element); a sink (``SINK``): each row starts as if
-    it had seen a key of logit ``sink`` and value 0 (``m_i = sink``, ``l_i = 1``), so the
-    sink joins the sum and the lse at no cost per tile. All compile-time options: off, they
-    cost nothing.
+    sequence's end (kernels/attention.py). Paged K/V, the sliding window, softcap, ALiBi and the
+    sink (``PAGED``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``SINK``): as in ``forward_mma.py``,
+    through the same pieces (the step is ``common/softmax.make_softmax_step``), compile-time
+    options that cost nothing when off.
 """
 
 from functools import lru_cache
