@@ -15,6 +15,8 @@ column is the ratio to SDPA's flash backend (FlashAttention-2) in the same run.
 Providers (a missing or failing one is left out, with a note):
     nf-simt, nf-tc   numba_flash's CUDA-core and tensor-core backends (nf-tc, and each backward,
                      only where a tiny probe call succeeds)
+    nf-tc-cpasync    the tc forward with the warp-specialized Hopper kernel set aside: the
+                     cp.async wgmma kernel it replaced (kernels/registry.py, setting_aside)
     sdpa-flash       torch SDPA, FlashAttention-2 backend; backward through autograd
     sdpa-cudnn       torch SDPA, cuDNN backend; backward through autograd
     triton           bench/triton_kernels/flash_fwd.py and flash_bwd.py (the project's own)
@@ -63,11 +65,13 @@ def _sdpa(backend):
     return fwd, bwd
 
 
-def _numba_flash(backend):
+def _numba_flash(backend, set_aside=()):
     import numba_flash as nf
+    from numba_flash.kernels import registry
 
     def fwd(q, k, v, causal):
-        return nf.flash_attn_func(q, k, v, causal=causal, backend=backend)
+        with registry.setting_aside(*set_aside):
+            return nf.flash_attn_func(q, k, v, causal=causal, backend=backend)
 
     def bwd(q, k, v, dout, causal):
         out, lse = nf.flash_attn_fwd(q, k, v, causal=causal, backend=backend)
@@ -120,6 +124,7 @@ def providers_available(modes=("fwd",), names=None):
     from torch.nn.attention import SDPBackend
 
     makers = {"nf-simt": lambda: _numba_flash("simt"), "nf-tc": lambda: _numba_flash("tc"),
+              "nf-tc-cpasync": lambda: _numba_flash("tc", ("tc.forward_wgmma_ws",)),
               "sdpa-flash": lambda: _sdpa(SDPBackend.FLASH_ATTENTION),
               "sdpa-cudnn": lambda: _sdpa(SDPBackend.CUDNN_ATTENTION),
               "triton": _triton, "naive": _naive}

@@ -3,6 +3,9 @@ signature decided, kept so that a later call pays only for its outputs and the l
 host time otherwise spent re-deciding it, on a 5 us tiny forward). torch is imported only where
 a plan is made, for a call that passed torch tensors: the package itself never imports it."""
 
+import functools
+
+from .kernels import registry
 from .runtime import arrays, device
 from .runtime.device import SIMULATOR
 from .runtime.launcher import PreparedLaunch
@@ -16,10 +19,10 @@ class ForwardPlan:
     place, the outputs' shapes and dtype, and the forced tile entry it was planned under (a
     tuner or test that forces another one gets a new plan)."""
 
-    def __init__(self, spec, launch, out_shape, lse_shape, dtype, ordinal):
+    def __init__(self, spec, launch, tail, out_shape, lse_shape, dtype, ordinal):
         import torch
 
-        self.spec, self.forced, self.launch = spec, spec._forced, launch
+        self.spec, self.forced, self.launch, self.tail = spec, spec._forced, launch, tail
         self.out_shape, self.lse_shape = out_shape, lse_shape
         self.dtype, self.ordinal, self.torch = dtype, ordinal, torch
 
@@ -32,7 +35,7 @@ class ForwardPlan:
         o = torch.empty(self.out_shape, dtype=self.dtype, device=self.ordinal)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.ordinal)
         self.launch(torch._C._cuda_getCurrentRawStream(self.ordinal), *pointers,
-                    o.data_ptr(), lse.data_ptr())
+                    o.data_ptr(), lse.data_ptr(), tail=self.tail(pointers))
         return o, lse
 
 
@@ -40,7 +43,8 @@ def key(q, k, v, causal, softmax_scale, backend, out, stream):
     """``(key, pointers)`` of a forward call that a plan may serve (torch CUDA tensors, no
     ``out`` or ``stream``, hashable options), else ``(None, None)``. The key holds all that the
     checks and the plan read: the signatures, the options, the device, whether the pointers are
-    16-byte aligned (which decides tc against simt under ``auto``)."""
+    16-byte aligned (which decides tc against simt under ``auto``), the registry entries set
+    aside."""
     if SIMULATOR or out is not None or stream is not None or type(causal) is not bool \
             or not (softmax_scale is None or type(softmax_scale) is float) \
             or type(backend) is not str:
@@ -50,7 +54,8 @@ def key(q, k, v, causal, softmax_scale, backend, out, stream):
         return None, None
     pointers = q.data_ptr(), k.data_ptr(), v.data_ptr()
     aligned = not (pointers[0] | pointers[1] | pointers[2]) & 15
-    return (signatures, causal, softmax_scale, backend, aligned, device.current()), pointers
+    return (signatures, causal, softmax_scale, backend, aligned, device.current(),
+            registry.set_aside()), pointers
 
 
 def run(key, pointers):
@@ -68,4 +73,5 @@ def remember(key, spec, config, problem, dev):
     launch = PreparedLaunch(kernel, spec.grid(config, tiles, problem), tiles.threads,
                             tiles.shared_bytes, *spec.arguments(config, problem))
     q, lse = problem["q"], problem["lse"]
-    _plans[key] = ForwardPlan(spec, launch, q.shape, lse.shape, q.obj.dtype, q.device)
+    tail = functools.partial(spec.pointer_tail, config, problem)
+    _plans[key] = ForwardPlan(spec, launch, tail, q.shape, lse.shape, q.obj.dtype, q.device)

@@ -15,6 +15,7 @@ offsets, paging, masks, score modifiers, FP8) it ``honours``; every other refusa
 ``refuses``. A decode entry also builds its spec's config.
 """
 
+from contextlib import contextmanager
 from typing import Callable, NamedTuple, Optional
 
 from . import naive
@@ -29,6 +30,7 @@ from .tc import backward_mma as tc_backward_mma
 from .tc import backward_wgmma as tc_backward_wgmma
 from .tc import forward_mma as tc_forward_mma
 from .tc import forward_wgmma as tc_forward_wgmma
+from .tc import forward_wgmma_ws as tc_forward_wgmma_ws
 from .tc import kvcache_decode_mma as tc_kvcache_decode_mma
 from .tc import mla_decode_mma as tc_mla_decode_mma
 from .tc import mla_decode_seesaw as tc_mla_decode_seesaw
@@ -163,6 +165,8 @@ DECODE = frozenset(("attn_sink",))
 KVCACHE = DECODE | {"v_cache", "key_start", "window", "softcap", "alibi_slopes"}
 
 ENTRIES = (
+    Entry("tc.forward_wgmma_ws", "forward", "tc", (tc_forward_wgmma_ws.SPEC,), _on("wgmma"),
+          honours=VARLEN | MODIFIERS),
     Entry("tc.forward_wgmma", "forward", "tc", (tc_forward_wgmma.SPEC,), _on("wgmma"),
           honours=FORWARD),
     Entry("tc.forward_mma", "forward", "tc", (tc_forward_mma.SPEC,), _anywhere,
@@ -197,6 +201,29 @@ NAIVE = (naive.SCORES, naive.SOFTMAX, naive.OUTPUT)
 MAX_DECODE_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
 
 
+_set_aside = set()  # names of entries ``choose`` passes over (``setting_aside``)
+
+
+@contextmanager
+def setting_aside(*names):
+    """Within the block, ``choose`` passes over the entries ``names``: the tests of a kernel
+    that a better one precedes, and A/B benchmarks (not thread-safe)."""
+    unknown = set(names) - {e.name for e in ENTRIES}
+    if unknown:
+        raise ValueError(f"no registry entries {sorted(unknown)}")
+    added = set(names) - _set_aside
+    _set_aside.update(added)
+    try:
+        yield
+    finally:
+        _set_aside.difference_update(added)
+
+
+def set_aside():
+    """The names ``setting_aside`` holds now (a plan made under them is theirs alone)."""
+    return frozenset(_set_aside)
+
+
 def choose(pass_, backend, problem, dev):
     """The first entry of ``pass_`` for ``backend`` that accepts ``problem`` on ``dev`` (None: a
     forward asked about without one, as the demo asks which kernel a backend runs); when none
@@ -206,7 +233,8 @@ def choose(pass_, backend, problem, dev):
     for entry in ENTRIES:
         if entry.pass_ == pass_ and entry.backend == backend:
             missing = options - entry.honours
-            why = (f"does not implement {', '.join(sorted(missing))}" if missing else
+            why = ("set aside" if entry.name in _set_aside else
+                   f"does not implement {', '.join(sorted(missing))}" if missing else
                    entry.refuses(problem, dev))
             if why is None:
                 return entry

@@ -3,8 +3,12 @@
 Kernel modules export *factories*: plain Python functions closed over compile-time constants
 (tile sizes, head dim, causal, storage format). ``compile_kernel`` turns one factory output into
 a ``launcher.Kernel`` for an explicit signature and compute capability, by the steps
-``cuda.jit`` takes plus the project's two options: ``max_registers`` (a cap for the assembler)
-and ``unroll_loops`` (``mark_loops_for_unrolling``). ``ptxcheck`` compiles through the same
+``cuda.jit`` takes plus the project's options: ``max_registers`` (a cap for the assembler),
+``unroll_loops`` (``mark_loops_for_unrolling``) and ``lto``: NVVM writes LTO-IR and nvJitLink
+compiles the kernel as a whole program. Without it nvJitLink assembles the PTX as a relocatable
+unit, and ptxas then ignores ``setmaxnreg`` (C7504: "ignored to maintain compatibility across
+compilation units"); the warp-specialized kernels, which move registers between warpgroups with
+it, are built this way. ``ptxcheck`` compiles through the same
 ``kernel_library``, so what the offline checks see is what runs. A kernel compiled with a
 ``key`` (its spec's name, code key and tiles) goes through the persistent cache (``cache.py``):
 loaded from disk when an earlier process compiled it, else compiled and stored.
@@ -30,14 +34,17 @@ log = logging.getLogger("numba_flash")
 COMPILE_OPTIONS = {"fastmath": {"contract", "afn", "arcp", "nsz"}}
 
 
-def compile_options(max_registers=0, unroll_loops=False):
-    """COMPILE_OPTIONS plus a register cap (0: the compiler's choice) and, for kernels whose
-    register arrays outgrow the optimizer's unrolling budget, ``unroll_loops``."""
+def compile_options(max_registers=0, unroll_loops=False, lto=False):
+    """COMPILE_OPTIONS plus a register cap (0: the compiler's choice), for kernels whose
+    register arrays outgrow the optimizer's unrolling budget ``unroll_loops``, and for those
+    that need a whole-program assembly ``lto``."""
     options = dict(COMPILE_OPTIONS)
     if max_registers:
         options["max_registers"] = max_registers
     if unroll_loops:
         options["unroll_loops"] = True
+    if lto:
+        options["lto"] = True
     return options
 
 
@@ -85,7 +92,8 @@ def kernel_library(pyfunc, signature, cc, options=COMPILE_OPTIONS):
     fastmath = options.pop("fastmath", False)
     cres = compile_cuda(pyfunc, types.void, argument_types(signature), fastmath=fastmath,
                         nvvm_options={"fastmath": fastmath, "opt": 3}, cc=cc,
-                        max_registers=options.pop("max_registers", None) or None, **options)
+                        max_registers=options.pop("max_registers", None) or None,
+                        lto=options.pop("lto", False), **options)
     library = cres.library
     library._entry_name = cres.fndesc.llvm_func_name
     kernel_fixup(library.get_function(library._entry_name), False)

@@ -140,7 +140,9 @@ class PreparedLaunch:
     """A launch of ``kernel`` with everything fixed but the arrays' data pointers: grid, block,
     shared bytes, every shape, stride and number. A call whose signature (shapes, strides,
     dtypes, device, options) was seen before repeats one of these with its new pointers, in the
-    order of the kernel's array arguments, and a stream handle (an int)."""
+    order of the kernel's array arguments, and a stream handle (an int); ``tail`` gives the
+    pointers of its last array arguments (a TMA kernel's tensor maps, which follow the inputs'
+    addresses: ``KernelSpec.pointer_tail``)."""
 
     def __init__(self, kernel, grid, threads, shared_bytes, *args):
         block = kernel.parameters
@@ -153,9 +155,12 @@ class PreparedLaunch:
                 self.slots.append(at + 4)  # meminfo, parent, nitems, itemsize, data, ...
             at += 1 if kind is None else 5 + 2 * kind[0]
 
-    def __call__(self, stream_handle, *pointers):
+    def __call__(self, stream_handle, *pointers, tail=()):
+        pairs = list(zip(self.slots, pointers))
+        if tail:
+            pairs += zip(self.slots[-len(tail):], tail)
         _launch_values(self.kernel, self.function, self.grid, self.threads, stream_handle,
-                       self.shared_bytes, self.values, zip(self.slots, pointers))
+                       self.shared_bytes, self.values, pairs)
 
 
 def _launch_values(kernel, function, grid, threads, stream_handle, shared_bytes, values,

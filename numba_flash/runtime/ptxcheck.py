@@ -48,15 +48,30 @@ def compile_ptx(pyfunc, signature, cc=(9, 0), **options):
     it (``compiler.kernel_library``). ``pyfunc`` is the Python function or a ``@cuda.jit``
     dispatcher (its ``py_func`` is used); ``options``: ``compiler.COMPILE_OPTIONS`` and the
     like."""
+    return _library(pyfunc, signature, cc, options).get_asm_str(cc=cc)
+
+
+def _library(pyfunc, signature, cc, options):
     from numba import config
 
     if config.ENABLE_CUDASIM:
-        raise RuntimeError("compile_ptx needs the real CUDA target: NUMBA_ENABLE_CUDASIM is set "
-                           "(use compile_report_isolated)")
+        raise RuntimeError("compiling PTX needs the real CUDA target: NUMBA_ENABLE_CUDASIM is "
+                           "set (use compile_report_isolated)")
     from .compiler import kernel_library
 
-    pyfunc = getattr(pyfunc, "py_func", pyfunc)
-    return kernel_library(pyfunc, signature, cc, options).get_asm_str(cc=cc)
+    return kernel_library(getattr(pyfunc, "py_func", pyfunc), signature, cc, options)
+
+
+def library_report(library, cc, max_registers=0):
+    """``(ptx_text, report)`` of a code library as the runtime links it: its PTX through
+    ``assemble_report``, or for an ``lto`` library (``compiler.py``) the PTX after link-time
+    optimization and the report of a whole-program link of its LTO-IR."""
+    if not library._lto:
+        ptx = library.get_asm_str(cc=cc)
+        return ptx, assemble_report(ptx, cc=cc, max_registers=max_registers)
+    ltoir = library.get_ltoir(cc=cc)
+    log = _link(ltoir, cc, max_registers, cubin=False, lto=True)
+    return library.get_lto_ptx(cc=cc), parse_ptxas_log(log)
 
 
 def assemble_report(ptx, cc=(9, 0), max_registers=0):
@@ -76,19 +91,21 @@ def link_cubin(ptx, cc=(9, 0), max_registers=0):
     return _link(ptx, cc, max_registers, cubin=True)
 
 
-def _link(ptx, cc, max_registers, cubin):
-    """nvJitLink on one PTX text: its info log, or with ``cubin`` the linked cubin."""
+def _link(ptx, cc, max_registers, cubin, lto=False):
+    """nvJitLink on one PTX text (``lto``: LTO-IR): its info log, or with ``cubin`` the linked
+    cubin."""
     from cuda.bindings import nvjitlink
 
     data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
-    flags = ["-arch=" + arch(cc)]
+    flags = ["-arch=" + arch(cc)] + (["-lto"] if lto else [])
     if not cubin:
         flags.append("-verbose")
     if max_registers:
         flags.append(f"-maxrregcount={max_registers}")
     handle = nvjitlink.create(len(flags), flags)
     try:
-        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
+        kind = nvjitlink.InputType.LTOIR if lto else nvjitlink.InputType.PTX
+        nvjitlink.add_data(handle, kind, data, len(data), "kernel")
         try:
             nvjitlink.complete(handle)
         except Exception as exc:
@@ -164,10 +181,10 @@ def parse_ptxas_log(log):
 
 
 def compile_report(pyfunc, signature, cc=(9, 0), max_registers=0, **options):
-    """``(ptx_text, report)`` for a kernel: ``compile_ptx`` then ``assemble_report``, under the
-    register cap ``max_registers`` (0: none) the kernel is launched with."""
-    ptx = compile_ptx(pyfunc, signature, cc=cc, **options)
-    return ptx, assemble_report(ptx, cc=cc, max_registers=max_registers)
+    """``(ptx_text, report)`` for a kernel, compiled and assembled as the runtime does
+    (``library_report``), under the register cap ``max_registers`` (0: none) it is launched
+    with."""
+    return library_report(_library(pyfunc, signature, cc, options), cc, max_registers)
 
 
 def spec_build(module, config, entry=None, device=None):
@@ -255,8 +272,7 @@ def _child(jobs_json):
             max_registers = options.pop("max_registers", 0)
             library = kernel_library(pyfunc, signature, cc, options)
             last = _front_end_key(spec, args, cc)
-        ptx = library.get_asm_str(cc=cc)
-        report = assemble_report(ptx, cc=cc, max_registers=max_registers)
+        ptx, report = library_report(library, cc, max_registers)
         print("PTXCHECK-RESULT " + json.dumps({"ptx": ptx, "report": report}), flush=True)
 
 

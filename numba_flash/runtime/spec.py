@@ -9,7 +9,7 @@ that says, in one place,
 - its tile table, ``entry(config, device)`` (the entry a device runs) and ``tiles(config,
   entry)`` (an entry as ``Tiles``: sizes, threads, dynamic shared bytes, register cap);
 - ``make(config, tiles)``: the Python kernel function, ``signature(config)``: its argument
-  types, ``unroll_loops`` and the tiles' register cap: its compile options;
+  types, ``unroll_loops``, ``lto`` and the tiles' register cap: its compile options;
 - ``grid(config, tiles, problem)`` and ``arguments(config, problem)``: how a launch follows from
   the problem, a dict of the adapted arrays (``arrays.Tensor``) and numbers the API passes;
   ``dependent(config)``: whether it is launched as a programmatic dependent of the kernel before
@@ -69,6 +69,7 @@ class KernelSpec:
 
     name = None            # the kernel function's name, as profilers show it
     unroll_loops = False   # mark every constant-trip loop for full unrolling (compiler.py)
+    lto = False            # assemble as a whole program (compiler.py: setmaxnreg needs it)
 
     def __init__(self):
         self._forced = None
@@ -111,6 +112,13 @@ class KernelSpec:
         """What besides the tiles decides the code (the whole config by default)."""
         return config
 
+    def pointer_tail(self, config, problem, pointers):
+        """The data pointers of the array arguments that close the signature and follow the
+        inputs' addresses (a TMA kernel's tensor maps), for q, k, v at ``pointers``: a plan
+        (``torch_plans``) that repeats a launch with new inputs asks for them each call.
+        Default: none."""
+        return ()
+
     def dependent(self, config):
         """Launched as a programmatic dependent of the kernel before it (default: no)."""
         return False
@@ -123,7 +131,7 @@ class KernelSpec:
     # ---------------------------------------------------------------- provided
 
     def options(self, tiles):
-        return compile_options(tiles.max_registers, self.unroll_loops)
+        return compile_options(tiles.max_registers, self.unroll_loops, self.lto)
 
     def choose(self, config, device):
         """The ``Tiles`` of ``config`` on ``device``: the forced entry, else the table's;

@@ -100,28 +100,22 @@ def make_online_update(MT, NT, DT):
     return update
 
 
-def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFTCAP=False,
-                      ALIBI=False):
-    """The per-tile step both tc forwards share, as an inline device function: mask S_ij where a
-    tile crosses the ragged end or the causal diagonal, then the online softmax with lazy
-    rescaling (``make_row_max``, ``make_online_update``). S (MT, NT, 4) holds the thread's C
-    fragments of S_ij and leaves holding P_ij (float32); m_i, l_i, m_tile (MT, 2) and O_i (MT,
-    DT, 4) follow the C-fragment row ownership (rows ``row_g + 16 mt`` and ``+ 8``, columns
-    ``t2, t2 + 1`` of each 8-column tile). ``WINDOW``: keys before a row's window start
-    (``j < row + diag_lo``, ``masks.make_window``) are masked too, in the tiles that cross it.
-    ``SOFTCAP``, ``ALIBI``: first each S element becomes the score the softmax sees
-    (``score_mods.make_score_mods``, whose ``mods`` the caller made for raw scores)."""
+def make_score_mask(MT, NT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFTCAP=False,
+                    ALIBI=False):
+    """``mask_scores(S, n0, m0, row_g, t2, seqlen_k, diag, diag_lo, mods)``, the first half of
+    the per-tile step: S (MT, NT, 4), the thread's C fragments of S_ij (rows ``row_g + 16 mt``
+    and ``+ 8``, columns ``t2, t2 + 1`` of each 8-column tile), becomes the score the softmax
+    sees (``SOFTCAP``, ``ALIBI``: ``score_mods.make_score_mods``, whose ``mods`` the caller made
+    for raw scores), masked to -inf where the tile crosses the ragged end, the causal diagonal
+    or (``WINDOW``) a row's first key (``j < row + diag_lo``, ``masks.make_window``)."""
     NEG_INF = constants.NEG_INF
     needs_mask = make_needs_mask(BLOCK_N, CAUSAL)
     crosses_begin = make_window(BLOCK_M, BLOCK_N, WINDOW)[2]
     row_end = make_row_end(CAUSAL)
-    row_max = make_row_max(MT, NT)
-    update = make_online_update(MT, NT, DT)
     modified = make_score_mods(False, SOFTCAP, ALIBI)[1]
 
     @cuda.jit(device=True, inline="always")
-    def softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
-                     scale_log2, mods, shfl_scratch, tid):
+    def mask_scores(S, n0, m0, row_g, t2, seqlen_k, diag, diag_lo, mods):
         if SOFTCAP or ALIBI:
             for mt in range(MT):
                 for half in range(2):
@@ -147,6 +141,25 @@ def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFT
                             col = 8 * nt + (e & 1)
                             if col >= limit or (WINDOW and col < begin):
                                 S[mt, nt, e] = NEG_INF
+
+    return mask_scores
+
+
+def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFTCAP=False,
+                      ALIBI=False):
+    """The per-tile step both tc forwards share, as an inline device function: the scores of
+    S_ij modified and masked (``make_score_mask``), then the online softmax with lazy
+    rescaling (``make_row_max``, ``make_online_update``). S (MT, NT, 4) leaves holding P_ij
+    (float32); m_i, l_i, m_tile (MT, 2) and O_i (MT, DT, 4) follow the C-fragment row ownership
+    of ``make_score_mask``."""
+    mask_scores = make_score_mask(MT, NT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW, SOFTCAP, ALIBI)
+    row_max = make_row_max(MT, NT)
+    update = make_online_update(MT, NT, DT)
+
+    @cuda.jit(device=True, inline="always")
+    def softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
+                     scale_log2, mods, shfl_scratch, tid):
+        mask_scores(S, n0, m0, row_g, t2, seqlen_k, diag, diag_lo, mods)
         row_max(S, m_tile, shfl_scratch, tid)
         update(S, m_i, l_i, O_i, m_tile, scale_log2)
 
@@ -161,6 +174,8 @@ def make_moving_max(NT, DT):
 
         moved_max(m_old, m_tile, scale_log2) -> (m_new, factor)   one row, lazily (RESCALE_LOG2)
         rescale(O_i, l_i, factor)           O_i and l_i times their rows' factors
+        rescale_out(O_i, factor)            O_i alone (a kernel whose product on O_i is still
+                                            in flight when l_i moves)
         exponentiate(S, m_new, l_i, scale_log2)   S -> P at m_new, its row sums into l_i
     """
     exp2 = convert.exp2_approx
@@ -177,16 +192,26 @@ def make_moving_max(NT, DT):
         return m_old, ONE
 
     @cuda.jit(device=True, inline="always")
+    def scale_out(O_i, factor):
+        for half in range(2):
+            sc = factor[half]
+            for dt in range(DT):
+                O_i[0, dt, 2 * half] *= sc
+                O_i[0, dt, 2 * half + 1] *= sc
+
+    @cuda.jit(device=True, inline="always")
     def rescale(O_i, l_i, factor):
         """Skipped where both factors are 1: the maxima move lazily, so after the first tiles
         they seldom do."""
         if factor[0] != ONE or factor[1] != ONE:
             for half in range(2):
-                sc = factor[half]
-                l_i[half] *= sc
-                for dt in range(DT):
-                    O_i[0, dt, 2 * half] *= sc
-                    O_i[0, dt, 2 * half + 1] *= sc
+                l_i[half] *= factor[half]
+            scale_out(O_i, factor)
+
+    @cuda.jit(device=True, inline="always")
+    def rescale_out(O_i, factor):
+        if factor[0] != ONE or factor[1] != ONE:
+            scale_out(O_i, factor)
 
     @cuda.jit(device=True, inline="always")
     def exponentiate(S, m_new, l_i, scale_log2):
@@ -202,4 +227,4 @@ def make_moving_max(NT, DT):
                     row_sum += p
             l_i[half] += row_sum
 
-    return moved_max, rescale, exponentiate
+    return moved_max, rescale, exponentiate, rescale_out

@@ -49,6 +49,11 @@ def warp_sync(tid):
                            f"warp reached the same warp-collective call") from None
 
 
+def syncwarp(tid):
+    """bar.warp.sync: ``warp_sync``."""
+    warp_sync(tid)
+
+
 def scratch_size(threads):
     """Elements of the float32 scratch array ``shfl_xor`` needs: one per thread."""
     return threads
@@ -123,4 +128,14 @@ def launch_dependents():
 
 def wait_prior_grid():
     """griddepcontrol.wait: the kernel before this one has finished already."""
+    return None
+
+
+def regs_increase(n):
+    """setmaxnreg.inc: the simulator has no register file to divide."""
+    return None
+
+
+def regs_decrease(n):
+    """setmaxnreg.dec: the simulator has no register file to divide."""
     return None

@@ -61,6 +61,11 @@ def expect_tx(bars, i, nbytes):
 
 
 @cuda.jit(device=True)
+def arrive(bars, i):
+    _update(bars, i, 1, 0)
+
+
+@cuda.jit(device=True)
 def wait(bars, i, parity):
     while True:
         with _lock:

@@ -41,17 +41,28 @@ API:
     proxy_fence()                               fence.proxy.async.shared::cta
     warp_uniform(value)                         lane 0's value, known to ptxas as warp-uniform
     warp_any(pred, scratch, tid)                whether ``pred`` holds in any lane (warp-uniform)
+    syncwarp(tid)                               __syncwarp(): the warp's lanes meet
     named_sync(barrier, count, tid)             bar.sync barrier, count (constant ids 1..15)
     named_arrive(barrier, count, tid)           bar.arrive barrier, count
     launch_dependents()                         griddepcontrol.launch_dependents (sm_90+)
     wait_prior_grid()                           griddepcontrol.wait (sm_90+)
+    regs_increase(n), regs_decrease(n)          setmaxnreg.inc / .dec (sm_90a), n constant
+
+Register reallocation (sm_90a). A CTA is launched with one register count per thread, the
+kernel's. ``setmaxnreg.dec.sync.aligned.u32 n`` hands a warpgroup's registers above ``n`` back
+to the SM's pool and ``setmaxnreg.inc.sync.aligned.u32 n`` takes registers from it up to ``n``
+(blocking until the pool has them); ptxas allocates the code after each at the new count. A
+warp-specialized kernel launched at 168 per thread (384 threads) lets its producer warpgroup,
+which only issues copies, drop to 24 so the two consumer warpgroups can each rise to 240: the
+same 64K registers, spent where the tensor-core accumulators are. Every warp of the warpgroup
+executes the instruction together; ``n`` is a multiple of 8 in 24 .. 256, a constant.
 """
 
 from llvmlite import ir
 from numba import cuda, int32, types
 from numba.cuda.extending import intrinsic
 
-from .codegen import I32, is_int, statement
+from .codegen import I32, is_int, statement, void_asm
 
 
 def scratch_size(threads):
@@ -71,6 +82,14 @@ def warp_uniform(value):
     every lane of the warp holds it. A branch on a warpgroup's index computed this way is not
     divergent to ptxas, which otherwise serializes the wgmma inside it (C7519)."""
     return cuda.shfl_sync(0xFFFFFFFF, value, 0)
+
+
+@cuda.jit(device=True, inline="always")
+def syncwarp(tid):
+    """``bar.warp.sync``: every lane of the warp has reached this point (``tid`` is the
+    emulation's, whose threads run apart). Before one lane signals for its warp, e.g. that
+    the warp's part of a wgmma is complete."""
+    cuda.syncwarp()
 
 
 @cuda.jit(device=True, inline="always")
@@ -109,6 +128,31 @@ named_sync.__doc__ = """``bar.sync barrier, count``: arrive, and wait until ``co
 multiple of 32, whole warps) have arrived on ``barrier`` (1..15). ``tid`` is the emulation's."""
 named_arrive = _named_barrier("bar.arrive")
 named_arrive.__doc__ = """``bar.arrive barrier, count``: arrive on ``barrier`` without waiting."""
+
+def _setmaxnreg(op):
+    @intrinsic
+    def setmaxnreg(typingctx, n):
+        if not isinstance(n, types.IntegerLiteral):
+            return None
+        count = n.literal_value
+        if count % 8 or not 24 <= count <= 256:
+            raise ValueError(f"setmaxnreg: {count} registers (a multiple of 8 in 24 .. 256)")
+
+        def codegen(context, builder, sig, args):
+            void_asm(builder, f"setmaxnreg.{op}.sync.aligned.u32 {count};")
+            return context.get_dummy_value()
+
+        return types.void(n), codegen
+
+    return setmaxnreg
+
+
+regs_increase = _setmaxnreg("inc")
+regs_increase.__doc__ = """``setmaxnreg.inc``: this warpgroup's registers rise to ``n`` per
+thread (a constant; "Register reallocation")."""
+regs_decrease = _setmaxnreg("dec")
+regs_decrease.__doc__ = """``setmaxnreg.dec``: this warpgroup's registers fall to ``n`` per
+thread, back to the SM's pool (a constant; "Register reallocation")."""
 
 launch_dependents = statement("griddepcontrol.launch_dependents;", """\
 ``griddepcontrol.launch_dependents``: this CTA no longer holds back the launch of a

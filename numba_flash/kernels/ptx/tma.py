@@ -30,6 +30,7 @@ array itself):
 
     mbarrier_init(bars, i, count), mbarrier_init_fence()
     expect_tx(bars, i, nbytes)                      arrive, expecting ``nbytes`` more bytes
+    arrive(bars, i)                                 arrive (a consumer freeing a buffer)
     wait(bars, i, parity)                           until the phase of ``parity`` completed
     tensormap_acquire(tmap)
     load_box_4d(smem, offset, tmap, gmem, coords, rows, bars, i)
@@ -97,6 +98,23 @@ def expect_tx(typingctx, bars, i, nbytes):
         return context.get_dummy_value()
 
     return types.void(bars, i, nbytes), codegen
+
+
+@intrinsic
+def arrive(typingctx, bars, i):
+    """``mbarrier.arrive``: one arrival on barrier ``i``, with release semantics: this thread's
+    earlier reads of the buffer the barrier guards are done before a waiter refills it."""
+    if not (_is_shared_u64(bars) and is_int(i)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.VoidType(), [I32])
+        asm = ir.InlineAsm(fnty, "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}",
+                           side_effect=True)
+        builder.call(asm, [_bar_addr(context, builder, sig, args)])
+        return context.get_dummy_value()
+
+    return types.void(bars, i), codegen
 
 
 # The loop's labels are local to the braces, so the statement can be inlined any number of

@@ -329,7 +329,7 @@ def make_pair_steps(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT):
     mma_o_regs = wgmma.mma_rs(FMT, VH, 1)       # O += P V, P from registers
     named_sync, named_arrive = sync.named_sync, sync.named_arrive
     row_max = make_row_max(1, NT)
-    moved_max, rescale, exponentiate = make_moving_max(NT, DT)
+    moved_max, rescale, exponentiate, _ = make_moving_max(NT, DT)
     _, mask_keys = make_row_keys(CAUSAL, NT, DT)
     half_scores, scores_done, _, zero_tail = make_scores(HEAD_DIM, HEAD_DIM_V, FMT)
     v_operand, p_operand, store_p, store_a, pack_a = make_p_tiles(HEAD_DIM, HEAD_DIM_V, FMT)

@@ -8,7 +8,7 @@ in a process without the simulator (``"<this file>:probe"``).
 
 from numba import cuda, float32, types, uint16, uint32
 
-from numba_flash.kernels.instructions import convert, memory
+from numba_flash.kernels.instructions import convert, memory, sync
 from numba_flash.kernels.instructions import mma as mma_sync
 from numba_flash.runtime.device import SIMULATOR
 
@@ -168,6 +168,33 @@ def conversions():
     return kernel, (_f32_2d, u32_1d, u32_1d, _f32_2d, f32_1d, f32_1d)
 
 
+def register_split(lto):
+    """A warp-specialized block of three warpgroups: the first drops to 24 registers, the
+    others rise to 240 and each thread sums a run of its row (``x`` (384, 64)) through 64
+    live registers. Compiled with the launch cap 168 and, for ``lto``, as a whole program."""
+
+    def kernel(x, out):
+        tid = cuda.threadIdx.x
+        if sync.warp_uniform(tid >> 7) == 0:
+            sync.regs_decrease(24)
+            out[tid] = 0.0
+        else:
+            sync.regs_increase(240)
+            acc = cuda.local.array(64, float32)
+            for i in range(64):
+                acc[i] = x[tid, i]
+            for r in range(4):
+                for i in range(64):
+                    acc[i] = acc[i] * float32(0.5) + acc[(i + 1) % 64]
+            total = float32(0.0)
+            for i in range(64):
+                total += acc[i]
+            out[tid] = total
+
+    return kernel, (_f32_2d, types.Array(types.float32, 1, "C")), {
+        "max_registers": 168, "lto": lto, "unroll_loops": True}
+
+
 def probe(name, fmt="float16"):
     """Target for ``ptxcheck.compile_report_isolated``: ``probe("tiles", "bfloat16")``."""
     if name == "tiles":
@@ -176,4 +203,6 @@ def probe(name, fmt="float16"):
         return fragment_mma(fmt)
     if name == "conversions":
         return conversions()
+    if name.startswith("register_split"):
+        return register_split(name.endswith("lto"))
     raise ValueError(name)

@@ -143,3 +143,35 @@ def test_warp_any_is_true_in_every_lane_of_a_warp_with_one_true_lane():
     out = cuda.to_device(np.full(THREADS, -1, np.int32))
     _vote_kernel()[1, THREADS](cuda.to_device(lanes), out)
     np.testing.assert_array_equal(out.copy_to_host(), np.repeat([0, 1, 1], 32))
+
+
+def test_register_split_runs_and_needs_a_whole_program_compile():
+    """setmaxnreg: the block computes the same with its warpgroups' registers moved (a no-op
+    under the simulator); compiled for sm_90a as a whole program (``lto``), ptxas honours it
+    at the launch cap of 168, while a relocatable compile ignores it (C7504), which is why the
+    warp-specialized kernels compile with ``lto``."""
+    import pathlib
+
+    from helpers import SIMULATOR, to_device, to_host
+    from kernels.ptx import _ptx_kernels as K
+    from numba_flash.runtime import ptxcheck
+
+    kernel = cuda.jit(K.register_split(False)[0])
+    if SIMULATOR or cuda.get_current_device().compute_capability == (9, 0):
+        x = np.random.default_rng(3).standard_normal((384, 64)).astype(np.float32)
+        out = to_device(np.full(384, np.nan, np.float32))
+        kernel[1, 384](to_device(x), out)
+        got = to_host(out)
+        acc = x.astype(np.float64)
+        for _ in range(4):
+            for i in range(64):  # in place, as the kernel updates its registers
+                acc[:, i] = acc[:, i] * 0.5 + acc[:, (i + 1) % 64]
+        np.testing.assert_allclose(got[128:], acc.sum(axis=1)[128:], rtol=1e-4, atol=1e-4)
+        assert (got[:128] == 0).all()
+    probe = str(pathlib.Path(K.__file__).resolve()) + ":probe"
+    (ptx, whole), (_, relocatable) = ptxcheck.compile_reports_isolated(
+        [(probe, (9, 0, "a"), ("register_split_lto",)), (probe, (9, 0, "a"), ("register_split",))])
+    assert "setmaxnreg.inc.sync.aligned.u32 240" in ptx
+    assert whole["registers"] == 168 and "C7504" not in whole["log"]
+    assert whole["spill_stores"] == 0
+    assert "C7504" in relocatable["log"]

@@ -9,7 +9,7 @@ import pytest
 from numba import cuda, uint16, uint64
 
 from helpers import SIMULATOR, to_device, to_host
-from numba_flash.kernels.instructions import memory, tma, wgmma
+from numba_flash.kernels.instructions import memory, sync, tma, wgmma
 from numba_flash.runtime import arrays
 from numba_flash.runtime import tma as tma_maps
 
@@ -83,3 +83,56 @@ def test_maps_are_kept_per_array_and_refused_for_other_shapes(rng):
     assert tma_maps.box_map(t, 32) is not tma_maps.box_map(t, 64)
     with pytest.raises(ValueError, match="4-D 16-bit"):
         tma_maps.encode(arrays.adapt(to_device(np.zeros((4, 64), np.uint16)), "x"), 64)
+
+
+RING = 2           # stages
+BOXES = 5          # boxes through the ring: each stage refilled twice or more
+CONSUMERS = 64     # two consumer warps
+
+
+@cuda.jit
+def _ring(tmap, gmem, out):
+    """Thread 0 copies box k (rows 16 k ..) into stage k % RING once the consumer warps have
+    released the stage's previous box (``arrive`` on its EMPTY barrier); the two consumer warps
+    wait for FULL, copy the box out and release it, lane 0 of each after its warp met."""
+    smem = cuda.shared.array(RING * ROWS * 64 + 512, uint16, alignment=SHARED_ALIGN)
+    bars = cuda.shared.array(2 * RING, uint64)  # FULL, then EMPTY, per stage
+    tid = cuda.threadIdx.x
+    base = wgmma.aligned_base(smem)
+    if tid == 0:
+        tma.tensormap_acquire(tmap)
+        for s in range(RING):
+            tma.mbarrier_init(bars, s, 1)
+            tma.mbarrier_init(bars, RING + s, CONSUMERS // 32)
+        tma.mbarrier_init_fence()
+    cuda.syncthreads()
+    if tid == CONSUMERS:  # the producer, in a warp of its own
+        for k in range(BOXES):
+            s = k % RING
+            if k >= RING:
+                tma.wait(bars, RING + s, ((k // RING) & 1) ^ 1)
+            tma.expect_tx(bars, s, ROWS * 64 * 2)
+            tma.load_box_4d(smem, base + s * ROWS * 64, tmap, gmem, (0, 0, ROWS * k, 0), ROWS,
+                            bars, s)
+    elif tid < CONSUMERS:
+        for k in range(BOXES):
+            s = k % RING
+            tma.wait(bars, s, (k // RING) & 1)
+            for i in range(tid, ROWS * 64, CONSUMERS):
+                out[k, i] = smem[base + s * ROWS * 64 + i]
+            sync.syncwarp(tid)
+            if tid % 32 == 0:
+                tma.arrive(bars, RING + s)
+
+
+def test_a_ring_of_stages_hands_boxes_between_a_producer_and_consumer_warps(rng):
+    """mbarrier ``arrive``: the consumers' release of a stage lets the producer refill it (the
+    handshake of the warp-specialized forward, tc/forward_wgmma_ws.py)."""
+    g = rng.integers(1, 1 << 16, (1, ROWS * BOXES, 1, 64)).astype(np.uint16)
+    dg = to_device(g)
+    tmap = tma_maps.box_map(arrays.adapt(dg, "g"), ROWS).obj
+    out = to_device(np.zeros((BOXES, ROWS * 64), np.uint16))
+    _ring[1, CONSUMERS + 32](tmap, dg, out)
+    got = to_host(out)
+    for k in range(BOXES):
+        np.testing.assert_array_equal(got[k], _expected(g, 0, 0, ROWS * k, 0), err_msg=f"box {k}")

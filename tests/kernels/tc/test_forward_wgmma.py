@@ -1,4 +1,5 @@
-"""The wgmma forward (kernels/tc/forward_wgmma.py, the tc backend on a Hopper) against the
+"""The cp.async wgmma forward (kernels/tc/forward_wgmma.py, the tc backend's forward on a Hopper
+for paged K/V, and for every batch with forward_wgmma_ws.py set aside) against the
 float64 reference: the mma.sync kernel's cases (test_forward.py) plus the warpgroup layout.
 Simulator: emulated wgmma, tiny shapes, 64-row tiles of one warpgroup (and one test with two);
 GPU: the device's tiles, where the device is a Hopper."""
@@ -7,6 +8,7 @@ import pytest
 from numba import cuda
 
 from helpers import FMTS, SIMULATOR, assert_compiles_clean, check_forward
+from numba_flash.kernels import registry
 from numba_flash.kernels.tc import forward_wgmma
 from numba_flash.runtime import device
 from kernels.tc._forward_cases import (CASES, check_growing_row_maxima, check_large_logits,
@@ -24,8 +26,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def wgmma_family():
-    """The tc backend with the wgmma kernel; under the simulator with one-warpgroup tiles."""
-    with planned_for_family("wgmma"):
+    """The tc backend with this wgmma kernel (the warp-specialized one set aside: it runs the
+    paged batches alone otherwise); under the simulator with one-warpgroup tiles."""
+    with planned_for_family("wgmma"), registry.setting_aside("tc.forward_wgmma_ws"):
         if SIMULATOR:
             with forward_wgmma.SPEC.forcing((64, 64, 4, 0)):
                 yield

@@ -1,0 +1,128 @@
+"""The warp-specialized wgmma forward (kernels/tc/forward_wgmma_ws.py, the tc backend's forward
+on a Hopper for dense and varlen batches) against the float64 reference: the tc forward cases,
+the masks and score modifiers, and what is its own: a ring of stages that wraps many times
+(the producer waits on each stage's EMPTY barriers), consumer warpgroups that disagree on which
+tiles they mask, and the register split. Simulator: emulated TMA, mbarriers and wgmma, tiny
+shapes, small forced tiles; GPU: the table's tiles, where the device is a Hopper."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from helpers import FMTS, SIMULATOR, assert_compiles_clean, check_forward
+from numba_flash.kernels import registry
+from numba_flash.kernels.tc import forward_wgmma_ws
+from numba_flash.runtime import device
+from kernels.tc._forward_cases import (CASES, check_growing_row_maxima, check_large_logits,
+                                       planned_for_family)
+from kernels._window_cases import CASES as WINDOW_CASES, case_id as window_id
+from kernels._window_cases import MODIFIER_CASES, modifier_id, modifier_options
+
+pytestmark = pytest.mark.skipif(
+    not SIMULATOR and cuda.is_available()
+    and cuda.get_current_device().compute_capability != (9, 0),
+    reason="wgmma runs on compute capability 9.0 only")
+
+SIM_TILES = (64, 32)  # one consumer warpgroup: 256 threads in the simulator
+
+
+@pytest.fixture(autouse=True)
+def ws_kernel():
+    """The tc backend on a Hopper (the registry's first forward); small tiles under the
+    simulator."""
+    with planned_for_family("wgmma"):
+        if SIMULATOR:
+            with forward_wgmma_ws.SPEC.forcing(SIM_TILES):
+                yield
+        else:
+            yield
+
+
+def test_the_registry_runs_it_for_dense_and_varlen_but_not_paged_batches():
+    """Paged K/V (any page size, through a row table) stays with the cp.async kernel."""
+    entry = registry.choose("forward", "tc", None, device.SIMULATED)
+    assert entry.specs == (forward_wgmma_ws.SPEC,)
+    assert "block_table" not in entry.honours and "cu_seqlens_q" in entry.honours
+    with registry.setting_aside("tc.forward_wgmma_ws"):
+        assert registry.choose("forward", "tc", None, device.SIMULATED).name == "tc.forward_wgmma"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_forward_matches_reference(case, rng):
+    check_forward(rng, *case, backend="tc")
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES[:3], ids=window_id)
+def test_sliding_window_matches_reference(case, rng):
+    *shape, window_size = case
+    check_forward(rng, *shape, backend="tc", window_size=window_size)
+
+
+@pytest.mark.parametrize("case", MODIFIER_CASES[-2:], ids=modifier_id)
+def test_alibi_sinks_and_softcap_match_reference(case, rng):
+    check_forward(rng, *case[:-1], backend="tc", **modifier_options(rng, case))
+
+
+def test_the_stage_ring_wraps_and_query_tiles_disagree_on_masks(rng):
+    """More key tiles than stages (each stage refilled twice), two consumer warpgroups whose
+    rows see different key tiles (causal, Sq > Sk: the first rows see none), a padded head dim
+    (72 -> 128: two boxes per tile, zeros past the array's columns)."""
+    B, Sq, Sk, Hq, Hk, D = (1, 140, 100, 1, 1, 72) if SIMULATOR else (2, 1500, 1300, 8, 2, 72)
+    entry = (128, 32) if SIMULATOR else None
+    with forward_wgmma_ws.SPEC.forcing(entry) if entry else planned_for_family("wgmma"):
+        check_forward(rng, B, Sq, Sk, Hq, Hk, D, True, "bfloat16", backend="tc")
+
+
+def test_large_logits_stay_finite(rng):
+    check_large_logits(rng)
+
+
+def test_row_maxima_that_keep_growing_rescale_correctly(rng):
+    """The rescale of O_i waits for the product in flight on it: maxima that move on every
+    tile catch a rescale applied too early or twice."""
+    check_growing_row_maxima(rng, False)
+
+
+def test_register_split_spends_the_whole_file():
+    """The producer's 24 registers and the consumers' rise use the 64K registers the launch
+    took, in whole 8s (setmaxnreg's rule)."""
+    for consumers, split in ((1, (256, 24, 256)), (2, (168, 24, 240)), (3, (128, 24, 160))):
+        assert forward_wgmma_ws.register_split(consumers) == split
+        launch, producer, consumer = split
+        assert producer + consumers * consumer <= (consumers + 1) * launch
+        assert launch * (consumers + 1) * 128 <= 65536
+
+
+def test_tiles_fit_a_hopper_block():
+    spec = forward_wgmma_ws.SPEC
+    for d in (8, 64, 96, 128, 200, 256):
+        for causal in (False, True):
+            config = spec.Config(d, causal, "float16")
+            t = spec.tiles(config, spec.entry(config, device.SIMULATED))
+            assert t.threads == 2 * t.BLOCK_M + 128 and t.shared_bytes <= 227 * 1024
+            assert t.max_registers * t.threads <= 65536
+
+
+def test_every_specialization_compiles_with_setmaxnreg_and_no_spills():
+    """Every tile entry, causal and not, compiled as the runtime compiles it (whole program:
+    ptxas would otherwise ignore setmaxnreg, C7504) for sm_90a; varlen with every modifier at
+    head dim 128."""
+    configs = [((d, causal, FMTS[causal]), None) for d, _ in forward_wgmma_ws.TILES
+               for causal in (False, True)]
+    configs += [((128, True, "bfloat16", True, False, True, True, True, True), None)]
+    assert_compiles_clean("tc.forward_wgmma_ws", configs, ccs=((9, 0, "a"),),
+                          must_contain=("wgmma.mma_async.sync.aligned", "setmaxnreg.inc",
+                                        "setmaxnreg.dec", "cp.async.bulk.tensor",
+                                        "mbarrier.try_wait", "mbarrier.arrive"),
+                          must_not_log=("C7504",))
+
+
+def test_packed_rows_get_a_map_of_one_batch_entry():
+    """A varlen batch reaches the kernels as a stride-0 batch of its packed rows; its tensor
+    map describes the rows once."""
+    from numba_flash.runtime import arrays
+
+    t = arrays.adapt(np.zeros((10, 2, 64), np.float16), "q")
+    packed = forward_wgmma_ws._packed(arrays.batched(t, 3))
+    assert packed.shape == (1, 10, 2, 64) and packed.strides == (1280, 128, 64, 1)
+    assert forward_wgmma_ws._packed(t) is t
