@@ -15,8 +15,9 @@ column is the ratio to SDPA's flash backend (FlashAttention-2) in the same run.
 Providers (a missing or failing one is left out, with a note):
     nf-simt, nf-tc   numba_flash's CUDA-core and tensor-core backends (nf-tc, and each backward,
                      only where a tiny probe call succeeds)
-    nf-tc-cpasync    the tc forward with the warp-specialized Hopper kernel set aside: the
-                     cp.async wgmma kernel it replaced (kernels/registry.py, setting_aside)
+    nf-tc-cpasync    on a Hopper, the tc forward's cp.async wgmma kernel (forward_wgmma.py) ...
+    nf-tc-ws         ... and its warp-specialized one (forward_wgmma_ws.py), each with the other
+                     set aside (kernels/registry.py, setting_aside)
     sdpa-flash       torch SDPA, FlashAttention-2 backend; backward through autograd
     sdpa-cudnn       torch SDPA, cuDNN backend; backward through autograd
     triton           bench/triton_kernels/flash_fwd.py and flash_bwd.py (the project's own)
@@ -125,6 +126,7 @@ def providers_available(modes=("fwd",), names=None):
 
     makers = {"nf-simt": lambda: _numba_flash("simt"), "nf-tc": lambda: _numba_flash("tc"),
               "nf-tc-cpasync": lambda: _numba_flash("tc", ("tc.forward_wgmma_ws",)),
+              "nf-tc-ws": lambda: _numba_flash("tc", ("tc.forward_wgmma",)),
               "sdpa-flash": lambda: _sdpa(SDPBackend.FLASH_ATTENTION),
               "sdpa-cudnn": lambda: _sdpa(SDPBackend.CUDNN_ATTENTION),
               "triton": _triton, "naive": _naive}

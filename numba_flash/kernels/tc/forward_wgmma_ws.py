@@ -25,8 +25,15 @@ What it computes
       the mask and the softmax of S_j while the tensor cores still multiply P_{j-1} V_{j-1}.
       The softmax may move a row's maximum; l_i moves at once, O_i only after the product on
       it has completed (``wgmma.wait(0)``): its registers belong to the tensor cores until
-      then. P_j leaves the softmax packed to 16-bit pairs (the A fragments of the next PV),
-      so S's registers are free for S_{j+1}.
+      then. P_j is packed to 16-bit pairs (the A fragments of the next PV) only after that
+      wait too: the product in flight reads P_{j-1} from the same registers (ptxas would
+      otherwise serialize the batches, C7513).
+    * Ping-pong between consumer warpgroups (``PINGPONG``): named barriers pass a turn around
+      the warpgroups, and each issues its two batches only in its turn, so the tensor cores
+      take the warpgroups' batches one after the other and one warpgroup's softmax runs under
+      the other's products, rather than all softmaxes at once (the last warpgroup passes the
+      first turn; the first takes the last pass after its loop, so every barrier's arrivals
+      match).
 
 Grid / block mapping
     As ``forward_wgmma.py``: grid = (ceil(Sq / BLOCK_M), B * Hq), causal query tiles numbered
@@ -111,6 +118,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PINGPONG, CAUSAL, FM
     """Python kernel function for one configuration (``SPEC`` compiles it, for sm_90a)."""
     assert FMT in ("float16", "bfloat16") and BLOCK_M % 64 == 0 and BLOCK_N % 16 == 0
     CONSUMERS = BLOCK_M // 64
+    PINGPONG = PINGPONG and CONSUMERS > 1  # one warpgroup has no one to take turns with
     CONSUMER_THREADS = CONSUMERS * WARPGROUP
     CONSUMER_WARPS = CONSUMER_THREADS // 32
     THREADS = CONSUMER_THREADS + WARPGROUP

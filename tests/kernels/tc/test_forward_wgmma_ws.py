@@ -28,9 +28,9 @@ SIM_TILES = (64, 32)  # one consumer warpgroup: 256 threads in the simulator
 
 @pytest.fixture(autouse=True)
 def ws_kernel():
-    """The tc backend on a Hopper (the registry's first forward); small tiles under the
-    simulator."""
-    with planned_for_family("wgmma"):
+    """The tc backend on a Hopper with this kernel (the cp.async one set aside); small tiles
+    under the simulator."""
+    with planned_for_family("wgmma"), registry.setting_aside("tc.forward_wgmma"):
         if SIMULATOR:
             with forward_wgmma_ws.SPEC.forcing(SIM_TILES):
                 yield
@@ -39,12 +39,22 @@ def ws_kernel():
 
 
 def test_the_registry_runs_it_for_dense_and_varlen_but_not_paged_batches():
-    """Paged K/V (any page size, through a row table) stays with the cp.async kernel."""
+    """Paged K/V (any page size, through a row table) stays with the cp.async kernel; entries
+    set aside are passed over (their reason names it), and naming an unknown one is an
+    error."""
     entry = registry.choose("forward", "tc", None, device.SIMULATED)
     assert entry.specs == (forward_wgmma_ws.SPEC,)
     assert "block_table" not in entry.honours and "cu_seqlens_q" in entry.honours
     with registry.setting_aside("tc.forward_wgmma_ws"):
-        assert registry.choose("forward", "tc", None, device.SIMULATED).name == "tc.forward_wgmma"
+        assert registry.set_aside() == {"tc.forward_wgmma", "tc.forward_wgmma_ws"}
+        assert registry.choose("forward", "tc", None, device.SIMULATED).name == "tc.forward_mma"
+        with registry.setting_aside("tc.forward_mma"):
+            with pytest.raises(ValueError, match="tc.forward_wgmma_ws: set aside"):
+                registry.choose("forward", "tc", None, device.SIMULATED)
+    assert registry.set_aside() == {"tc.forward_wgmma"}  # the fixture's, as it was
+    with pytest.raises(ValueError, match="no registry entries"):
+        with registry.setting_aside("tc.forward_nope"):
+            pass
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -126,3 +136,23 @@ def test_packed_rows_get_a_map_of_one_batch_entry():
     packed = forward_wgmma_ws._packed(arrays.batched(t, 3))
     assert packed.shape == (1, 10, 2, 64) and packed.strides == (1280, 128, 64, 1)
     assert forward_wgmma_ws._packed(t) is t
+
+
+@pytest.mark.skipif(SIMULATOR, reason="forward plans serve torch CUDA tensors on a GPU")
+def test_a_plan_reads_the_tensor_maps_of_its_new_inputs(rng):
+    """A torch signature seen before runs from its plan, whose TMA maps must be those of the
+    new q, k, v (``Spec.pointer_tail``), not of the first call's."""
+    torch = pytest.importorskip("torch")
+    from numba_flash import reference as ref
+    from numba_flash import torch_plans
+    import numba_flash as nf
+
+    torch_plans._plans.clear()
+    for _ in range(3):  # the first call plans, the others run from the plan at new addresses
+        host = [rng.standard_normal((2, 300, 4, 64)).astype(np.float16) for _ in range(3)]
+        q, k, v = (torch.from_numpy(x).cuda() for x in host)
+        o, lse = nf.flash_attn_fwd(q, k, v, causal=True, backend="tc")
+        want, want_lse = ref.attention_fwd_ref(*host, causal=True)
+        np.testing.assert_allclose(o.float().cpu().numpy(), want, atol=4e-3)
+        np.testing.assert_allclose(lse.cpu().numpy(), want_lse, atol=1e-3)
+    assert len(torch_plans._plans) == 1
