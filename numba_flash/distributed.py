@@ -1,0 +1,249 @@
+"""Context parallelism: attention over a sequence split across the ranks of a
+``torch.distributed`` group, with numba_flash's forward and backward as the per-block kernels.
+
+    from numba_flash.distributed import ring_flash_attn_func
+    out = ring_flash_attn_func(q, k, v, causal=True)   # q, k, v: this rank's shard, (B, S, H, D)
+
+The idea (ring attention). Each rank holds a shard of the sequence: its queries and its keys and
+values. Attention of the local queries against the whole sequence is the merge of their
+attention against each rank's K/V block, and a merge needs only each part's output and its lse:
+
+    lse = log(sum_b exp(lse_b)),    out = sum_b exp(lse_b - lse) out_b
+
+(the chapter's split-KV combine, ``kernels/simt/combine.py``, here in fp32 torch). So the K/V
+blocks travel around the ring: at step s rank r holds the block of rank ``r - s``, computes its
+local queries against it with ``api.flash_attn_fwd`` (which returns lse) while the next block is
+already on its way (``torch.distributed.batch_isend_irecv`` started before the kernels; NCCL runs
+it on its own stream, gloo in its own threads), and merges. After W steps every rank holds its
+queries' attention over the whole sequence.
+
+The backward needs no merge: given the merged ``out`` and ``lse``, ``flash_attn_bwd`` of one block
+yields that block's exact share of dq, dk and dv (P = exp(S - lse) is the global probability,
+D_i = rowsum(dO * O) the global one). dq stays on the rank; dK/dV of a block travel around the
+ring with the block, each rank adding its share, and arrive back at the owner after W steps
+(one more hop than the K/V, which need not return).
+
+Positions. A rank's shard is ``layout="contiguous"`` (rank r holds chunk r of W) or
+``layout="zigzag"`` (chunks r and 2W - 1 - r of 2W, concatenated: causal work is then the same on
+every rank, since early chunks see few keys and late ones many). Each (query chunk, key chunk)
+pair is a band of visible offsets ``j - i`` between ``Q0 - K0 - left`` and ``Q0 - K0 + right``
+(global starts Q0, K0; causal is right = 0); ``band_call`` turns it into the rows and keys that
+can see each other and the (left, right) window of flash-attn's bottom-right convention that
+masks the rest. Pairs with no visible key are skipped, whole: under causal masking a rank
+computes only the chunks at or before its own.
+
+Limits: q, k, v on one device per rank, the same shapes on every rank (S even for zigzag); GQA
+(Hk dividing Hq); any dtype the kernels take. The merge and the dq/dk/dv sums are fp32. Import
+this module explicitly: it imports torch (the package itself does not).
+"""
+
+import torch
+import torch.distributed as dist
+
+from . import api
+
+LAYOUTS = ("zigzag", "contiguous")
+
+
+def chunks(rank, world, seqlen, layout):
+    """[(local start, global start, length)] of the chunks of rank ``rank``'s shard of ``seqlen``
+    local rows."""
+    if layout == "contiguous":
+        return [(0, rank * seqlen, seqlen)]
+    c = seqlen // 2
+    return [(0, rank * c, c), (c, (2 * world - 1 - rank) * c, c)]
+
+
+def band_call(q0, sq, k0, sk, left, right):
+    """The block of queries at global rows ``q0 .. q0 + sq`` against keys at ``k0 .. k0 + sk``,
+    where query i sees key j iff ``-left <= (k0 + j) - (q0 + i) <= right`` (-1: unbounded), as a
+    flash-attn call: ``(rows, keys, (left', right'))`` with ``rows``, ``keys`` the (start, end)
+    ranges that see something and the window in flash-attn's bottom-right convention over those
+    ranges (``(-1, 0)``: causal), or None when no pair is visible."""
+    lo = q0 - k0 - left if left >= 0 else None    # j - i >= lo
+    hi = q0 - k0 + right if right >= 0 else None  # j - i <= hi
+    ka = 0 if lo is None else max(0, lo)
+    kb = sk if hi is None else min(sk, hi + sq)
+    if ka >= kb:
+        return None
+    qa = 0 if hi is None else max(0, ka - hi)
+    qb = sq if lo is None else min(sq, kb - lo)
+    if qa >= qb:
+        return None
+    rows, keys = qb - qa, kb - ka
+    diag = keys - rows
+    # Over the ranges, j' - i' lies in [lo - ka + qa, hi - ka + qa]; flash-attn's window is
+    # relative to the bottom-right diagonal. A side that binds no pair is unbounded.
+    new_left = -1 if lo is None else diag - (lo - ka + qa)
+    new_right = -1 if hi is None else (hi - ka + qa) - diag
+    if new_left >= rows - 1 + diag:
+        new_left = -1
+    if new_right >= keys - 1 - diag:
+        new_right = -1
+    return (qa, qb), (ka, kb), (new_left, new_right)
+
+
+def _blocks(rank, src, world, sq, sk, left, right, layout):
+    """The flash-attn calls of rank ``rank``'s queries against rank ``src``'s keys:
+    [(query rows, key rows, window)] in local coordinates of the two shards."""
+    calls = []
+    for qs, q0, qn in chunks(rank, world, sq, layout):
+        for ks, k0, kn in chunks(src, world, sk, layout):
+            call = band_call(q0, qn, k0, kn, left, right)
+            if call is not None:
+                (qa, qb), (ka, kb), window = call
+                calls.append(((qs + qa, qs + qb), (ks + ka, ks + kb), window))
+    return calls
+
+
+def _flash_args(window):
+    """(causal, window_size) of a block's flash-attn call: causal where the window is exactly
+    the causal one, so the plain causal kernel runs."""
+    return (True, (-1, -1)) if window == (-1, 0) else (False, window)
+
+
+class _Ring:
+    """The ring of a process group: this rank, its neighbours' global ranks, the world size."""
+
+    def __init__(self, group):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world) \
+            if group is not None else (self.rank + 1) % self.world
+        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world) \
+            if group is not None else (self.rank - 1) % self.world
+
+    def pass_on(self, tensors):
+        """Start sending ``tensors`` to the next rank and receiving as many from the previous
+        one: ``(received, requests)``; the requests' ``wait`` completes both."""
+        received = [torch.empty_like(t) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
+        return received, dist.batch_isend_irecv(ops)
+
+
+def _wait(requests):
+    for r in requests:
+        r.wait()
+
+
+def _merge(out, lse, rows, o, l):
+    """Merge a block's (o, l) into the fp32 accumulators over ``rows``. A row that saw no key
+    has l = +inf (the kernels' marker): no weight."""
+    a, b = rows
+    l = torch.where(torch.isinf(l) & (l > 0), torch.full_like(l, float("-inf")), l)
+    old = lse[:, :, a:b]
+    new = torch.logaddexp(old, l)
+    keep = torch.where(torch.isneginf(new), torch.zeros_like(new), torch.exp(old - new))
+    take = torch.where(torch.isneginf(new), torch.zeros_like(new), torch.exp(l - new))
+    out[:, a:b] = out[:, a:b] * keep.transpose(1, 2)[..., None] \
+        + o.float() * take.transpose(1, 2)[..., None]
+    lse[:, :, a:b] = new
+
+
+def ring_forward(q, k, v, scale, left, right, ring, layout, backend="auto"):
+    """``(out, lse)`` of the local queries against the whole sequence (fp32 merge; out in q's
+    dtype, lse +inf where a row saw no key)."""
+    b, sq, h, d = q.shape
+    out = torch.zeros((b, sq, h, d), dtype=torch.float32, device=q.device)
+    lse = torch.full((b, h, sq), float("-inf"), dtype=torch.float32, device=q.device)
+    kv = (k, v)
+    for step in range(ring.world):
+        if step + 1 < ring.world:
+            following, requests = ring.pass_on(kv)  # the next block travels during the kernels
+        src = (ring.rank - step) % ring.world
+        for (qa, qb), (ka, kb), window in _blocks(ring.rank, src, ring.world, sq, k.shape[1],
+                                                  left, right, layout):
+            causal, window = _flash_args(window)
+            o, l = api.flash_attn_fwd(q[:, qa:qb], kv[0][:, ka:kb], kv[1][:, ka:kb],
+                                      causal=causal, softmax_scale=scale, window_size=window,
+                                      backend=backend)
+            _merge(out, lse, (qa, qb), o, l)
+        if step + 1 < ring.world:
+            _wait(requests)
+            kv = following
+    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    return out.to(q.dtype), lse
+
+
+def ring_backward(dout, q, k, v, out, lse, scale, left, right, ring, layout, backend="auto"):
+    """``(dq, dk, dv)`` of this rank's shard: dq from every block against the local queries,
+    dk and dv summed around the ring (fp32 sums, returned in the inputs' dtype)."""
+    sq, sk = q.shape[1], k.shape[1]
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+    kv = (k, v)
+    for step in range(ring.world):
+        if step + 1 < ring.world:
+            following, requests = ring.pass_on(kv)
+        src = (ring.rank - step) % ring.world
+        for (qa, qb), (ka, kb), window in _blocks(ring.rank, src, ring.world, sq, sk, left,
+                                                  right, layout):
+            causal, window = _flash_args(window)
+            g = api.flash_attn_bwd(dout[:, qa:qb], q[:, qa:qb], kv[0][:, ka:kb],
+                                   kv[1][:, ka:kb], out[:, qa:qb],
+                                   lse[:, :, qa:qb].contiguous(), causal=causal,
+                                   softmax_scale=scale, window_size=window, backend=backend)
+            dq[:, qa:qb] += g[0].float()
+            dk[:, ka:kb] += g[1].float()
+            dv[:, ka:kb] += g[2].float()
+        if step + 1 < ring.world:
+            _wait(requests)
+            kv = following
+        if ring.world > 1:  # the block's dK/dV go on with it: the next rank adds its share
+            (dk, dv), requests = ring.pass_on((dk, dv))
+            _wait(requests)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, left, right, group, layout):
+        ring = _Ring(group)
+        out, lse = ring_forward(q, k, v, scale, left, right, ring, layout)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (scale, left, right, ring, layout)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def ring_flash_attn_func(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1),
+                         group=None, layout="zigzag"):
+    """Attention of this rank's shard of the queries over the whole sequence, whose shards the
+    ranks of ``group`` (default: the world) hold; differentiable (torch autograd).
+
+    q: (B, S, Hq, D), k, v: (B, S, Hk, D), this rank's rows of the sequence as ``layout`` deals
+    them out (module docstring); ``causal``, ``softmax_scale`` and ``window_size`` as in
+    ``flash_attn_func``, over global positions. Returns out (B, S, Hq, D) in q's dtype."""
+    from . import validate
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("group: ring_flash_attn_func needs an initialised torch.distributed "
+                         "process group (torch.distributed.init_process_group)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-D torch tensor (B, S, H, D), got "
+                             f"{getattr(t, 'shape', type(t).__name__)}")
+    if k.shape[:2] != q.shape[:2] or v.shape != k.shape:
+        raise ValueError(f"k, v: expected the shard's rows of q, {tuple(q.shape[:2])}, and one "
+                         f"shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if layout == "zigzag" and q.shape[1] % 2:
+        raise ValueError(f"q: the zigzag layout holds two chunks of equal length per rank, got "
+                         f"{q.shape[1]} rows")
+    # Every local check before the first message: a refusal on one rank must not leave the
+    # others waiting for its K/V.
+    validate.attention(q.detach(), k.detach(), v.detach(), causal, softmax_scale, window_size)
+    left, right = (int(x) for x in window_size)
+    if causal:
+        right = 0
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _RingAttention.apply(q, k, v, scale, left, right, group, layout)
