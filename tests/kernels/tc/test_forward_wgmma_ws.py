@@ -62,13 +62,13 @@ def test_forward_matches_reference(case, rng):
     check_forward(rng, *case, backend="tc")
 
 
-@pytest.mark.parametrize("case", WINDOW_CASES[:3], ids=window_id)
+@pytest.mark.parametrize("case", WINDOW_CASES[:2], ids=window_id)
 def test_sliding_window_matches_reference(case, rng):
     *shape, window_size = case
     check_forward(rng, *shape, backend="tc", window_size=window_size)
 
 
-@pytest.mark.parametrize("case", MODIFIER_CASES[-2:], ids=modifier_id)
+@pytest.mark.parametrize("case", MODIFIER_CASES[-1:], ids=modifier_id)
 def test_alibi_sinks_and_softcap_match_reference(case, rng):
     check_forward(rng, *case[:-1], backend="tc", **modifier_options(rng, case))
 
