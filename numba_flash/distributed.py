@@ -32,6 +32,15 @@ can see each other and the (left, right) window of flash-attn's bottom-right con
 masks the rest. Pairs with no visible key are skipped, whole: under causal masking a rank
 computes only the chunks at or before its own.
 
+Packed sequences (``llama3_flash_attn_varlen_func``, the Llama 3 recipe that
+ring-flash-attention also follows). A rank holds an equal, contiguous run of the packed token
+stream, which cuts sequences anywhere; K/V are all-gathered (every rank then holds every key)
+and one ``flash_attn_varlen_fwd`` computes the local queries: each local piece of a sequence
+attends the sequence's keys from its first up to the piece's last query (causal; bottom-right
+alignment then puts every query at its global position), its key range given by the sequence's
+start in ``cu_seqlens_k`` and its length in ``seqused_k``. The backward's dK/dV of the gathered
+keys are summed back onto their owners (reduce-scatter; all-reduce on gloo, which has none).
+
 Limits: q, k, v on one device per rank, the same shapes on every rank (S even for zigzag); GQA
 (Hk dividing Hq); any dtype the kernels take. The merge and the dq/dk/dv sums are fp32. Import
 this module explicitly: it imports torch (the package itself does not).
@@ -247,3 +256,105 @@ def ring_flash_attn_func(q, k, v, causal=False, softmax_scale=None, window_size=
         right = 0
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _RingAttention.apply(q, k, v, scale, left, right, group, layout)
+
+
+# ----------------------------------------------------------------------------- packed sequences
+
+def local_pieces(cu_seqlens, start, end, causal):
+    """The pieces of the packed sequences (``cu_seqlens``, a list) that rows ``start .. end``
+    of the token stream hold, as a varlen call over those rows against all keys:
+    ``(cu_q, cu_k, seqused_k, max_q, max_k)``, cu_q local to the rows. A piece of sequence
+    ``[a, b)`` holding queries ``[qa, qb)`` sees keys ``a .. qb`` (causal) or ``a .. b``."""
+    cu_q, cu_k, used = [0], [], []
+    for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+        qa, qb = max(a, start), min(b, end)
+        if qa >= qb:
+            continue
+        cu_q.append(qb - start)
+        cu_k.append(a)
+        used.append((qb if causal else b) - a)
+    cu_k.append(cu_seqlens[-1])
+    max_q = max(b - a for a, b in zip(cu_q[:-1], cu_q[1:]))
+    return cu_q, cu_k, used, max_q, max(used)
+
+
+def _gather(t, group, world):
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, 0)
+
+
+def _sum_back(t, group, world, rank):
+    """The sum over ranks of ``t`` (the gathered rows' gradients), this rank's rows of it."""
+    rows = t.shape[0] // world
+    if dist.get_backend(group) == "gloo":
+        dist.all_reduce(t, group=group)
+        return t[rank * rows:(rank + 1) * rows]
+    out = torch.empty_like(t[:rows])
+    dist.reduce_scatter_tensor(out, t.contiguous(), group=group)
+    return out
+
+
+class _GatheredAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, pieces, scale, window, causal, group):
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        cu_q, cu_k, used, max_q, max_k = pieces
+        dev = q.device
+        calls = dict(cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=dev),
+                     cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=dev),
+                     max_seqlen_q=max_q, max_seqlen_k=max_k,
+                     seqused_k=torch.tensor(used, dtype=torch.int32, device=dev))
+        k_all, v_all = _gather(k, group, world), _gather(v, group, world)
+        out, lse = api.flash_attn_varlen_fwd(q, k_all, v_all, softmax_scale=scale,
+                                             causal=causal, window_size=window, **calls)
+        ctx.save_for_backward(q, k_all, v_all, out, lse)
+        ctx.args = (calls, scale, causal, window, group, world, rank)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k_all, v_all, out, lse = ctx.saved_tensors
+        calls, scale, causal, window, group, world, rank = ctx.args
+        # Keys no piece reads get no gradient from the kernel: the buffers start at zero.
+        dk, dv = torch.zeros_like(k_all), torch.zeros_like(v_all)
+        dq, dk, dv = api.flash_attn_varlen_bwd(
+            dout.contiguous(), q, k_all, v_all, out, lse, softmax_scale=scale, causal=causal,
+            window_size=window, dk=dk, dv=dv, **{n: calls[n] for n in (
+                "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_k")})
+        dk = _sum_back(dk.float(), group, world, rank).to(k_all.dtype)
+        dv = _sum_back(dv.float(), group, world, rank).to(v_all.dtype)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens, causal=True, softmax_scale=None,
+                                  window_size=(-1, -1), group=None):
+    """Attention over packed sequences whose token stream the ranks of ``group`` split in equal
+    contiguous runs (module docstring, "Packed sequences"); differentiable.
+
+    q: (T / W, Hq, D), k, v: (T / W, Hk, D), this rank's rows of the stream; ``cu_seqlens``:
+    the whole stream's (B + 1,) offsets, the same on every rank (a list, or an int32 tensor that
+    is read on the host), ending at T. ``window_size`` only with ``causal``: a piece sees its
+    sequence's keys up to its last query, so the window's bottom-right alignment is the global
+    one only then. Returns out (T / W, Hq, D) in q's dtype."""
+    from . import validate
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("group: llama3_flash_attn_varlen_func needs an initialised "
+                         "torch.distributed process group")
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    cu = [int(x) for x in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist")
+                           else cu_seqlens)]
+    rows = q.shape[0]
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != rows * world or \
+            any(b < a for a, b in zip(cu[:-1], cu[1:])):
+        raise ValueError(f"cu_seqlens: expected offsets from 0 up to the stream's {rows * world} "
+                         f"tokens ({world} ranks of {rows}), got {cu}")
+    if tuple(window_size) != (-1, -1) and not causal:
+        raise ValueError("window_size: a window needs causal=True here (a piece sees its "
+                         "sequence's keys up to its last query)")
+    validate.attention(q.detach()[None], k.detach()[None], v.detach()[None], causal,
+                       softmax_scale, window_size)
+    pieces = local_pieces(cu, rank * rows, (rank + 1) * rows, causal)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _GatheredAttention.apply(q, k, v, pieces, scale, tuple(window_size), causal, group)

@@ -13,6 +13,10 @@ B, S, HQ, HK, D = 1, 4, 2, 1, 8  # S rows per rank: two chunks of 2 in the zigza
 # (causal, layout, window_size) by world size: between them both layouts, causal or not, windows
 # with one and two sides (test_distributed.py's one-process tests add causal zigzag alone).
 CASES = {2: [(True, "zigzag", (3, -1))], 3: [(False, "contiguous", (2, 1))]}
+# Packed sequences (llama3_flash_attn_varlen_func): lengths that the ranks' equal runs of 8
+# tokens cut, (causal, window_size) cases by world size.
+LENGTHS = [3, 7, 6]
+VARLEN_CASES = {2: [(True, (3, -1)), (False, (-1, -1))], 3: []}
 
 
 def _shard(x, rank, world, layout):
@@ -45,7 +49,33 @@ def check_ring(rank, world, port, seed):
             for name, t, g in zip("qkv", local, grads):
                 np.testing.assert_allclose(t.grad.numpy(), _shard(g, rank, world, layout),
                                            atol=5e-5, err_msg=f"d{name}: " + what)
+        check_varlen(rank, world, rng)
     finally:
         dist.destroy_process_group()
+
+
+def check_varlen(rank, world, rng):
+    from numba_flash import reference as ref
+
+    cu = np.concatenate([[0], np.cumsum(LENGTHS)]).astype(np.int32)
+    t = int(cu[-1])
+    rows = slice(rank * t // world, (rank + 1) * t // world)
+    q, k, v, dout = (rng.standard_normal(shape).astype(np.float32) for shape in
+                     ((t, HQ, D), (t, HK, D), (t, HK, D), (t, HQ, D)))
+    for causal, window in VARLEN_CASES[world]:
+        mask = ref.varlen_mask(cu, cu, t, t, causal, window_size=window)
+        want = ref.attention_fwd_ref(q[None], k[None], v[None], mask=mask)[0][0]
+        grads = [g[0] for g in ref.attention_bwd_ref(dout[None], q[None], k[None], v[None],
+                                                     mask=mask)]
+        local = [torch.from_numpy(x[rows]).requires_grad_() for x in (q, k, v)]
+        out = nfd.llama3_flash_attn_varlen_func(*local, cu_seqlens=torch.from_numpy(cu),
+                                                causal=causal, window_size=window)
+        out.backward(torch.from_numpy(dout[rows]))
+        what = f"varlen rank {rank} of {world}, causal {causal}, window {window}"
+        np.testing.assert_allclose(out.detach().numpy(), want[rows], atol=2e-5,
+                                   err_msg="out: " + what)
+        for name, x, g in zip("qkv", local, grads):
+            np.testing.assert_allclose(x.grad.numpy(), g[rows], atol=5e-5,
+                                       err_msg=f"d{name}: " + what)
 
 

@@ -2,7 +2,8 @@
 visible offsets it stands for, element by element; and the ring itself in several processes
 (gloo, CPU tensors; the kernels under the simulator without a GPU), world sizes 2 and 3, every
 layout, causal or not, with a window: each rank's output and its dq, dk, dv against the float64
-reference of the whole sequence, sliced as the rank holds it."""
+reference of the whole sequence, sliced as the rank holds it; packed sequences cut by the
+ranks' runs (the all-gather variant) the same way."""
 
 import socket
 
@@ -50,6 +51,16 @@ def test_band_call_masks_exactly_the_band():
                         assert (call is None) == (not want.any())
                         if call is not None:
                             assert all(x >= -1 for x in call[2])
+
+
+def test_local_pieces_cut_the_sequences_at_the_ranks_rows():
+    """Lengths 3, 7, 6 over two ranks of 8 rows: rank 0 holds sequence 0 and the first five
+    rows of sequence 1, rank 1 the last two of sequence 1 and sequence 2."""
+    cu = [0, 3, 10, 16]
+    assert nfd.local_pieces(cu, 0, 8, True) == ([0, 3, 8], [0, 3, 16], [3, 5], 5, 5)
+    assert nfd.local_pieces(cu, 8, 16, True) == ([0, 2, 8], [3, 10, 16], [7, 6], 6, 7)
+    assert nfd.local_pieces(cu, 8, 16, False) == ([0, 2, 8], [3, 10, 16], [7, 6], 6, 7)
+    assert nfd.local_pieces(cu, 0, 8, False) == ([0, 3, 8], [0, 3, 16], [3, 7], 5, 7)
 
 
 def test_chunks_deal_the_sequence_out_once():
