@@ -273,6 +273,25 @@ def naive_attention(q, k, v, causal=False, softmax_scale=None):
     return args["out"].obj, args["lse"].obj
 
 
+def hadamard_rotate(x, seed=0, out=None, stream=None):
+    """FlashAttention-3's incoherent processing: every row of x's head dim rotated by one random
+    orthogonal matrix (random signs, then a Walsh-Hadamard transform over blocks of the largest
+    power of two dividing the head dim, at most 256; ``kernels/simt/hadamard.py``). Rotate q and
+    k with the same ``seed`` before quantizing them: ``q k^T`` is unchanged, outlier channels
+    are spread over the row. x: (B, S, H, D) or (total, H, D), float16, bfloat16 or float32;
+    returns the rotated array (x's shape and dtype; ``out=`` takes a buffer of the caller's)."""
+    dev = device.current()
+    t = validate.rotation_input(x, seed)
+    rows = t if t.ndim == 4 else arrays.batched(t, 1)
+    o = validate.out_buffer(out, t, t.shape, t.fmt)
+    if out is not None:
+        validate.refuse_overlap([o], [t])
+    p = dict(x=rows, out=o if o.ndim == 4 else arrays.batched(o, 1), seed=int(seed))
+    spec = registry.HADAMARD
+    spec.launch(spec.config(p), p, arrays.stream_of(t, stream), dev)
+    return o.obj
+
+
 # ----------------------------------------------------------------------------- paged MLA decode
 
 def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,

@@ -12,6 +12,7 @@ import numpy as np
 from . import scheduler
 from .kernels import registry
 from .kernels.problem import Attention, Decode
+from .kernels.simt.hadamard import MAX_HEAD_DIM as MAX_ROTATION_DIM
 from .runtime import arrays
 from .runtime.arrays import FLOAT_FORMATS
 
@@ -34,6 +35,21 @@ def _tensor(x, name, ndim):
     if t.shape[-1] > 1 and t.strides[-1] != 1:
         raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), "
                          f"got strides {t.strides}")
+    return t
+
+
+def rotation_input(x, seed):
+    """``hadamard_rotate``'s x (B, S, H, D) or (total, H, D), adapted and checked, and its seed,
+    an int in 0 .. 2^31 - 1."""
+    t = arrays.adapt(x, "x")
+    if t.ndim not in (3, 4):
+        raise ValueError(f"x: expected (B, S, H, D) or (total, H, D), got shape {t.shape}")
+    t = _tensor(x, "x", t.ndim)
+    if t.shape[-1] > MAX_ROTATION_DIM:
+        raise ValueError(f"x: head dims up to {MAX_ROTATION_DIM}, got {t.shape[-1]}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or \
+            not 0 <= seed < 2 ** 31:
+        raise ValueError(f"seed: expected an int in 0 .. 2^31 - 1, got {seed!r}")
     return t
 
 

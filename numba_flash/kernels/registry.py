@@ -23,6 +23,7 @@ from .simt import backward as simt_backward
 from .simt import combine as simt_combine
 from .simt import kvcache_prepare as simt_kvcache_prepare
 from .simt import forward as simt_forward
+from .simt import hadamard as simt_hadamard
 from .simt import mla_decode as simt_mla_decode
 from .simt import mla_metadata as simt_mla_metadata
 from .simt import sink_grad as simt_sink_grad
@@ -196,6 +197,7 @@ ENTRIES = (
 # Single kernels every call of their pass uses, whatever the backend.
 PREPROCESS = simt_backward.PREPROCESS
 SINK_GRAD = simt_sink_grad.SPEC
+HADAMARD = simt_hadamard.SPEC
 COMBINE = simt_combine.SPEC
 KVCACHE_PREPARE = simt_kvcache_prepare.SPEC
 METADATA = simt_mla_metadata.SPEC
@@ -249,5 +251,5 @@ def specs():
     seen = []
     for entry in ENTRIES:
         seen += [s for s in entry.specs if s not in seen]
-    singles = (PREPROCESS, SINK_GRAD, COMBINE, METADATA, KVCACHE_PREPARE, *NAIVE)
+    singles = (PREPROCESS, SINK_GRAD, COMBINE, METADATA, KVCACHE_PREPARE, HADAMARD, *NAIVE)
     return seen + [s for s in singles if s not in seen]
