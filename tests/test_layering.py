@@ -8,7 +8,7 @@ import pathlib
 import numba_flash
 
 PACKAGE = pathlib.Path(numba_flash.__file__).parent
-TOP = {"api", "precompile", "torch", "transformers", "__main__"}  # the layer above the kernels
+TOP = {"api", "precompile", "torch", "transformers", "distributed", "__main__"}  # above the kernels
 
 
 def module_name(path):
