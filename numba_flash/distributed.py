@@ -19,9 +19,10 @@ queries' attention over the whole sequence.
 
 The backward needs no merge: given the merged ``out`` and ``lse``, ``flash_attn_bwd`` of one block
 yields that block's exact share of dq, dk and dv (P = exp(S - lse) is the global probability,
-D_i = rowsum(dO * O) the global one). dq stays on the rank; dK/dV of a block travel around the
-ring with the block, each rank adding its share, and arrive back at the owner after W steps
-(one more hop than the K/V, which need not return).
+D_i = rowsum(dO * O) the global one). dq stays on the rank; the sum of dK/dV of a block travels
+around the ring one step behind the block, each rank adding its share, and arrives back at the
+owner after W steps (one more hop than the K/V, which need not return); it too is in flight
+while the next step's kernels run.
 
 Positions. A rank's shard is ``layout="contiguous"`` (rank r holds chunk r of W) or
 ``layout="zigzag"`` (chunks r and 2W - 1 - r of 2W, concatenated: causal work is then the same on
@@ -178,16 +179,21 @@ def ring_forward(q, k, v, scale, left, right, ring, layout, backend="auto"):
 
 def ring_backward(dout, q, k, v, out, lse, scale, left, right, ring, layout, backend="auto"):
     """``(dq, dk, dv)`` of this rank's shard: dq from every block against the local queries,
-    dk and dv summed around the ring (fp32 sums, returned in the inputs' dtype)."""
+    dk and dv summed around the ring (fp32 sums, returned in the inputs' dtype).
+
+    The sum of a block's dK/dV travels one rank per step, and never waits for the kernels: step
+    s computes its block's share into a buffer of its own while the sum of the ranks before
+    arrives, adds the two, and sends the result on during step s + 1's kernels. After the last
+    step the sum of each rank's own block arrives at it."""
     sq, sk = q.shape[1], k.shape[1]
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
-    dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
-    kv = (k, v)
+    kv, partial = (k, v), None  # partial: (received sums, their requests) from the last step
     for step in range(ring.world):
         if step + 1 < ring.world:
             following, requests = ring.pass_on(kv)
         src = (ring.rank - step) % ring.world
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+        dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
         for (qa, qb), (ka, kb), window in _blocks(ring.rank, src, ring.world, sq, sk, left,
                                                   right, layout):
             causal, window = _flash_args(window)
@@ -198,12 +204,18 @@ def ring_backward(dout, q, k, v, out, lse, scale, left, right, ring, layout, bac
             dq[:, qa:qb] += g[0].float()
             dk[:, ka:kb] += g[1].float()
             dv[:, ka:kb] += g[2].float()
+        if partial is not None:  # the ranks before this one added their shares of the block
+            _wait(partial[1])
+            dk += partial[0][0]
+            dv += partial[0][1]
+        if ring.world > 1:
+            partial = ring.pass_on((dk, dv))
         if step + 1 < ring.world:
             _wait(requests)
             kv = following
-        if ring.world > 1:  # the block's dK/dV go on with it: the next rank adds its share
-            (dk, dv), requests = ring.pass_on((dk, dv))
-            _wait(requests)
+    if partial is not None:
+        _wait(partial[1])
+        dk, dv = partial[0]
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
