@@ -191,27 +191,28 @@ def make_moving_max(NT, DT):
             return m_tile, exp2((m_old - m_tile) * scale_log2)
         return m_old, ONE
 
-    @cuda.jit(device=True, inline="always")
-    def scale_out(O_i, factor):
-        for half in range(2):
-            sc = factor[half]
-            for dt in range(DT):
-                O_i[0, dt, 2 * half] *= sc
-                O_i[0, dt, 2 * half + 1] *= sc
+    def make_rescale(WITH_L):
+        @cuda.jit(device=True, inline="always")
+        def rescale(O_i, l_i, factor):
+            """Skipped where both factors are 1: the maxima move lazily, so after the first
+            tiles they seldom do."""
+            if factor[0] != ONE or factor[1] != ONE:
+                for half in range(2):
+                    sc = factor[half]
+                    if WITH_L:
+                        l_i[half] *= sc
+                    for dt in range(DT):
+                        O_i[0, dt, 2 * half] *= sc
+                        O_i[0, dt, 2 * half + 1] *= sc
 
-    @cuda.jit(device=True, inline="always")
-    def rescale(O_i, l_i, factor):
-        """Skipped where both factors are 1: the maxima move lazily, so after the first tiles
-        they seldom do."""
-        if factor[0] != ONE or factor[1] != ONE:
-            for half in range(2):
-                l_i[half] *= factor[half]
-            scale_out(O_i, factor)
+        return rescale
+
+    rescale = make_rescale(True)
+    rescale_o = make_rescale(False)
 
     @cuda.jit(device=True, inline="always")
     def rescale_out(O_i, factor):
-        if factor[0] != ONE or factor[1] != ONE:
-            scale_out(O_i, factor)
+        rescale_o(O_i, factor, factor)  # O_i alone: its l_i argument is never read
 
     @cuda.jit(device=True, inline="always")
     def exponentiate(S, m_new, l_i, scale_log2):

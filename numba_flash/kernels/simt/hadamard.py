@@ -150,7 +150,7 @@ class Spec(KernelSpec):
         return p["x"], p["out"], np.int32(p["seed"])
 
     def samples(self):
-        return [Sample("simt hadamard", (d, fmt)) for d, fmt in
+        return [Sample(f"simt hadamard d={d} {fmt}", (d, fmt)) for d, fmt in
                 ((128, "bfloat16"), (96, "float16"), (256, "float32"))]
 
 
