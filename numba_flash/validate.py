@@ -12,7 +12,6 @@ import numpy as np
 from . import scheduler
 from .kernels import registry
 from .kernels.problem import Attention, Decode
-from .kernels.simt.hadamard import MAX_HEAD_DIM as MAX_ROTATION_DIM
 from .runtime import arrays
 from .runtime.arrays import FLOAT_FORMATS
 
@@ -45,8 +44,8 @@ def rotation_input(x, seed):
     if t.ndim not in (3, 4):
         raise ValueError(f"x: expected (B, S, H, D) or (total, H, D), got shape {t.shape}")
     t = _tensor(x, "x", t.ndim)
-    if t.shape[-1] > MAX_ROTATION_DIM:
-        raise ValueError(f"x: head dims up to {MAX_ROTATION_DIM}, got {t.shape[-1]}")
+    if t.shape[-1] > registry.MAX_ROTATION_DIM:
+        raise ValueError(f"x: head dims up to {registry.MAX_ROTATION_DIM}, got {t.shape[-1]}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or \
             not 0 <= seed < 2 ** 31:
         raise ValueError(f"seed: expected an int in 0 .. 2^31 - 1, got {seed!r}")

@@ -203,6 +203,7 @@ KVCACHE_PREPARE = simt_kvcache_prepare.SPEC
 METADATA = simt_mla_metadata.SPEC
 NAIVE = (naive.SCORES, naive.SOFTMAX, naive.OUTPUT)
 MAX_DECODE_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
+MAX_ROTATION_DIM = simt_hadamard.MAX_HEAD_DIM
 
 
 _set_aside = set()  # names of entries ``choose`` passes over (``setting_aside``)
