@@ -126,8 +126,10 @@ class _Ring:
 
     def pass_on(self, tensors):
         """Start sending ``tensors`` to the next rank and receiving as many from the previous
-        one: ``(received, requests)``; the requests' ``wait`` completes both."""
-        received = [torch.empty_like(t) for t in tensors]
+        one: ``(received, requests)``; the requests' ``wait`` completes both. Both sides are
+        contiguous (NCCL sends and receives only those): a shard that is a strided view is
+        sent as a copy."""
+        received = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
         ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
         return received, dist.batch_isend_irecv(ops)
@@ -291,7 +293,7 @@ def local_pieces(cu_seqlens, start, end, causal):
 
 
 def _gather(t, group, world):
-    parts = [torch.empty_like(t) for _ in range(world)]
+    parts = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for _ in range(world)]
     dist.all_gather(parts, t.contiguous(), group=group)
     return torch.cat(parts, 0)
 
