@@ -11,7 +11,7 @@ from numba_flash import backends
 from numba_flash.kernels.simt import backward as simt_backward
 from numba_flash.kernels.simt import forward as simt_forward
 from numba_flash.kernels.problem import Attention
-from numba_flash.kernels.tc import backward_wgmma, forward_mma, forward_wgmma
+from numba_flash.kernels.tc import backward_wgmma, forward_mma, forward_wgmma_ws
 from numba_flash.runtime import arrays
 from numba_flash.runtime.device import SIMULATED
 
@@ -61,14 +61,14 @@ def test_a_backend_that_cannot_run_is_refused_with_the_reason(backend, fmt, dev,
 def test_hopper_runs_the_wgmma_forward_and_every_other_gpu_the_mma_one():
     assert backends.tc_family((9, 0)) == "wgmma"
     assert {backends.tc_family(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))} == {"mma"}
-    assert backends.forward_spec("tc", SIMULATED) is forward_wgmma.SPEC
+    assert backends.forward_spec("tc", SIMULATED) is forward_wgmma_ws.SPEC
     assert backends.forward_spec("tc", AMPERE) is forward_mma.SPEC
 
 
 def test_views_off_16_bytes_take_the_cuda_cores_under_auto_and_are_refused_under_tc():
     shape = (1, 8, 2, 64)
     q, k, v = adapted(shape), adapted(shape, name="k"), adapted(shape, name="v")
-    assert backends.forward("auto", problem(q, k, v), SIMULATED) is forward_wgmma.SPEC
+    assert backends.forward("auto", problem(q, k, v), SIMULATED) is forward_wgmma_ws.SPEC
     skewed = adapted(shape, offset=1)
     assert backends.forward("auto", problem(skewed, k, v), SIMULATED) is simt_forward.SPEC
     with pytest.raises(ValueError, match="'tc' forward copies q, k and v in 16-byte chunks"):

@@ -166,12 +166,12 @@ DECODE = frozenset(("attn_sink",))
 KVCACHE = DECODE | {"v_cache", "key_start", "window", "softcap", "alibi_slopes"}
 
 ENTRIES = (
-    # The warp-specialized forward runs only with the cp.async one set aside until it is
-    # measured on a Hopper (docs/design.md, "Warp-specialized forward").
-    Entry("tc.forward_wgmma", "forward", "tc", (tc_forward_wgmma.SPEC,), _on("wgmma"),
-          honours=FORWARD),
+    # The warp-specialized forward leads on Hopper; paged K/V (which it does not take) falls
+    # through to the cp.async wgmma kernel (docs/design.md, "Warp-specialized forward").
     Entry("tc.forward_wgmma_ws", "forward", "tc", (tc_forward_wgmma_ws.SPEC,), _on("wgmma"),
           honours=VARLEN | MODIFIERS),
+    Entry("tc.forward_wgmma", "forward", "tc", (tc_forward_wgmma.SPEC,), _on("wgmma"),
+          honours=FORWARD),
     Entry("tc.forward_mma", "forward", "tc", (tc_forward_mma.SPEC,), _anywhere,
           honours=FORWARD),
     Entry("simt.forward", "forward", "simt", (simt_forward.SPEC,), _anywhere,

@@ -10,7 +10,7 @@ import pytest
 from helpers import assert_jobs_clean, attention_problem, decode_problem
 
 from numba_flash.kernels import registry
-from numba_flash.kernels.tc import (backward_mma, backward_wgmma, forward_mma, forward_wgmma,
+from numba_flash.kernels.tc import (backward_mma, backward_wgmma, forward_mma, forward_wgmma_ws,
                                     mla_decode_mma, mla_decode_seesaw, mla_decode_wgmma)
 from numba_flash.runtime import ptxcheck
 from numba_flash.runtime.device import Device
@@ -25,7 +25,7 @@ def decode(d=576, dv=512, rows=64, aligned=True, page=64):
 
 
 def test_each_pass_takes_its_family_on_each_device():
-    assert registry.choose("forward", "tc", None, HOPPER).specs == (forward_wgmma.SPEC,)
+    assert registry.choose("forward", "tc", None, HOPPER).specs == (forward_wgmma_ws.SPEC,)
     assert registry.choose("forward", "tc", None, A100).specs == (forward_mma.SPEC,)
     assert registry.choose("backward", "tc", attention_problem(128), HOPPER).specs == (
         backward_wgmma.DKDV, backward_wgmma.DQ)
@@ -106,6 +106,7 @@ def test_a_problem_option_goes_only_to_a_kernel_that_honours_it(monkeypatch):
     assert plain.options() == frozenset() and fp8.options() == {"descale"}
     with pytest.raises(ValueError) as refused:
         registry.choose("forward", "tc", fp8, HOPPER)
+    assert "tc.forward_wgmma_ws: does not implement descale" in str(refused.value)
     assert "tc.forward_wgmma: does not implement descale" in str(refused.value)
     assert "tc.forward_mma: does not implement descale" in str(refused.value)
     honouring = registry.ENTRIES[1]._replace(honours=frozenset({"descale", "window"}))

@@ -88,6 +88,8 @@ def test_maps_are_kept_per_array_and_refused_for_other_shapes(rng):
 RING = 2           # stages
 BOXES = 5          # boxes through the ring: each stage refilled twice or more
 CONSUMERS = 64     # two consumer warps
+RING_SMEM = RING * ROWS * 64 + 512
+RING_BARS = 2 * RING  # FULL, then EMPTY, per stage
 
 
 @cuda.jit
@@ -95,8 +97,8 @@ def _ring(tmap, gmem, out):
     """Thread 0 copies box k (rows 16 k ..) into stage k % RING once the consumer warps have
     released the stage's previous box (``arrive`` on its EMPTY barrier); the two consumer warps
     wait for FULL, copy the box out and release it, lane 0 of each after its warp met."""
-    smem = cuda.shared.array(RING * ROWS * 64 + 512, uint16, alignment=SHARED_ALIGN)
-    bars = cuda.shared.array(2 * RING, uint64)  # FULL, then EMPTY, per stage
+    smem = cuda.shared.array(RING_SMEM, uint16, alignment=SHARED_ALIGN)
+    bars = cuda.shared.array(RING_BARS, uint64)
     tid = cuda.threadIdx.x
     base = wgmma.aligned_base(smem)
     if tid == 0:

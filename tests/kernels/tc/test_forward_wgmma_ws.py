@@ -132,7 +132,7 @@ def test_packed_rows_get_a_map_of_one_batch_entry():
     map describes the rows once."""
     from numba_flash.runtime import arrays
 
-    t = arrays.adapt(np.zeros((10, 2, 64), np.float16), "q")
+    t = arrays.adapt(cuda.to_device(np.zeros((10, 2, 64), np.float16)), "q")
     packed = forward_wgmma_ws._packed(arrays.batched(t, 3))
     assert packed.shape == (1, 10, 2, 64) and packed.strides == (1280, 128, 64, 1)
     assert forward_wgmma_ws._packed(t) is t
