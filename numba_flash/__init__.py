@@ -17,8 +17,8 @@ if not hasattr(_np, "row_stack"):
 __version__ = "0.1.0"
 __all__ = ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_func", "flash_attn_varlen_fwd",
            "flash_attn_varlen_bwd", "flash_attn_varlen_func", "get_mla_metadata",
-           "flash_mla_with_kvcache", "flash_attn_with_kvcache", "hadamard_rotate", "check_errors",
-           "warmup"]
+           "flash_mla_with_kvcache", "flash_attn_with_kvcache", "hadamard_rotate", "quantize_fp8",
+           "check_errors", "warmup"]
 
 
 def __getattr__(name):

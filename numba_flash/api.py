@@ -292,6 +292,36 @@ def hadamard_rotate(x, seed=0, out=None, stream=None):
     return o.obj
 
 
+def quantize_fp8(x, descale=None, out=None, stream=None):
+    """x rounded to float8_e4m3fn with one scale per (batch, head), FlashAttention-3's
+    convention: ``x ~ x_fp8 * descale[b, h]``. Without ``descale`` it is ``amax / 448`` of each
+    (batch, head) (1 where all are zero), the scale that spends e4m3's whole range; a given
+    float32 (B, H) descale is used as it is (values past +-448 saturate). x: (B, S, H, D) or
+    (total, H, D) (descale (1, H)), float16, bfloat16 or float32, a torch tensor; returns
+    ``(x_fp8, descale)`` (``out=`` takes an FP8 buffer of the caller's). Rotate q and k with
+    ``hadamard_rotate`` first to spread outlier channels (``kernels/simt/quantize.py``)."""
+    dev = device.current()
+    t, given = validate.quantize_input(x, descale, dev)
+    rows = t if t.ndim == 4 else arrays.batched(t, 1)
+    b, s, h, _ = rows.shape
+    o = validate.out_buffer(out, t, t.shape, "float8_e4m3fn")
+    if out is not None:
+        validate.refuse_overlap([o], [t])
+    scales = given if given is not None else arrays.empty(t, (b, h), "float32", "descale")
+    p = dict(x=rows, out=o if o.ndim == 4 else arrays.batched(o, 1), descale=scales,
+             given=given is not None)
+    st = arrays.stream_of(t, stream)
+    amax, quantize = registry.QUANTIZE
+    if given is None:
+        p["partial"] = arrays.empty(t, (b * h, registry.QUANTIZE_SPLITS(s)[1]), "float32",
+                                    "partial")
+        amax.launch(amax.config(p), p, st, dev)
+    else:
+        p["partial"] = scales  # (not read with a given descale)
+    quantize.launch(quantize.config(p), p, st, dev)
+    return o.obj, scales.obj
+
+
 # ----------------------------------------------------------------------------- paged MLA decode
 
 def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,

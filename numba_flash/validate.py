@@ -13,7 +13,7 @@ from . import scheduler
 from .kernels import registry
 from .kernels.problem import Attention, Decode
 from .runtime import arrays
-from .runtime.arrays import FLOAT_FORMATS
+from .runtime.arrays import FLOAT_FORMATS, FP8_FORMATS
 
 MAX_HEAD_DIM = 256
 MAX_MLA_HEAD_DIM = registry.MAX_DECODE_HEAD_DIM
@@ -27,6 +27,9 @@ def _tensor(x, name, ndim):
     t = arrays.adapt(x, name)
     if t.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {t.shape}")
+    if t.fmt in FP8_FORMATS:
+        raise NotImplementedError(f"{name}: FP8 ({t.fmt}) inputs are not implemented yet for "
+                                  f"this call")
     if t.fmt not in FLOAT_FORMATS:
         raise TypeError(f"{name}: expected float16, bfloat16 or float32, got {t.fmt}")
     if any(s == 0 for s in t.shape):
@@ -50,6 +53,28 @@ def rotation_input(x, seed):
             not 0 <= seed < 2 ** 31:
         raise ValueError(f"seed: expected an int in 0 .. 2^31 - 1, got {seed!r}")
     return t
+
+
+# FP8 results are torch tensors (NumPy arrays under the simulator): CuPy and Numba have no
+# float8_e4m3fn dtype to hand them back in.
+FP8_LIBRARIES = ("torch", "numpy")
+FP8_MIN_CC = (8, 9)  # the e4m3 conversions (cvt ... e4m3x2)
+
+
+def quantize_input(x, descale, dev):
+    """``quantize_fp8``'s x (B, S, H, D) or (total, H, D), adapted and checked, and its descale:
+    None, or float32 (B, H) on x's device ((1, H) for packed rows)."""
+    t = rotation_input(x, 0)
+    if t.lib not in FP8_LIBRARIES:
+        raise TypeError(f"x: FP8 results are torch tensors, and {t.lib} has no float8_e4m3fn "
+                        f"dtype; pass torch tensors")
+    if dev.cc[:2] < FP8_MIN_CC:
+        cc = ".".join(map(str, dev.cc[:2]))
+        raise ValueError(f"x: FP8 needs compute capability 8.9 or later, not {cc}")
+    if descale is not None:
+        batch = t.shape[0] if t.ndim == 4 else 1
+        descale = _head_values(descale, "descale", t, ((batch, t.shape[-2]),))
+    return t, descale
 
 
 def index_array(x, name, shape):

@@ -35,6 +35,8 @@ def to_host(x):
         t = x.detach().cpu()
         if t.dtype == torch.bfloat16:
             return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        if t.dtype == torch.float8_e4m3fn:
+            return t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
         return t.numpy()
     if hasattr(x, "copy_to_host"):
         return x.copy_to_host()

@@ -26,6 +26,7 @@ from .simt import forward as simt_forward
 from .simt import hadamard as simt_hadamard
 from .simt import mla_decode as simt_mla_decode
 from .simt import mla_metadata as simt_mla_metadata
+from .simt import quantize as simt_quantize
 from .simt import sink_grad as simt_sink_grad
 from .tc import backward_mma as tc_backward_mma
 from .tc import backward_wgmma as tc_backward_wgmma
@@ -69,9 +70,9 @@ def _anywhere(problem, dev):
 
 
 def _wgmma_backward(problem, dev):
-    if problem.softcap is not None:  # (the mma.sync pair runs it, on sm_90 too)
-        return ("runs no softcap: its tanh spills the registers of the 64-row accumulators "
-                "(12-76 bytes)")
+    if problem.softcap is not None and problem.cu_seqlens_q is not None:  # (mma.sync runs it)
+        return ("runs no softcap on varlen batches: the cap and the sequence bounds together "
+                "spill the registers of the 64-row accumulators (8-88 bytes)")
     return _on("wgmma")(problem, dev) or (
         None if problem.head_dim <= tc_backward_wgmma.MAX_HEAD_DIM else
         f"takes head dims up to {tc_backward_wgmma.MAX_HEAD_DIM}, got {problem.head_dim}")
@@ -198,12 +199,14 @@ ENTRIES = (
 PREPROCESS = simt_backward.PREPROCESS
 SINK_GRAD = simt_sink_grad.SPEC
 HADAMARD = simt_hadamard.SPEC
+QUANTIZE = (simt_quantize.AMAX, simt_quantize.QUANTIZE)  # the maxima, then the rounding
 COMBINE = simt_combine.SPEC
 KVCACHE_PREPARE = simt_kvcache_prepare.SPEC
 METADATA = simt_mla_metadata.SPEC
 NAIVE = (naive.SCORES, naive.SOFTMAX, naive.OUTPUT)
 MAX_DECODE_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
 MAX_ROTATION_DIM = simt_hadamard.MAX_HEAD_DIM
+QUANTIZE_SPLITS = simt_quantize.split_rows  # (rows, CTAs) per (batch, head) of a length
 
 
 _set_aside = set()  # names of entries ``choose`` passes over (``setting_aside``)
@@ -252,5 +255,6 @@ def specs():
     seen = []
     for entry in ENTRIES:
         seen += [s for s in entry.specs if s not in seen]
-    singles = (PREPROCESS, SINK_GRAD, COMBINE, METADATA, KVCACHE_PREPARE, HADAMARD, *NAIVE)
+    singles = (PREPROCESS, SINK_GRAD, COMBINE, METADATA, KVCACHE_PREPARE, HADAMARD, *QUANTIZE,
+               *NAIVE)
     return seen + [s for s in singles if s not in seen]

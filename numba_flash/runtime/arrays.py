@@ -3,9 +3,11 @@
 
 Every public call turns its array arguments into ``Tensor`` records first. A record keeps the
 caller's object, the library it came from, the element format (``float16``, ``bfloat16``,
-``float32`` or ``int32``), the shape, strides in elements, and a *storage view*: the Numba device
-array (a NumPy array under the simulator) that kernels receive. 16-bit floats are viewed as
-``uint16`` bits, so one kernel body serves float16 and bfloat16 (kernels/common/formats.py converts).
+``float32``, ``float8_e4m3fn`` or ``int32``), the shape, strides in elements, and a *storage view*:
+the Numba device array (a NumPy array under the simulator) that kernels receive. 16-bit floats
+are viewed as ``uint16`` bits, so one kernel body serves float16 and bfloat16, and FP8 as
+``uint8`` bits (kernels/common/formats.py converts). FP8 arrays come as torch tensors (or, under
+the simulator, NumPy arrays of ml_dtypes' float8_e4m3fn): CuPy and Numba have no FP8 dtype.
 Views share memory with the caller's array: nothing is copied, and strided views (say ``q`` sliced
 out of a packed ``qkv`` tensor) keep their strides. Only the last dimension must be contiguous.
 
@@ -40,6 +42,7 @@ from numba import cuda
 from .device import SIMULATOR
 
 FLOAT_FORMATS = ("float16", "bfloat16", "float32")
+FP8_FORMATS = ("float8_e4m3fn",)
 
 
 @dataclass
@@ -74,10 +77,12 @@ class Tensor:
 
 
 def _kernel_format(fmt):
-    return fmt in FLOAT_FORMATS or fmt == "int32"
+    return fmt in FLOAT_FORMATS or fmt in FP8_FORMATS or fmt == "int32"
 
 
 def _storage_dtype(fmt, itemsize):
+    if fmt in FP8_FORMATS:
+        return np.dtype(np.uint8)
     return np.dtype(np.uint16) if itemsize == 2 else np.dtype(fmt)
 
 
@@ -158,8 +163,8 @@ def _adapt_numpy_like(x, name, lib, obj, view_of):
     else:
         ptr = x.ctypes.data
     if view_of is not None and _kernel_format(fmt):
-        storage = _sim_wrap(view_of.view(_storage_dtype(fmt, itemsize)) if itemsize == 2
-                            else view_of)
+        bits = _storage_dtype(fmt, itemsize)
+        storage = _sim_wrap(view_of.view(bits) if bits != dtype else view_of)
     return Tensor(name, obj, lib, fmt, shape, strides, itemsize, ptr, device, storage)
 
 
@@ -190,8 +195,9 @@ def _adapt_torch(x, name):
         import torch
 
         bits = x.detach()
-        storage = _sim_wrap((bits.view(torch.int16) if itemsize == 2 else bits).numpy()
-                            .view(_storage_dtype(fmt, itemsize)))
+        if itemsize < 4:  # (NumPy has no bfloat16 or FP8: their bits go through ints)
+            bits = bits.view(torch.int16 if itemsize == 2 else torch.uint8)
+        storage = _sim_wrap(bits.numpy().view(_storage_dtype(fmt, itemsize)))
     return Tensor(name, x, "torch", fmt, shape, strides, itemsize, x.data_ptr(), None, storage)
 
 
@@ -417,11 +423,11 @@ def foreign_consumer(obj):
 
 
 def numpy_dtype(fmt):
-    """NumPy dtype for an element format (bfloat16 through ml_dtypes)."""
-    if fmt == "bfloat16":
+    """NumPy dtype for an element format (bfloat16 and FP8 through ml_dtypes)."""
+    if fmt == "bfloat16" or fmt in FP8_FORMATS:
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, fmt))
     return np.dtype(fmt)
 
 

@@ -39,6 +39,22 @@ def test_bfloat16_bits_are_shared_not_copied(rng):
     assert np.array_equal(to_host(t.view), host_bits)
 
 
+def test_fp8_arrays_are_viewed_as_their_bytes(rng):
+    """float8_e4m3fn from torch (and NumPy under the simulator) reaches kernels as uint8 bits,
+    shared with the caller's memory; torch allocates FP8 results."""
+    torch = pytest.importorskip("torch")
+    dev = "cpu" if SIMULATOR else "cuda"
+    x = torch.randn(2, 3, 1, 16, device=dev).to(torch.float8_e4m3fn)
+    t = arrays.adapt(x, "x")
+    assert t.fmt == "float8_e4m3fn" and t.itemsize == 1 and t.strides == (48, 16, 16, 1)
+    np.testing.assert_array_equal(to_host(t.view), x.cpu().view(torch.uint8).numpy())
+    out = arrays.empty(t, (4, 8), "float8_e4m3fn", "out")
+    assert out.obj.dtype == torch.float8_e4m3fn and out.obj.device == x.device
+    if SIMULATOR:
+        h = randn(rng, (3, 8), "float32").astype(ml_dtypes.float8_e4m3fn)
+        np.testing.assert_array_equal(to_host(arrays.adapt(h, "h").view), h.view(np.uint8))
+
+
 def test_numba_device_arrays_in_give_numba_arrays_out(rng):
     q, k, v = (cuda.to_device(randn(rng, (1, 4, 1, 8), "float32")) for _ in range(3))
     out, lse = nf.flash_attn_fwd(q, k, v)

@@ -1,10 +1,12 @@
-"""The simulator's ``convert``: 16-bit <-> float32 conversions, packing, ex2 and 32-bit division
-(``kernels/ptx/convert.py`` has the instructions and the API), computed with NumPy.
+"""The simulator's ``convert``: 16- and 8-bit <-> float32 conversions, packing, ex2, rcp and 32-bit
+division (``kernels/ptx/convert.py`` has the instructions and the API), computed with NumPy.
 
 Rounding matches the GPU's: float32 -> float16 through NumPy's (nearest even) cast, float32 ->
-bfloat16 by the integer rounding ``cvt.rn.bf16.f32`` performs, NaN staying a quiet NaN. Only
-``exp2_approx`` differs, by design: it is correctly rounded here (``ex2.approx`` is within 2 ulp)
-and flushes subnormal results to zero like ``.ftz``.
+bfloat16 by the integer rounding ``cvt.rn.bf16.f32`` performs, NaN staying a quiet NaN, e4m3
+through ml_dtypes (nearest even) after saturating to +-448 as ``satfinite`` does. Only
+``exp2_approx`` and ``rcp_approx`` differ, by design: they are correctly rounded here
+(``ex2.approx`` is within 2 ulp, ``rcp.approx`` within 1) and flush subnormal results to zero
+like ``.ftz``.
 
 Simulator device functions must go through ``cuda.jit`` so that ``cuda`` inside them is the
 simulator's module.
@@ -12,6 +14,7 @@ simulator's module.
 
 import math
 
+import ml_dtypes
 import numpy as np
 from numba import cuda, float32
 
@@ -40,6 +43,24 @@ def f32_to_bf16(x):
         return np.uint16((u >> 16) | 0x40)
     u += 0x7FFF + ((u >> 16) & 1)  # round to nearest, ties to even
     return np.uint16((u >> 16) & 0xFFFF)
+
+
+# ---- one 8-bit float (e4m3) <-> float32 ---------------------------------------------------------
+
+E4M3_MAX = np.float32(448.0)
+
+
+@cuda.jit(device=True)
+def e4m3_to_f32(bits):
+    return float32(np.array(bits, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+
+
+@cuda.jit(device=True)
+def f32_to_e4m3(x):
+    x = np.float32(x)
+    if not math.isnan(x):  # satfinite: past the range, the largest finite value
+        x = min(max(x, -E4M3_MAX), E4M3_MAX)
+    return np.array(x).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)[()]
 
 
 # ---- two 16-bit values in one register ---------------------------------------------------------
@@ -89,6 +110,16 @@ def exp2_approx(x):
         y = np.float32(np.exp2(np.float32(x)))
     if math.isfinite(y) and abs(y) < np.float32(1.1754944e-38):
         y = np.float32(0.0)  # .ftz: subnormal results flush to zero
+    return y
+
+
+@cuda.jit(device=True)
+def rcp_approx(x):
+    """1 / x in float32 (correctly rounded here; ``rcp.approx.ftz.f32`` on a GPU)."""
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        y = np.float32(np.float32(1.0) / np.float32(x))
+    if math.isfinite(y) and abs(y) < np.float32(1.1754944e-38):
+        y = np.float32(0.0)  # .ftz
     return y
 
 

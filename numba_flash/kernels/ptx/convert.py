@@ -1,4 +1,4 @@
-"""Number conversions and the two pieces of arithmetic the kernels spell out, as inline PTX.
+"""Number conversions and the pieces of arithmetic the kernels spell out, as inline PTX.
 
 16-bit storage. Kernels see float16 and bfloat16 tensors as ``uint16`` bit patterns
 (``arrays.py`` makes the views), so one kernel body serves both formats: a load widens the bits
@@ -6,12 +6,18 @@ to float32 and a store rounds float32 to nearest-even bits. Each conversion is o
 instruction, or a shift for bfloat16 -> float32, whose bits are the top half of a float32
 (``common/formats.py`` picks them by format).
 
+8-bit storage. float8_e4m3fn (FP8's E4M3: 4 exponent bits, 3 mantissa bits, no infinities,
+max 448) arrives as ``uint8`` bits. sm_89 and later convert it in pairs through float16, which
+holds every e4m3 value exactly; rounding to e4m3 saturates (``satfinite``), the convention of
+FP8 scaling, where a value past the range means the scale was chosen for other data.
+
 Pairs. Tensor-core operands hold two 16-bit values per 32-bit register, the lower column (or k)
 in bits 0-15. ``cvt.rn.f16x2.f32 d, hi, lo`` rounds two float32 into one such register (its
 *first* source goes to the upper half), and unpacking is two shifts or truncations.
 
 Arithmetic. ``ex2.approx.ftz.f32`` is the special-function unit's 2**x (2 ulp, subnormal
-results flushed to zero), without the range checks ``math.exp2`` compiles to. ``div.u32`` is a
+results flushed to zero), without the range checks ``math.exp2`` compiles to;
+``rcp.approx.ftz.f32`` its 1 / x (1 ulp; 1 / inf = 0). ``div.u32`` is a
 32-bit division: Numba divides integers in 64 bits, which ptxas turns into a call to a
 subroutine, and a kernel with a call in it gets its wgmma serialized (ptxas warning C7509).
 
@@ -19,9 +25,12 @@ API (``fmt`` is ``"float16"`` or ``"bfloat16"``):
 
     f16_to_f32(bits), bf16_to_f32(bits)                  uint16 -> float32
     f32_to_f16(x), f32_to_bf16(x)                        float32 -> uint16 (nearest even)
+    e4m3_to_f32(bits), f32_to_e4m3(x)                    uint8 e4m3 <-> float32 (sm_89+;
+                                                         nearest even, saturating to +-448)
     pack_f16x2(lo, hi) / pack_bf16x2(lo, hi) / pack(fmt) two float32 -> uint32
     unpack_f16x2(r) / unpack_bf16x2(r) / unpack(fmt)     uint32 -> (lo, hi) float32
     exp2_approx(x)                                       ex2.approx.ftz.f32
+    rcp_approx(x)                                        rcp.approx.ftz.f32
     div_u32(a, b)                                        32-bit a // b (a, b >= 0)
 """
 
@@ -77,6 +86,42 @@ def _f32_to_16(instruction):
 
 f32_to_f16 = _f32_to_16("cvt.rn.f16.f32")
 f32_to_bf16 = _f32_to_16("cvt.rn.bf16.f32")
+
+
+# ---- one 8-bit float (e4m3) <-> float32 ---------------------------------------------------------
+
+@intrinsic
+def e4m3_to_f32(typingctx, bits):
+    """An float8_e4m3fn bit pattern (uint8) as float32, exactly: ``cvt.rn.f16x2.e4m3x2`` widens
+    the byte (with a zero beside it) to a float16, which holds every e4m3 value (sm_89+)."""
+    if not isinstance(bits, types.Integer) or bits.bitwidth != 8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        pair = builder.zext(args[0], I16)
+        asm = ir.InlineAsm(ir.FunctionType(F32, [I16]),
+                           "{ .reg .b32 w; .reg .b16 lo, hi; cvt.rn.f16x2.e4m3x2 w, $1; "
+                           "mov.b32 {lo, hi}, w; cvt.f32.f16 $0, lo; }", "=f,h")
+        return builder.call(asm, [pair])
+
+    return float32(bits), codegen
+
+
+@intrinsic
+def f32_to_e4m3(typingctx, x):
+    """float32 rounded to the nearest even float8_e4m3fn, saturated to +-448 (``satfinite``;
+    NaN stays NaN), as its uint8 bit pattern: ``cvt.rn.satfinite.e4m3x2.f32`` with a zero for
+    the pair's upper byte (sm_89+)."""
+    if not isinstance(x, types.Float) or x.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        asm = ir.InlineAsm(ir.FunctionType(I16, [F32]),
+                           "{ .reg .f32 z; mov.f32 z, 0f00000000; "
+                           "cvt.rn.satfinite.e4m3x2.f32 $0, z, $1; }", "=h,f")
+        return builder.trunc(builder.call(asm, args), ir.IntType(8))
+
+    return types.uint8(x), codegen
 
 
 # ---- two 16-bit values in one register ---------------------------------------------------------
@@ -174,6 +219,21 @@ def exp2_approx(typingctx, x):
     def codegen(context, builder, sig, args):
         x32 = context.cast(builder, args[0], sig.args[0], types.float32)
         asm = ir.InlineAsm(ir.FunctionType(F32, [F32]), "ex2.approx.ftz.f32 $0, $1;",
+                           "=f,f")
+        return builder.call(asm, [x32])
+
+    return types.float32(x), codegen
+
+
+@intrinsic
+def rcp_approx(typingctx, x):
+    """1 / x in float32 with ``rcp.approx.ftz.f32`` (max 1 ulp error, subnormals -> 0)."""
+    if not isinstance(x, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x32 = context.cast(builder, args[0], sig.args[0], types.float32)
+        asm = ir.InlineAsm(ir.FunctionType(F32, [F32]), "rcp.approx.ftz.f32 $0, $1;",
                            "=f,f")
         return builder.call(asm, [x32])
 

@@ -60,8 +60,10 @@ Limits
     rows from ``common/masks.make_seqlen_info`` and returns when its tile lies past the
     sequence's end (kernels/attention.py). Masks and score modifiers: the compile-time
     ``WINDOW``, ``SOFTCAP`` and ``ALIBI`` of ``simt/backward.py``, through the same pieces
-    (``common/masks.py``, ``common/backward.py``, ``common/score_mods.py``). A softcap runs on
-    ``backward_mma.py`` instead (its tanh spills this kernel's accumulators' registers).
+    (``common/masks.py``, ``common/backward.py``, ``common/score_mods.py``). A softcap takes
+    registers beside the 64-row accumulators: at D <= 64 the dK/dV kernel then holds 64 keys
+    per CTA (``SOFTCAP_DKDV``; the 128-key tile spills 4-140 bytes), and varlen batches with a
+    softcap run on ``backward_mma.py`` (8-88 bytes here: registry.py).
 """
 
 from functools import lru_cache
@@ -482,9 +484,16 @@ TILES = ((64, ((128, 128), (128, 128)), ((128, 64, 128), (128, 128))),
          (128, ((64, 128), (64, 64)), ((128, 64), (128, 64))))
 
 
+# The dK/dV tile under a softcap at D <= 64: 64 keys, one warpgroup (its cap's tanh and
+# derivative spill the 128-key tile's registers; spill-free here with window and ALiBi too).
+SOFTCAP_DKDV = (64, 128)
+
+
 def _entry(config, column):
     """The table's tiles for ``config``; varlen kernels without the register cap (the bounds
     they compute take the few registers more that would spill under it)."""
+    if config.softcap and column == 1 and config.head_dim <= 64:
+        return SOFTCAP_DKDV
     entry = next(t for t in TILES if config.head_dim <= t[0])[column][int(config.causal)]
     return entry[:2] if config.varlen else entry
 
@@ -492,8 +501,9 @@ def _entry(config, column):
 def _samples(kernel, column):
     """Every entry of the table, causal or not, in both formats, each without its register cap
     (the PTX record keys the dQ entry of D = 64 from before its cap); varlen at head dim 128
-    with the table's entry; a sliding window at head dim 128, dense and varlen; ALiBi at 128 (a
-    softcap runs on the mma.sync pair: registry.py)."""
+    with the table's entry; a sliding window at head dim 128, dense and varlen; ALiBi at 128;
+    a softcap at 64 (with window and ALiBi) and 128 (dense: varlen ones run on the mma.sync
+    pair)."""
     return [sample(f"tc wgmma bwd {kernel}", (row[0], causal, fmt), row[column][int(causal)][:2],
                    ccs=(SM90A,))
             for row in TILES for causal in (False, True) for fmt in HALF_FORMATS] + [
@@ -503,7 +513,13 @@ def _samples(kernel, column):
                 sample(f"tc wgmma bwd {kernel}", (128, True, "bfloat16", True, False, True),
                        ccs=(SM90A,)),
                 sample(f"tc wgmma bwd {kernel}",
-                       (128, True, "bfloat16", False, False, False, False, True), ccs=(SM90A,))]
+                       (128, True, "bfloat16", False, False, False, False, True), ccs=(SM90A,)),
+                sample(f"tc wgmma bwd {kernel}", (64, True, "bfloat16", False, False, True, True,
+                                                  True), ccs=(SM90A,)),
+                sample(f"tc wgmma bwd {kernel}", (64, False, "float16", False, False, False,
+                                                  True), ccs=(SM90A,)),
+                sample(f"tc wgmma bwd {kernel}", (128, False, "bfloat16", False, False, False,
+                                                  True), ccs=(SM90A,))]
 
 
 def _tiles(entry, threads_of, shared_layout, head_dim):

@@ -168,6 +168,24 @@ def conversions():
     return kernel, (_f32_2d, u32_1d, u32_1d, _f32_2d, f32_1d, f32_1d)
 
 
+def fp8_conversions():
+    """Per element i: f32_to_e4m3 of x[i] (bits), e4m3_to_f32 of code i (for codes < 256) and
+    rcp_approx of x[i]."""
+
+    def kernel(x, bits, codes, decoded, rcp):
+        i = cuda.grid(1)
+        while i < x.shape[0]:
+            bits[i] = convert.f32_to_e4m3(x[i])
+            rcp[i] = convert.rcp_approx(x[i])
+            if i < codes.shape[0]:
+                decoded[i] = convert.e4m3_to_f32(codes[i])
+            i += cuda.gridsize(1)
+
+    f32_1d = types.Array(types.float32, 1, "C")
+    u8_1d = types.Array(types.uint8, 1, "C")
+    return kernel, (f32_1d, u8_1d, u8_1d, f32_1d, f32_1d)
+
+
 def register_split(lto):
     """A warp-specialized block of three warpgroups: the first drops to 24 registers, the
     others rise to 240 and each thread sums a run of its row (``x`` (384, 64)) through 64
@@ -203,6 +221,8 @@ def probe(name, fmt="float16"):
         return fragment_mma(fmt)
     if name == "conversions":
         return conversions()
+    if name == "fp8_conversions":
+        return fp8_conversions()
     if name.startswith("register_split"):
         return register_split(name.endswith("lto"))
     raise ValueError(name)

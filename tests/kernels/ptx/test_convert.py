@@ -54,7 +54,42 @@ def test_pack_round_to_nearest_even():
     np.testing.assert_allclose(e2, ref, rtol=2e-6, atol=0)
 
 
+def test_e4m3_rounds_to_nearest_even_saturates_and_decodes_exactly():
+    """Every e4m3 code decodes to ml_dtypes' value; float32 rounds to the nearest even e4m3
+    (ties between codes, subnormals, signed zeros), values past +-448 saturate and NaN stays
+    NaN; rcp.approx within 1 ulp."""
+    rng = np.random.default_rng(8)
+    codes = np.arange(256, dtype=np.uint8)
+    grid = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    finite = np.sort(grid[np.isfinite(grid)])
+    ties = (finite[:-1] + finite[1:]) / 2  # exactly between neighbouring codes
+    x = np.concatenate([rng.standard_normal(200) * 10.0 ** rng.integers(-3, 3, 200), ties,
+                        [448.0, 460.0, 464.0, 1e6, -1e30, np.inf, -np.inf, np.nan, 0.0, -0.0,
+                         2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -11]]).astype(np.float32)
+    bits = np.zeros(len(x), np.uint8)
+    decoded = np.full(256, np.nan, np.float32)
+    rcp = np.zeros(len(x), np.float32)
+    kernel = cuda.jit(K.fp8_conversions()[0])
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        kernel[2, 32](x, bits, codes, decoded, rcp)
+        want = np.where(np.isnan(x), x, np.clip(x, -448.0, 448.0)).astype(ml_dtypes.float8_e4m3fn)
+        np.testing.assert_array_equal(decoded[np.isfinite(grid)], grid[np.isfinite(grid)])
+        assert np.isnan(decoded[~np.isfinite(grid)]).all()
+        np.testing.assert_array_equal(bits[~np.isnan(x)], want.view(np.uint8)[~np.isnan(x)])
+        assert np.isnan(bits[np.isnan(x)].view(ml_dtypes.float8_e4m3fn).astype(np.float32)).all()
+        ref = 1.0 / x.astype(np.float64)
+        ok = np.isfinite(ref) & (np.abs(ref) < 1e38) & (np.abs(ref) > 2.0 ** -126)
+        np.testing.assert_allclose(rcp[ok], ref[ok], rtol=2.0 ** -22, atol=0)
+
+
 _PROBE = str(pathlib.Path(K.__file__).resolve()) + ":probe"
+
+
+def test_fp8_conversions_compile_for_hopper():
+    (text, report), = ptxcheck.compile_reports_isolated([(_PROBE, (9, 0), ("fp8_conversions",))])
+    for needle in ("cvt.rn.f16x2.e4m3x2", "cvt.rn.satfinite.e4m3x2.f32", "rcp.approx.ftz.f32"):
+        assert needle in text, f"no {needle!r} in the PTX"
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report["log"]
 
 
 def test_ptx_compiles_without_spills():

@@ -10,7 +10,7 @@ import numba_flash as nf
 from helpers import (FMTS, SIMULATOR, assert_compiles_clean, attention_problem, nan_like,
                      to_device)
 from kernels._backward_cases import WINDOW_CASES, check_window, window_id
-from kernels._backward_cases import SOFTCAP_CASES, check_softcap
+from kernels._backward_cases import SOFTCAP_CASES, check_softcap, softcap_id
 from kernels._backward_cases import MODIFIER_CASES, check_modifiers, library_backward, modifier_id
 from kernels._backward_cases import (check_bitwise_deterministic, check_gradients,
                                      check_large_logits, check_rows_without_keys, inputs)
@@ -84,21 +84,30 @@ def test_sliding_window_matches_reference(case, rng):
     check_window(rng, _backward, case)
 
 
-def test_a_softcap_runs_on_the_mma_sync_pair(rng):
-    """The wgmma pair refuses a softcap (its tanh spills the dK/dV accumulators' registers):
-    the tc backend runs the mma.sync pair, compiled for the device, with the cap."""
+def test_a_softcap_runs_here_but_on_varlen_batches(rng):
+    """A dense softcap runs on this pair (64-key dK/dV tiles at D <= 64, where the cap's
+    registers would spill the 128-key tile); a varlen one on the mma.sync pair."""
     from numba_flash import backends, validate
+    from numba_flash.kernels.attention import config_of
     from numba_flash.kernels.tc import backward_mma
     from numba_flash.runtime import device
 
     _, q, k, v = inputs(rng, 1, 5, 7, 2, 1, 16, "bfloat16")
     problem = validate.attention(*(to_device(x) for x in (q, k, v)), True, None, softcap=5.0)
     hopper = device.current()  # (the fixture's plan: a Hopper)
-    assert backends.backward_specs("tc", problem, hopper) == (backward_mma.DKDV, backward_mma.DQ)
-    plain = validate.attention(*(to_device(x) for x in (q, k, v)), True, None)
-    assert backends.backward_specs("tc", plain, hopper) == (backward_wgmma.DKDV,
-                                                            backward_wgmma.DQ)
-    check_softcap(rng, _backward, SOFTCAP_CASES[0])
+    assert backends.backward_specs("tc", problem, hopper) == (backward_wgmma.DKDV,
+                                                              backward_wgmma.DQ)
+    # (a stand-in for the offsets: the choice reads only that there are some)
+    packed = problem._replace(cu_seqlens_q=problem.q, cu_seqlens_k=problem.q)
+    assert backends.backward_specs("tc", packed, hopper) == (backward_mma.DKDV, backward_mma.DQ)
+    assert backward_wgmma.DKDV.entry(config_of(problem), hopper) == backward_wgmma.SOFTCAP_DKDV
+    assert backward_wgmma.DKDV.entry(config_of(problem._replace(softcap=None)), hopper) != \
+        backward_wgmma.SOFTCAP_DKDV
+
+
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=softcap_id)
+def test_softcap_matches_reference(case, rng):
+    check_softcap(rng, _backward, case)
 
 
 def test_two_warpgroups_on_both_kernels(rng):
