@@ -11,7 +11,7 @@ def test_kernel_line_names_the_device_the_simulator_plays():
     line = demo.kernel_line("auto", "float16")
     if SIMULATOR:
         assert device.SIMULATED.cc == (9, 0)
-        assert line.startswith("backend auto -> tc (kernel flash_fwd_wgmma)\n")
+        assert line.startswith("backend auto -> tc (kernel flash_fwd_wgmma_ws)\n")
         assert "simulator stands in for an sm_90 device" in line and "Hopper wgmma" in line
     else:
         assert "simulator" not in line
