@@ -40,13 +40,19 @@ def _tensor(x, name, ndim):
     return t
 
 
-def rotation_input(x, seed):
-    """``hadamard_rotate``'s x (B, S, H, D) or (total, H, D), adapted and checked, and its seed,
-    an int in 0 .. 2^31 - 1."""
+def _rows(x):
+    """x of ``hadamard_rotate`` and ``quantize_fp8``: (B, S, H, D) or (total, H, D), adapted and
+    checked."""
     t = arrays.adapt(x, "x")
     if t.ndim not in (3, 4):
         raise ValueError(f"x: expected (B, S, H, D) or (total, H, D), got shape {t.shape}")
-    t = _tensor(x, "x", t.ndim)
+    return _tensor(x, "x", t.ndim)
+
+
+def rotation_input(x, seed):
+    """``hadamard_rotate``'s x (B, S, H, D) or (total, H, D), adapted and checked, and its seed,
+    an int in 0 .. 2^31 - 1."""
+    t = _rows(x)
     if t.shape[-1] > registry.MAX_ROTATION_DIM:
         raise ValueError(f"x: head dims up to {registry.MAX_ROTATION_DIM}, got {t.shape[-1]}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or \
@@ -64,7 +70,7 @@ FP8_MIN_CC = (8, 9)  # the e4m3 conversions (cvt ... e4m3x2)
 def quantize_input(x, descale, dev):
     """``quantize_fp8``'s x (B, S, H, D) or (total, H, D), adapted and checked, and its descale:
     None, or float32 (B, H) on x's device ((1, H) for packed rows)."""
-    t = rotation_input(x, 0)
+    t = _rows(x)
     if t.lib not in FP8_LIBRARIES:
         raise TypeError(f"x: FP8 results are torch tensors, and {t.lib} has no float8_e4m3fn "
                         f"dtype; pass torch tensors")
