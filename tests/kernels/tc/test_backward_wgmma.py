@@ -105,7 +105,7 @@ def test_a_softcap_runs_here_but_on_varlen_batches(rng):
         backward_wgmma.SOFTCAP_DKDV
 
 
-@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=softcap_id)
+@pytest.mark.parametrize("case", SOFTCAP_CASES[:1] if SIMULATOR else SOFTCAP_CASES, ids=softcap_id)
 def test_softcap_matches_reference(case, rng):
     check_softcap(rng, _backward, case)
 
