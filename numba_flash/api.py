@@ -308,16 +308,16 @@ def quantize_fp8(x, descale=None, out=None, stream=None):
     if out is not None:
         validate.refuse_overlap([o], [t])
     scales = given if given is not None else arrays.empty(t, (b, h), "float32", "descale")
+    per_cta, splits = registry.QUANTIZE_SPLITS(s)  # sequence rows per CTA, CTAs per head
     p = dict(x=rows, out=o if o.ndim == 4 else arrays.batched(o, 1), descale=scales,
-             given=given is not None)
+             given=given is not None, rows=per_cta, splits=splits)
     st = arrays.stream_of(t, stream)
     amax, quantize = registry.QUANTIZE
     if given is None:
-        p["partial"] = arrays.empty(t, (b * h, registry.QUANTIZE_SPLITS(s)[1]), "float32",
-                                    "partial")
+        p["partial"] = arrays.empty(t, (b * h, splits), "float32", "partial")
         amax.launch(amax.config(p), p, st, dev)
     else:
-        p["partial"] = scales  # (not read with a given descale)
+        p["partial"] = arrays.placeholder(scales, "float32", 2)  # (never read)
     quantize.launch(quantize.config(p), p, st, dev)
     return o.obj, scales.obj
 

@@ -210,34 +210,25 @@ def unpack(fmt):
 
 # ---- arithmetic --------------------------------------------------------------------------------
 
-@intrinsic
-def exp2_approx(typingctx, x):
-    """2**x in float32 with ``ex2.approx.ftz.f32`` (max 2 ulp error, subnormals -> 0)."""
-    if not isinstance(x, (types.Float, types.Integer)):
-        return None
+def _sfu_f32(instruction):
+    """A float32 -> float32 intrinsic of one special-function-unit instruction."""
+    @intrinsic
+    def sfu(typingctx, x):
+        if not isinstance(x, (types.Float, types.Integer)):
+            return None
 
-    def codegen(context, builder, sig, args):
-        x32 = context.cast(builder, args[0], sig.args[0], types.float32)
-        asm = ir.InlineAsm(ir.FunctionType(F32, [F32]), "ex2.approx.ftz.f32 $0, $1;",
-                           "=f,f")
-        return builder.call(asm, [x32])
+        def codegen(context, builder, sig, args):
+            x32 = context.cast(builder, args[0], sig.args[0], types.float32)
+            asm = ir.InlineAsm(ir.FunctionType(F32, [F32]), instruction + " $0, $1;", "=f,f")
+            return builder.call(asm, [x32])
 
-    return types.float32(x), codegen
+        return types.float32(x), codegen
+
+    return sfu
 
 
-@intrinsic
-def rcp_approx(typingctx, x):
-    """1 / x in float32 with ``rcp.approx.ftz.f32`` (max 1 ulp error, subnormals -> 0)."""
-    if not isinstance(x, (types.Float, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        x32 = context.cast(builder, args[0], sig.args[0], types.float32)
-        asm = ir.InlineAsm(ir.FunctionType(F32, [F32]), "rcp.approx.ftz.f32 $0, $1;",
-                           "=f,f")
-        return builder.call(asm, [x32])
-
-    return types.float32(x), codegen
+exp2_approx = _sfu_f32("ex2.approx.ftz.f32")  # 2**x: max 2 ulp error, subnormals -> 0
+rcp_approx = _sfu_f32("rcp.approx.ftz.f32")   # 1 / x: max 1 ulp error, subnormals -> 0
 
 
 @intrinsic

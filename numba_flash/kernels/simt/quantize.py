@@ -150,12 +150,13 @@ class _Spec(KernelSpec):
         return Tiles(1, 1, entry, 0)
 
     def grid(self, config, tiles, p):
-        b, s, h, _ = p["x"].shape
-        return (b * h, split_rows(s)[1])
+        b, _, h, _ = p["x"].shape
+        return (b * h, p["splits"])
 
 
 class Amax(_Spec):
-    """(x, partial, rows); problem: x (B, S, H, D), partial (B * H, SPLITS) float32."""
+    """(x, partial, rows); problem: x (B, S, H, D), partial (B * H, SPLITS) float32, rows and
+    splits (``split_rows``)."""
 
     name = "amax_simt"
 
@@ -170,7 +171,7 @@ class Amax(_Spec):
                           types.Array(types.float32, 2, "A"), I32)
 
     def arguments(self, config, p):
-        return p["x"], p["partial"], np.int32(split_rows(p["x"].shape[1])[0])
+        return p["x"], p["partial"], np.int32(p["rows"])
 
     def samples(self):
         return [Sample(f"simt amax {fmt}", (fmt,), ccs=(SM90,)) for fmt in ("bfloat16",)]
@@ -178,7 +179,7 @@ class Amax(_Spec):
 
 class Quantize(_Spec):
     """(x, out, partial, descale, rows); problem: x, out (B, S, H, D), partial as ``Amax``'s
-    (any float32 array with ``GIVEN``), descale (B, H) float32."""
+    (a placeholder with ``GIVEN``), descale (B, H) float32, rows and splits."""
 
     name = "quantize_simt"
 
@@ -194,8 +195,7 @@ class Quantize(_Spec):
                           types.Array(types.uint8, 4, "A"), f32_2d, f32_2d, I32)
 
     def arguments(self, config, p):
-        return (p["x"], p["out"], p["partial"], p["descale"],
-                np.int32(split_rows(p["x"].shape[1])[0]))
+        return p["x"], p["out"], p["partial"], p["descale"], np.int32(p["rows"])
 
     def samples(self):
         return [Sample(f"simt quantize {fmt} given={given}", (fmt, given), ccs=(SM90,))
