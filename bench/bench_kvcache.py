@@ -10,13 +10,17 @@ pool, bfloat16). Providers:
     nf-graph     the step captured once in a CUDA graph and replayed (the serving path)
     nf-eager     the step called from Python, calls queued back to back (host time included
                  where it exceeds the GPU's)
+    nf-graph-fp8 nf-graph on float8_e4m3fn caches (descales 2^-5 per sequence and kv head; the
+                 16-bit caches of the other providers then hold the same values, e4m3 times
+                 2^-5 being exact in bfloat16, so the outputs agree but for the appended key)
     sdpa-gather  torch: K/V gathered from the pages (k_cache[block_table]) and
                  scaled_dot_product_attention with enable_gqa (the naive baseline; no append)
 Every provider's output is first compared with numba_flash.reference.kvcache_ref on a small
 point, then, at each point, with nf-graph's. Columns: ms (median of --repeats alternating
 rounds), TB/s = the bytes a step must move (the K and V caches read once, q, the new k, v and
-out) over the time, vs_copy = TB/s over the device-to-device copy bandwidth measured in the
-same run, host_us = Python's time per eager call (no synchronization). Results: kvcache.csv and
+out; an FP8 cache's bytes are one per element) over the time, vs_copy = TB/s over the
+device-to-device copy bandwidth measured in the same run, tokens_s = sequences decoded per
+second (B / ms), host_us = Python's time per eager call (no synchronization). Results: kvcache.csv and
 kvcache.png (TB/s against the cache length, one panel per page size) in bench/results/<gpu>/.
 """
 
@@ -30,9 +34,14 @@ import common
 COPY_BYTES = 2 << 30
 
 
-def step_bytes(b, hq, hk, d, seqlen, elem=2):
-    """Bytes one decode step must move: both caches read, q, new k and v, out."""
-    return elem * (2 * b * seqlen * hk * d + 2 * b * hq * d + 2 * b * hk * d)
+FP8_DESCALE = 2.0 ** -5  # stored e4m3 values of the bench's N(0, 1) keys: up to ~150
+
+
+def step_bytes(b, hq, hk, d, seqlen, elem=2, cache_elem=None):
+    """Bytes one decode step must move: both caches read (``cache_elem`` bytes a value,
+    default ``elem``), q, new k and v, out."""
+    cache_elem = elem if cache_elem is None else cache_elem
+    return cache_elem * 2 * b * seqlen * hk * d + elem * (2 * b * hq * d + 2 * b * hk * d)
 
 
 def parse_args(argv=None):
@@ -78,12 +87,28 @@ def make_point(args, seqlen, page, g):
     return x
 
 
+def fp8_point(x):
+    """``x`` with its caches rounded to float8_e4m3fn (descale FP8_DESCALE), and ``x``'s own
+    16-bit caches overwritten with the same values (exact in bfloat16)."""
+    import torch
+
+    b, hk = x["q"].shape[0], x["k_cache"].shape[2]
+    y = dict(x)
+    for name in ("k_cache", "v_cache"):
+        y[name] = (x[name].float() / FP8_DESCALE).clamp(-448, 448).to(torch.float8_e4m3fn)
+        x[name].copy_(y[name].float() * FP8_DESCALE)
+    for name in ("k_descale", "v_descale"):
+        y[name] = torch.full((b, hk), FP8_DESCALE, dtype=torch.float32, device="cuda")
+    return y
+
+
 def nf_step(x, num_splits):
     import numba_flash as nf
 
     return lambda: nf.flash_attn_with_kvcache(
         x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"], cache_seqlens=x["cache_seqlens"],
-        block_table=x["block_table"], num_splits=num_splits)
+        block_table=x["block_table"], num_splits=num_splits, k_descale=x.get("k_descale"),
+        v_descale=x.get("v_descale"))
 
 
 def graph_step(x, num_splits):
@@ -111,8 +136,9 @@ def sdpa_gather(x):
     return run
 
 
-def check_small():
-    """nf against kvcache_ref (float64) on a small paged GQA step."""
+def check_small(fp8=False):
+    """nf against kvcache_ref (float64) on a small paged GQA step (``fp8``: FP8 caches)."""
+    import ml_dtypes
     import numpy as np
     import torch
     import numba_flash as nf
@@ -125,10 +151,17 @@ def check_small():
     table = rng.permutation(b * 8).astype(np.int32).reshape(b, 8)
     lens = np.array([5, 127, 60], np.int32)
     t = [torch.from_numpy(h).cuda().to(torch.bfloat16) for h in host]
+    scales = {}
+    if fp8:
+        t[1:3] = [(c.float() / FP8_DESCALE).to(torch.float8_e4m3fn) for c in t[1:3]]
+        scales = {name: torch.full((b, hk), FP8_DESCALE, device="cuda")
+                  for name in ("k_descale", "v_descale")}
+    host = [x.cpu().view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+            if x.dtype == torch.float8_e4m3fn else x.float().cpu().numpy() for x in t]
     out = nf.flash_attn_with_kvcache(*t, cache_seqlens=torch.from_numpy(lens).cuda(),
-                                     block_table=torch.from_numpy(table).cuda())
-    want = ref.kvcache_ref(*[x.float().cpu().numpy() for x in t], cache_seqlens=lens,
-                           block_table=table)[0]
+                                     block_table=torch.from_numpy(table).cuda(), **scales)
+    want = ref.kvcache_ref(*host, cache_seqlens=lens, block_table=table,
+                           **{name: s.cpu().numpy() for name, s in scales.items()})[0]
     err = float(np.abs(out.float().cpu().numpy() - want).max())
     nf.check_errors()
     return err
@@ -138,14 +171,17 @@ def main(argv=None):
     import torch
 
     args = parse_args(argv)
-    err = check_small()
-    print(f"nf against kvcache_ref: max error {err:.3g}", flush=True)
-    if not err < 2e-2:
-        print("numba_flash disagrees with the reference: no timings", flush=True)
-        return 1
+    names = args.providers.split(",")
+    fp8 = "nf-graph-fp8" in names
+    for cache in (False, True) if fp8 else (False,):
+        err = check_small(cache)
+        print(f"nf{' (FP8 caches)' if cache else ''} against kvcache_ref: max error {err:.3g}",
+              flush=True)
+        if not err < 2e-2:
+            print("numba_flash disagrees with the reference: no timings", flush=True)
+            return 1
     copy_tbps = copy_bandwidth()
     print(f"device copy bandwidth: {copy_tbps:.2f} TB/s (read + written)", flush=True)
-    names = args.providers.split(",")
     points = [(p, s) for p in map(int, args.pages.split(","))
               for s in map(int, args.seqlens.split(","))]
     progress = common.Progress(len(points))
@@ -154,6 +190,8 @@ def main(argv=None):
         g = torch.Generator(device="cuda").manual_seed(args.seed)
         x = make_point(args, seqlen, page, g)
         runs = {}
+        if fp8:  # (before the other providers' graphs: it rewrites x's caches)
+            runs["nf-graph-fp8"], _ = graph_step(fp8_point(x), args.num_splits)
         replay, graph_out = graph_step(x, args.num_splits)
         if "nf-graph" in names:
             runs["nf-graph"] = replay
@@ -182,12 +220,14 @@ def main(argv=None):
                 step()
             host_us = (time.perf_counter() - t0) / 50 * 1e6
             torch.cuda.synchronize()
-        nbytes = step_bytes(args.batch, args.heads_q, args.heads_kv, args.head_dim, seqlen)
         for name, ms in samples.items():
+            nbytes = step_bytes(args.batch, args.heads_q, args.heads_kv, args.head_dim, seqlen,
+                                cache_elem=1 if name.endswith("fp8") else 2)
             ms = statistics.median(ms)
             tbps = nbytes / ms * 1e-9
             rows.append(dict(page=page, seqlen=seqlen, provider=name, ms=ms, tbps=tbps,
                              vs_copy=tbps / copy_tbps, copy_tbps=copy_tbps,
+                             tokens_s=args.batch / ms * 1e3,
                              host_us=host_us if name == "nf-eager" else "",
                              num_splits=args.num_splits))
         common.write_csv(out_dir / "kvcache.csv", rows)
@@ -196,7 +236,7 @@ def main(argv=None):
         del x, runs, replay, graph_out
         torch.cuda.empty_cache()
     print(common.format_table(rows, ["page", "seqlen", "provider", "ms", "tbps", "vs_copy",
-                                     "host_us"]))
+                                     "tokens_s", "host_us"]))
     if not args.no_plot:
         common.plot_panels(out_dir / "kvcache.png", rows, "seqlen", "tbps", ["page"], "provider",
                            "cache length", "TB/s",

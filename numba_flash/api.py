@@ -428,7 +428,8 @@ def _decode_args(problem, decode, config, metadata, num_splits, o, dev):
                 lse=arrays.empty(q, (b, h_q, s_q), "float32", "lse"),
                 o_acc=arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc"),
                 lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
-    for name in ("v_cache", "key_start", "attn_sink", "window", "softcap", "alibi_slopes"):
+    for name in ("v_cache", "key_start", "attn_sink", "window", "softcap", "alibi_slopes",
+                 "cache_descale"):
         if getattr(problem, name) is not None:
             args[name] = getattr(problem, name)
     # Behind a decode that allows it (sm_90 kernels) the combine starts alongside the decode;
@@ -469,14 +470,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     combine of ``flash_mla_with_kvcache``, all planned on the device (capturable in a CUDA
     graph). ``window_size``, ``softcap`` and ``alibi_slopes`` ((Hq,) or (B, Hq)) as in
     ``flash_attn_fwd``, with each sequence's ``Sk = cache_seqlens[b] + S_new - cache_leftpad[b]``
-    keys (a window's keys before the first query token's are never read). FP8 caches
-    (``k_descale``, ``v_descale``) raise ``NotImplementedError``.
+    keys (a window's keys before the first query token's are never read). FP8 caches:
+    float8_e4m3fn ``k_cache``, ``v_cache`` with float32 (B, Hk) ``k_descale``, ``v_descale`` (a
+    stored value times its descale is the key or value); new k, v are rounded into them.
     """
-    validate.not_implemented(k_descale=k_descale, v_descale=v_descale)
     dev = device.current()
     c = validate.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                         rotary_interleaved, num_splits, window_size, softcap, alibi_slopes)
+                         rotary_interleaved, num_splits, window_size, softcap, alibi_slopes,
+                         k_descale, v_descale, dev)
     q = c.q
     b, sq, hq, d = q.shape
     hk = c.k_cache.shape[2]
@@ -490,7 +492,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     starts = c.cache_leftpad is not None or c.window is not None
     problem = Decode(q_rot, c.k_cache, table, lengths, d, c.scale, c.causal, v_cache=c.v_cache,
                      key_start=key_start if starts else None, window=c.window,
-                     softcap=c.softcap, alibi_slopes=c.alibi_slopes)
+                     softcap=c.softcap, alibi_slopes=c.alibi_slopes,
+                     cache_descale=c.cache_descale)
     decode, config = backends.decode_spec(backend, problem, dev)
     o = validate.out_buffer(out, q, q.shape, q.fmt)
     if out is not None:
@@ -507,6 +510,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     # Absent optional arrays reach the kernel as empty ones (or q: never read).
     empty = arrays.prefix(lengths, 0)
     cos, sin, mode = c.rotary or (arrays.empty(q, (0, 1), q.fmt, "rotary"),) * 2 + (None,)
+    k_descale, v_descale = c.cache_descale or (arrays.empty(q, (0, 1), "float32", "descale"),) * 2
     prep = dict(q=q, k=c.k or q, v=c.v or q, k_cache=c.k_cache, v_cache=c.v_cache,
                 block_table=table, cache_seqlens=c.cache_seqlens or empty,
                 cache_batch_idx=c.cache_batch_idx or empty,
@@ -515,10 +519,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 table=table, metadata=metadata, num_splits=num_splits, status=args["status"],
                 s_new=0 if c.k is None else c.k.shape[1], fixed_seqlen=c.fixed_seqlen,
                 capacity=c.capacity, rotary_dim=0 if mode is None else 2 * cos.shape[1],
-                one_piece=int(one_piece), window_left=c.window[0] if c.window else 0)
+                one_piece=int(one_piece), window_left=c.window[0] if c.window else 0,
+                k_descale=k_descale, v_descale=v_descale)
     prepare = registry.KVCACHE_PREPARE
     prep_config = prepare.Config(q.fmt, mode, c.causal and mode is not None,
-                                 c.block_table is not None, c.window is not None)
+                                 c.block_table is not None, c.window is not None,
+                                 c.cache_descale is not None)
     stream = arrays.stream_of(q, stream)
     prepare.prepare(prep_config, prep, dev)  # every refusal before the first write
     prepare.launch(prep_config, prep, stream, dev)

@@ -7,6 +7,7 @@ flash-attn defines them: ``softcap`` caps the scaled scores, an additive ``bias`
 ``alibi_bias``) follows the cap, and a ``sink`` (Hq,) joins every row's sum as ``exp(sink)``.
 """
 
+import ml_dtypes
 import numpy as np
 
 
@@ -303,6 +304,16 @@ def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_s
     return out, lse
 
 
+def quantize_e4m3(x, descale):
+    """``x`` stored as float8_e4m3fn with ``descale`` (broadcast against x): multiplied by
+    ``1 / descale`` in float32, then rounded to the nearest even e4m3, saturating at +-448 (NaN
+    stays NaN): ``quantize_fp8``'s rule. An ml_dtypes float8_e4m3fn array."""
+    inv = np.float32(1.0) / np.asarray(descale, np.float32)
+    scaled = np.asarray(x).astype(np.float32) * inv
+    scaled = np.where(np.isnan(scaled), scaled, np.clip(scaled, -448.0, 448.0))
+    return scaled.astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
+
+
 def rotary_ref(x, cos, sin, positions, interleaved):
     """flash-attn's rotary embedding of ``x (S, H, D)`` in float64, row ``s`` at position
     ``positions[s]``: over the first ``rotary_dim = 2 * cos.shape[1]`` columns, pairs ``(x1,
@@ -324,7 +335,7 @@ def rotary_ref(x, cos, sin, positions, interleaved):
 def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                 cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                 softmax_scale=None, causal=False, rotary_interleaved=True, window_size=(-1, -1),
-                softcap=None, alibi_slopes=None):
+                softcap=None, alibi_slopes=None, k_descale=None, v_descale=None):
     """flash-attn's ``flash_attn_with_kvcache`` on host arrays, from its definition.
 
     Returns ``(out, lse, k_cache, v_cache, q_used)``: out (B, Sq, Hq, D) and lse (B, Hq, Sq) in
@@ -337,9 +348,12 @@ def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin
     bottom-right. Rotary: keys at their positions, queries at ``L + t`` (causal) or ``L``.
     ``window_size``, ``softcap`` and ``alibi_slopes`` ((Hq,) or (B, Hq)) as in
     ``attention_fwd_ref``, over those keys (``Sk`` of them: the window and the distances from
-    the sequence's own ``Sq``, ``Sk``).
+    the sequence's own ``Sq``, ``Sk``). FP8 caches (float8_e4m3fn, with ``k_descale``,
+    ``v_descale`` (B, Hk)): sequence ``b``'s stored values times ``descale[b, h]`` are its keys
+    and values, and new ones are stored as ``quantize_e4m3(x, descale[b])``.
     """
     q = np.asarray(q)
+    fp8 = k_descale is not None
     b, sq, hq, d = q.shape
     kc, vc = np.array(k_cache), np.array(v_cache)
     paged = block_table is not None
@@ -367,8 +381,13 @@ def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin
             if rotary_cos is not None:
                 kn = rotary_ref(kn, rotary_cos, rotary_sin, new_pos, rotary_interleaved)
             for t, p in enumerate(new_pos):
-                kc[rows[p]] = np.asarray(kn[t]).astype(kc.dtype)
-                vc[rows[p]] = np.asarray(v)[i, t]
+                if fp8:
+                    kc[rows[p]] = quantize_e4m3(kn[t], np.asarray(k_descale)[i][:, None])
+                    vc[rows[p]] = quantize_e4m3(np.asarray(v)[i, t],
+                                                np.asarray(v_descale)[i][:, None])
+                else:
+                    kc[rows[p]] = np.asarray(kn[t]).astype(kc.dtype)
+                    vc[rows[p]] = np.asarray(v)[i, t]
         if rotary_cos is not None and s_new:
             q_pos = n_cached + (np.arange(sq) if causal else np.zeros(sq, np.int64))
             q_used[i] = rotary_ref(q[i], rotary_cos, rotary_sin, q_pos,
@@ -379,6 +398,9 @@ def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin
             continue
         keys = np.stack([kc[r] for r in used])[None]
         vals = np.stack([vc[r] for r in used])[None]
+        if fp8:
+            keys = to_float64(keys) * np.asarray(k_descale, np.float64)[i][:, None]
+            vals = to_float64(vals) * np.asarray(v_descale, np.float64)[i][:, None]
         n = len(used)
         mask = None if tuple(window_size) == (-1, -1) else window_mask(sq, n, window_size, causal)
         bias = None

@@ -310,19 +310,22 @@ def _flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opt
                              softmax_scale: Optional[float], causal: bool,
                              rotary_interleaved: bool, num_splits: int, backend: str,
                              window_left: int, window_right: int, softcap: float,
-                             alibi_slopes: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                             alibi_slopes: Optional[Tensor], k_descale: Optional[Tensor],
+                             v_descale: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     return api.flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
         cache_seqlen if cache_seqlens is None else cache_seqlens, cache_batch_idx, cache_leftpad,
         block_table, softmax_scale, causal, window_size=(window_left, window_right),
         softcap=softcap, rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes,
-        num_splits=num_splits, return_softmax_lse=True, backend=backend)
+        num_splits=num_splits, return_softmax_lse=True, backend=backend, k_descale=k_descale,
+        v_descale=v_descale)
 
 
 @_flash_attn_with_kvcache.register_fake
 def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
       cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, rotary_interleaved,
-      num_splits, backend, window_left, window_right, softcap, alibi_slopes):
+      num_splits, backend, window_left, window_right, softcap, alibi_slopes, k_descale,
+      v_descale):
     b, sq, hq, _ = q.shape
     return _new(q, q.shape), _new(q, (b, hq, sq), torch.float32)
 
@@ -337,8 +340,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """``numba_flash.flash_attn_with_kvcache`` as a torch operation that declares the caches it
     writes (``k_cache``, ``v_cache``), so ``torch.compile`` orders it and CUDA graphs capture
     it: ``out``, or ``(out, lse)`` with ``return_softmax_lse``. ``cache_seqlens`` may be an int
-    or an int32 tensor, as in flash-attn."""
-    validate.not_implemented(k_descale=k_descale, v_descale=v_descale)
+    or an int32 tensor, as in flash-attn; FP8 caches take ``k_descale``, ``v_descale``."""
     left, right = _window_sides(window_size, causal)
     fixed = None
     if cache_seqlens is not None and not isinstance(cache_seqlens, Tensor):
@@ -347,5 +349,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                         cache_seqlens, fixed, cache_batch_idx, cache_leftpad,
                                         block_table, softmax_scale, causal, rotary_interleaved,
                                         num_splits, backend, left, right, _cap(softcap),
-                                        alibi_slopes)
+                                        alibi_slopes, k_descale, v_descale)
     return (out, lse) if return_softmax_lse else out

@@ -23,14 +23,15 @@ MAX_MLA_HEAD_DIM = registry.MAX_DECODE_HEAD_DIM
 MAX_SOFTMAX_SCALE = 2.0 ** 16
 
 
-def _tensor(x, name, ndim):
+def _tensor(x, name, ndim, fp8=False):
+    """A float array argument of ``ndim`` dimensions (``fp8``: float8_e4m3fn is taken too)."""
     t = arrays.adapt(x, name)
     if t.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {t.shape}")
-    if t.fmt in FP8_FORMATS:
+    if t.fmt in FP8_FORMATS and not fp8:
         raise NotImplementedError(f"{name}: FP8 ({t.fmt}) inputs are not implemented yet for "
                                   f"this call")
-    if t.fmt not in FLOAT_FORMATS:
+    if t.fmt not in FLOAT_FORMATS and t.fmt not in FP8_FORMATS:
         raise TypeError(f"{name}: expected float16, bfloat16 or float32, got {t.fmt}")
     if any(s == 0 for s in t.shape):
         raise ValueError(f"{name}: empty array of shape {t.shape}")
@@ -67,6 +68,12 @@ FP8_LIBRARIES = ("torch", "numpy")
 FP8_MIN_CC = (8, 9)  # the e4m3 conversions (cvt ... e4m3x2)
 
 
+def _fp8_device(name, dev):
+    if dev.cc[:2] < FP8_MIN_CC:
+        cc = ".".join(map(str, dev.cc[:2]))
+        raise ValueError(f"{name}: FP8 needs compute capability 8.9 or later, not {cc}")
+
+
 def quantize_input(x, descale, dev):
     """``quantize_fp8``'s x (B, S, H, D) or (total, H, D), adapted and checked, and its descale:
     None, or float32 (B, H) on x's device ((1, H) for packed rows)."""
@@ -74,9 +81,7 @@ def quantize_input(x, descale, dev):
     if t.lib not in FP8_LIBRARIES:
         raise TypeError(f"x: FP8 results are torch tensors, and {t.lib} has no float8_e4m3fn "
                         f"dtype; pass torch tensors")
-    if dev.cc[:2] < FP8_MIN_CC:
-        cc = ".".join(map(str, dev.cc[:2]))
-        raise ValueError(f"x: FP8 needs compute capability 8.9 or later, not {cc}")
+    _fp8_device("x", dev)
     if descale is not None:
         batch = t.shape[0] if t.ndim == 4 else 1
         descale = _head_values(descale, "descale", t, ((batch, t.shape[-2]),))
@@ -440,17 +445,22 @@ class KVCacheCall(NamedTuple):
     window: object = None        # validate.window's (left, right), or None
     softcap: object = None       # validate.score_cap's, or None
     alibi_slopes: object = None  # (B, Hq) float32, or None
+    cache_descale: object = None  # FP8 caches: (k_descale, v_descale) float32 (B, Hk), or None
 
 
 def kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, rotary_interleaved, num_splits,
-            window_size=None, softcap=None, alibi_slopes=None):
+            window_size=None, softcap=None, alibi_slopes=None, k_descale=None, v_descale=None,
+            dev=None):
     """The checks of ``flash_attn_with_kvcache`` (flash-attn 2.8's rules, docs/api.md); values
     only the device sees (lengths, indices, table entries) are bounded by the kernels."""
     q = _tensor(q, "q", 4)
-    k_cache, v_cache = _tensor(k_cache, "k_cache", 4), _tensor(v_cache, "v_cache", 4)
-    _same_format(q, k_cache, v_cache)
+    k_cache = _tensor(k_cache, "k_cache", 4, fp8=True)
+    v_cache = _tensor(v_cache, "v_cache", 4, fp8=True)
     b, sq, hq, d = q.shape
+    cache_descale = _cache_descales(q, k_cache, v_cache, k_descale, v_descale, dev)
+    if cache_descale is None:
+        _same_format(q, k_cache, v_cache)
     if d % 8 != 0 or d > MAX_HEAD_DIM:
         raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
     if k_cache.shape[3] != d:
@@ -527,9 +537,36 @@ def kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
         raise ValueError(f"num_splits: expected an integer >= 0, got {num_splits!r}")
     written = [t for t in (k_cache, v_cache)]
     read = [t for t in (q, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                        *(rotary[:2] if rotary else ())) if t is not None]
+                        *(rotary[:2] if rotary else ()), *(cache_descale or ())) if t is not None]
     refuse_overlap(written, read)  # the append writes the caches while these are read
     return KVCacheCall(q, k_cache, v_cache, k, v, cache_seqlens, fixed, cache_batch_idx,
                        cache_leftpad, block_table, rotary, capacity,
                        _scale(softmax_scale, d), bool(causal), int(num_splits),
-                       window(window_size, causal), score_cap(softcap), alibi(alibi_slopes, q, b))
+                       window(window_size, causal), score_cap(softcap), alibi(alibi_slopes, q, b),
+                       cache_descale)
+
+
+def _cache_descales(q, k_cache, v_cache, k_descale, v_descale, dev):
+    """FP8 caches' descales: both caches float8_e4m3fn with float32 (B, Hk) ``k_descale`` and
+    ``v_descale`` on q's device (q float16 or bfloat16, compute capability 8.9+), returned as a
+    pair; None for 16-bit caches, which take no descales."""
+    fp8 = [t.fmt in FP8_FORMATS for t in (k_cache, v_cache)]
+    if not any(fp8):
+        for name, value in (("k_descale", k_descale), ("v_descale", v_descale)):
+            if value is not None:
+                raise ValueError(f"{name}: descales go with float8_e4m3fn caches, and k_cache "
+                                 f"is {k_cache.fmt}")
+        return None
+    if not all(fp8):
+        raise TypeError(f"v_cache: dtype {v_cache.fmt} differs from k_cache's {k_cache.fmt}")
+    if q.fmt not in ("float16", "bfloat16"):
+        raise TypeError(f"q: FP8 caches are read with float16 or bfloat16 queries, got {q.fmt}")
+    _fp8_device("k_cache", dev)
+    shape = ((q.shape[0], k_cache.shape[2]),)
+    pair = []
+    for name, value in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if value is None:
+            raise ValueError(f"{name}: required with float8_e4m3fn caches (the float32 (B, Hk) "
+                             f"factors their values are multiplied by)")
+        pair.append(_head_values(value, name, q, shape))
+    return tuple(pair)

@@ -19,9 +19,14 @@ def randn(rng, shape, fmt, scale=1.0):
 
 def to_device(x):
     """Host array -> what the library accepts here: NumPy under the simulator, CuPy on a GPU
-    (CuPy holds ml_dtypes.bfloat16 arrays; Numba's to_device refuses them)."""
+    (CuPy holds ml_dtypes.bfloat16 arrays; Numba's to_device refuses them), torch for FP8 (CuPy
+    has no float8_e4m3fn)."""
     if SIMULATOR:
         return x
+    if x.dtype == ml_dtypes.float8_e4m3fn:
+        import torch
+
+        return torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn).cuda()
     import cupy
 
     return cupy.asarray(x)

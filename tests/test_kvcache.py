@@ -9,13 +9,17 @@ decode runs the rest and, by name, the first cases again. Shapes keep group = Hq
 SIMT decode's wide variant) but for one MHA case: under the simulator the narrow variant's warp
 shuffles cost seconds per CTA."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import numba_flash as nf
 from numba_flash import reference as ref
+from numba_flash.runtime import device
 from helpers import (DTYPES, assert_close_rule, assert_lse, int32_array, nan_like, randn,
                      to_device, to_host)
+
+E4M3 = ml_dtypes.float8_e4m3fn
 
 
 def rotary_tables(rng, positions, rotary_dim, fmt):
@@ -23,22 +27,31 @@ def rotary_tables(rng, positions, rotary_dim, fmt):
     return np.cos(angles).astype(DTYPES[fmt]), np.sin(angles).astype(DTYPES[fmt])
 
 
+def cache(rng, shape, fmt, fp8):
+    """Random cache contents: ``fmt`` values, or e4m3 ones of up to about 30."""
+    if fp8:
+        return (rng.standard_normal(shape) * 8).astype(np.float32).astype(E4M3)
+    return randn(rng, shape, fmt)
+
+
 def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqlens=(5, 30),
         page=None, rotary_dim=0, interleaved=True, causal=False, batch_idx=None, leftpad=None,
         num_splits=0, int_seqlens=False, softmax_scale=None, backend="auto", grow=0.0,
-        window_size=(-1, -1), softcap=None, alibi=False):
+        window_size=(-1, -1), softcap=None, alibi=False, fp8=False):
     """One call on fresh random inputs against kvcache_ref: out (poisoned), lse and both caches
     after the append. ``grow``: cached key j scaled by 1 + grow j, so that later tiles score
     ever higher and the running maxima move tile after tile. ``window_size``, ``softcap``,
-    ``alibi`` (random (B, Hq) slopes): the masks and modifiers."""
+    ``alibi`` (random (B, Hq) slopes): the masks and modifiers. ``fp8``: float8_e4m3fn caches
+    with random descales per (sequence, kv head)."""
     q = randn(rng, (b, sq, hq, d), fmt)
     rows = b if batch_idx is None else max(batch_idx) + 2
     if page is None:
-        k_cache, v_cache = (randn(rng, (rows, s_c, hk, d), fmt) for _ in range(2))
+        k_cache, v_cache = (cache(rng, (rows, s_c, hk, d), fmt, fp8) for _ in range(2))
         table = None
     else:
         per_seq = -(-s_c // page)
-        k_cache, v_cache = (randn(rng, (b * per_seq + 1, page, hk, d), fmt) for _ in range(2))
+        k_cache, v_cache = (cache(rng, (b * per_seq + 1, page, hk, d), fmt, fp8)
+                            for _ in range(2))
         table = rng.permutation(b * per_seq + 1)[:b * per_seq].reshape(b, per_seq)
         table = table.astype(np.int32)
     if grow:  # (contiguous caches: row j is key j)
@@ -59,6 +72,9 @@ def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqle
                    window_size=window_size, softcap=softcap,
                    alibi_slopes=(0.5 ** rng.integers(0, 5, (b, hq))).astype(np.float32)
                    if alibi else None)
+    if fp8:  # stored values of about 30 times descales of 0.01-0.1: keys and values near 1
+        options.update(k_descale=rng.uniform(0.01, 0.1, (b, hk)).astype(np.float32),
+                       v_descale=rng.uniform(0.01, 0.1, (b, hk)).astype(np.float32))
     expect_out, expect_lse, expect_k, expect_v, q_used = ref.kvcache_ref(
         q, k_cache, v_cache, k, v, cos, sin, rotary_interleaved=interleaved, **options)
 
@@ -73,12 +89,14 @@ def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqle
         num_splits=num_splits, return_softmax_lse=True, out=out, backend=backend, **dev)
     assert o is out
     nf.check_errors()  # nothing bad was seen
-    # The caches: new values exactly, rotated keys within one rounding of the reference's.
+    # The caches: new values exactly, rotated keys within one rounding of the reference's
+    # (FP8: one e4m3 step, 2^-3 relative or a subnormal's 2^-9).
     assert np.array_equal(to_host(dv_cache), expect_v)
     got_k = to_host(dk_cache).astype(np.float64)
     tol = 0 if not rotary_dim else 2 * float(np.finfo(np.float16).eps if fmt == "float16" else
                                              (2.0 ** -7 if fmt == "bfloat16" else 1e-6))
-    assert np.allclose(got_k, expect_k.astype(np.float64), rtol=tol, atol=tol)
+    rtol, atol = (2.0 ** -3, 2.0 ** -9) if fp8 and rotary_dim else (tol, tol)
+    assert np.allclose(got_k, expect_k.astype(np.float64), rtol=rtol, atol=atol)
     # The attention, by the tolerance rule, over the query the call attended with.
     keys_used = None
     lowp = np.zeros_like(expect_out)
@@ -94,6 +112,9 @@ def run(rng, fmt="bfloat16", b=2, sq=1, hq=8, hk=2, d=16, s_c=40, s_new=1, seqle
         else:
             kk, vv = (np.concatenate(list(c[table[i]]))[start:n_cached + s_new]
                       for c in (expect_k, expect_v))
+        if fp8:
+            kk = kk.astype(np.float64) * options["k_descale"][i][:, None]
+            vv = vv.astype(np.float64) * options["v_descale"][i][:, None]
         n = len(kk)
         mask = (None if tuple(window_size) == (-1, -1) else
                 ref.window_mask(sq, n, window_size, causal))
@@ -183,6 +204,20 @@ def test_whole_cache_when_no_lengths_are_given(rng):
     assert_lse(lse, expect_lse)
 
 
+@pytest.mark.parametrize("backend", ["auto", "simt"])
+def test_fp8_cache_decode_step_rounds_the_append_and_scales_by_the_descales(rng, backend):
+    run(rng, fp8=True, backend=backend)
+
+
+def test_fp8_paged_cache_with_a_rotary_causal_chunk(rng):
+    run(rng, "float16", sq=2, s_new=2, page=16, rotary_dim=8, interleaved=False, causal=True,
+        seqlens=(3, 20), fp8=True)
+
+
+def test_fp8_cache_of_rows_not_in_16_byte_chunks(rng):
+    run(rng, d=8, hq=4, hk=1, seqlens=(7, 33), num_splits=2, fp8=True)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 def small(rng):
@@ -220,11 +255,50 @@ def test_refusals_write_nothing(rng, change, match):
     assert np.array_equal(to_host(kc), before[0]) and np.array_equal(to_host(vc), before[1])
 
 
-def test_options_of_the_next_issue_are_refused_by_name(rng):
-    q, kc, vc, _, _ = small(rng)
-    for kw in (dict(k_descale=q), dict(v_descale=q)):
-        with pytest.raises(NotImplementedError, match=next(iter(kw))):
-            nf.flash_attn_with_kvcache(q, kc, vc, **kw)
+def fp8_small(rng):
+    """small()'s arrays with float8_e4m3fn caches and their (2, 1) descales."""
+    q, _, _, kn, vn = small(rng)
+    kc, vc = (to_device(cache(rng, (2, 6, 1, 8), None, True)) for _ in range(2))
+    kd, vd = (to_device(np.full((2, 1), 0.05, np.float32)) for _ in range(2))
+    return dict(q=q, k_cache=kc, v_cache=vc, k=kn, v=vn, cache_seqlens=int32_array([1, 2]),
+                k_descale=kd, v_descale=vd)
+
+
+FP8_REFUSALS = [
+    (lambda a, rng: a.update(v_descale=None), ValueError, "^v_descale: required"),
+    (lambda a, rng: a.update(k_descale=to_device(np.ones((2, 2), np.float32))), ValueError,
+     r"^k_descale: expected shape \(2, 1\)"),
+    (lambda a, rng: a.update(v_descale=to_device(np.ones((2, 1), np.float16))), TypeError,
+     "^v_descale: expected float32"),
+    (lambda a, rng: a.update(v_cache=to_device(randn(rng, (2, 6, 1, 8), "bfloat16"))), TypeError,
+     "^v_cache: dtype bfloat16 differs"),
+    (lambda a, rng: a.update(q=to_device(randn(rng, (2, 1, 4, 8), "float32")),
+                             k=to_device(randn(rng, (2, 1, 1, 8), "float32")),
+                             v=to_device(randn(rng, (2, 1, 1, 8), "float32"))), TypeError,
+     "^q: FP8 caches are read with float16 or bfloat16"),
+    (lambda a, rng: a.update(k_cache=small(rng)[1], v_cache=small(rng)[2]), ValueError,
+     "^k_descale: descales go with float8_e4m3fn caches"),
+]
+
+
+@pytest.mark.parametrize("change, exc, match", FP8_REFUSALS)
+def test_fp8_cache_refusals_name_the_argument_and_write_nothing(rng, change, exc, match):
+    args = fp8_small(rng)
+    change(args, rng)
+    before = to_host(args["k_cache"]).copy(), to_host(args["v_cache"]).copy()
+    with pytest.raises(exc, match=match):
+        nf.flash_attn_with_kvcache(**args)
+    assert np.array_equal(to_host(args["k_cache"]), before[0], equal_nan=True)
+    assert np.array_equal(to_host(args["v_cache"]), before[1], equal_nan=True)
+
+
+def test_fp8_caches_need_compute_capability_8_9(rng):
+    args = fp8_small(rng)
+    before = to_host(args["k_cache"]).copy()
+    with device.plan_for(device.Device(cc=(8, 6), sms=8, shared_per_block=99 * 1024)):
+        with pytest.raises(ValueError, match="^k_cache: FP8 needs compute capability 8.9"):
+            nf.flash_attn_with_kvcache(**args)
+    assert np.array_equal(to_host(args["k_cache"]), before)
 
 
 @pytest.mark.parametrize("kw, exc, match", [

@@ -11,6 +11,7 @@ import copy
 import pathlib
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -260,7 +261,7 @@ def _opcheck_cases(rng):
         "flash_attn_with_kvcache": (ops.flash_attn_with_kvcache.default,
                                     _kvcache_inputs(rng) + (None, None, None, 3, None, None,
                                                             None, None, True, True, 1, "auto",
-                                                            2, 0, 5.0, None)),
+                                                            2, 0, 5.0, None, None, None)),
     }
 
 
@@ -268,6 +269,15 @@ def _kvcache_inputs(rng):
     """q (1, 1, 4, 8), caches (1, 6, 1, 8), one new key and value: a GQA decode step."""
     return tuple(_tensor(randn(rng, shape, "float32")) for shape in (
         (1, 1, 4, 8), (1, 6, 1, 8), (1, 6, 1, 8), (1, 1, 1, 8), (1, 1, 1, 8)))
+
+
+def _fp8_kvcache_inputs(rng):
+    """q (1, 1, 4, 16) bfloat16, float8_e4m3fn caches (1, 6, 1, 16), one new key and value."""
+    q, k, v = (_tensor(randn(rng, shape, "bfloat16"))
+               for shape in ((1, 1, 4, 16), (1, 1, 1, 16), (1, 1, 1, 16)))
+    caches = (_tensor(randn(rng, (1, 6, 1, 16), "float32")).to(torch.float8_e4m3fn)
+              for _ in range(2))
+    return (q, *caches, k, v)
 
 
 @pytest.mark.parametrize("name", ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_varlen_fwd",
@@ -399,6 +409,27 @@ def test_a_varlen_step_compiles_whole_and_gives_the_eager_gradients(rng):
         grads.append([loss.detach()] + [t.grad for t in leaves])
     for eager, compiled in zip(*grads):
         torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-6)
+
+
+def test_a_decode_step_on_fp8_caches_passes_the_descales(rng):
+    """FP8 caches through the torch operation: the appended key and value rounded with their
+    descales, the attention of the dequantized caches."""
+    q, k, v = (randn(rng, shape, "bfloat16") for shape in ((1, 1, 4, 16), (1, 1, 1, 16),
+                                                            (1, 1, 1, 16)))
+    k_cache, v_cache = ((rng.standard_normal((1, 6, 1, 16)) * 8).astype(np.float32)
+                        .astype(ml_dtypes.float8_e4m3fn) for _ in range(2))
+    k_descale, v_descale = (np.full((1, 1), s, np.float32) for s in (0.05, 0.02))
+    caches = [torch.from_numpy(c.view(np.uint8).copy()).view(torch.float8_e4m3fn).to(DEVICE)
+              for c in (k_cache, v_cache)]
+    out = nft.flash_attn_with_kvcache(_tensor(q), *caches, _tensor(k), _tensor(v),
+                                      cache_seqlens=3, k_descale=_tensor(k_descale),
+                                      v_descale=_tensor(v_descale))
+    want, _, want_k, want_v, _ = ref.kvcache_ref(q, k_cache, v_cache, k, v, cache_seqlens=3,
+                                                 k_descale=k_descale, v_descale=v_descale)
+    assert np.array_equal(to_host(caches[0]), want_k) and np.array_equal(to_host(caches[1]), want_v)
+    keys, values = (want_c[:, :4].astype(np.float64) * s for want_c, s in
+                    ((want_k, 0.05), (want_v, 0.02)))
+    assert_close_rule(out, want, ref.attention_lowp(q, keys, values), "bfloat16")
 
 
 def test_a_compiled_decode_step_appends_and_matches_the_reference(rng):

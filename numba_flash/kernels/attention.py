@@ -272,6 +272,7 @@ class DecodeConfig(NamedTuple):
     window: bool = False   # ordinary attention's masks and score modifiers (KVCacheDecodeSpec)
     softcap: bool = False
     alibi: bool = False
+    cache_fp8: bool = False  # float8_e4m3fn caches with their descales (KVCacheDecodeSpec)
 
 
 # The tensor-core decodes' samples (``KernelSpec.samples``) by label: (q_rows, head_dim,
@@ -322,15 +323,21 @@ class KVCacheDecodeSpec(DecodeSpec):
     then ``v_cache`` (V's own cache, else ``k_cache`` again) and ``key_start`` (each sequence's
     first cache position, else any int32 array), read only with ``separate_v`` / ``leftpad``,
     and the masks' and modifiers' (``MODS``: window sides, softcap, ALiBi slopes (b, h_q)),
-    read only with ``window`` / ``softcap`` / ``alibi``. Query token t of a sequence of
-    ``seqlen`` keys (in the view ``key_start`` begins) has ``diag = seqlen - s_q``: flash-attn's
-    rules of ``common/masks.py`` and ``common/score_mods.py``."""
+    read only with ``window`` / ``softcap`` / ``alibi``, and last ``k_descale``, ``v_descale``
+    (float32 (b, h_kv)), read only with ``cache_fp8``, whose caches are float8_e4m3fn bytes.
+    Query token t of a sequence of ``seqlen`` keys (in the view ``key_start`` begins) has
+    ``diag = seqlen - s_q``: flash-attn's rules of ``common/masks.py`` and
+    ``common/score_mods.py``."""
 
     def signature(self, config):
-        t, i1 = tensor_type(config.fmt), types.Array(types.int32, 1, "A")
-        return types.void(*super().signature(config).args, t, i1, *MODS)
+        i1 = types.Array(types.int32, 1, "A")
+        cache = tensor_type("float8_e4m3fn" if config.cache_fp8 else config.fmt)
+        args = list(super().signature(config).args)
+        args[1] = cache  # k_cache
+        return types.void(*args, cache, i1, *MODS, F32_2D, F32_2D)
 
     def arguments(self, config, p):
+        descales = p.get("cache_descale") or (unread(p["status"], 2),) * 2
         return super().arguments(config, p) + (p.get("v_cache", p["k_cache"]),
                                                p.get("key_start", p["cache_seqlens"]),
-                                               *_mods(p))
+                                               *_mods(p), *descales)

@@ -86,9 +86,10 @@ class Decode(NamedTuple):
     window: Optional[tuple] = None        # (left, right) keys around each token's diagonal
     softcap: Optional[float] = None       # scores through softcap * tanh(s / softcap)
     alibi_slopes: Optional[Tensor] = None  # (b, h_q) float32
+    cache_descale: Optional[tuple] = None  # float8_e4m3fn caches: (k_descale, v_descale) (b, h_kv)
 
     OPTIONS = ("indices", "attn_sink", "fp8_cache", "v_cache", "key_start", "window", "softcap",
-               "alibi_slopes")
+               "alibi_slopes", "cache_descale")
     options, fmt, head_dim = Attention.options, Attention.fmt, Attention.head_dim  # q's, as there
 
     @property
@@ -108,7 +109,10 @@ class Decode(NamedTuple):
 
     @property
     def cache_aligned(self):
-        """Whether cache rows may be copied in 16-byte chunks."""
+        """Whether cache rows may be copied in 16-byte chunks (FP8 ones: of 16 elements, which
+        the head dims must then be multiples of)."""
+        if self.cache_descale is not None and (self.head_dim % 16 or self.head_dim_v % 16):
+            return False
         if self.v_cache is not None:
             return rows_16_byte_aligned(self.k_cache, self.v_cache)
         return rows_16_byte_aligned(self.k_cache)

@@ -135,9 +135,9 @@ def _mma_decode_config(problem):
 
 
 def _modifiers(problem):
-    """A decode config's last fields: window, softcap, alibi."""
+    """A KV-cache decode config's last fields: window, softcap, alibi, cache_fp8."""
     return (problem.window is not None, problem.softcap is not None,
-            problem.alibi_slopes is not None)
+            problem.alibi_slopes is not None, problem.cache_descale is not None)
 
 
 def _kvcache_decode_config(problem):
@@ -163,8 +163,8 @@ BACKWARD = VARLEN | MODIFIERS
 # A decode's attention sink is the combine's, behind every decode kernel (simt/combine.py).
 DECODE = frozenset(("attn_sink",))
 # flash_attn_with_kvcache's decode: V in its own cache, keys from a per-sequence start, the
-# masks and score modifiers of ordinary attention.
-KVCACHE = DECODE | {"v_cache", "key_start", "window", "softcap", "alibi_slopes"}
+# masks and score modifiers of ordinary attention, FP8 caches with their descales.
+KVCACHE = DECODE | {"v_cache", "key_start", "window", "softcap", "alibi_slopes", "cache_descale"}
 
 ENTRIES = (
     # The warp-specialized forward leads on Hopper; paged K/V (which it does not take) falls

@@ -24,7 +24,8 @@ which the combine kernel merges.
     put_lse(lse, lse_acc, split, req, slot, t, h, m, l, status)  (a row's lse from m_i, l_i)
 
 ``make_kv_ring`` returns the ring of cache tiles the decodes of ordinary attention stream through
-(V in its own cache, left padding).
+(V in its own cache, left padding, FP8 caches widened to 16 bits in shared memory:
+``make_row_copy``, ``make_row_widen``).
 
 ``make_page_lookup`` returns the block-table lookup every decode goes through (``row_source``
 above, the TMA tiles of the Hopper decodes): a table entry to a page of the cache, bounded, with
@@ -66,7 +67,7 @@ accumulators is not written. Each of these sets its bit of the status word (``st
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, uint32, uint64
+from numba import cuda, float32, int32, uint16, uint32, uint64
 
 from ... import scheduler
 from ..instructions import convert, memory
@@ -146,18 +147,27 @@ def make_key_row(PAGED, NO_PAGE=-1):
     return in_pages if PAGED else in_rows
 
 
-def make_row_copy(COLS, TPR, FMT, VEC):
+def make_row_copy(COLS, TPR, FMT, VEC, CACHE_FP8=False):
     """copy_row(tile, at, cache, hk, page, slot, valid, rl): this thread's share (lane ``rl`` of
     the TPR threads of a row) of the first COLS columns of one cache row -> tile[at ...]
     (storage elements): 16-byte cp.async chunks (zero-filled when not valid) or, for unaligned
-    views (``VEC`` False), elements."""
-    item = 4 if FMT == "float32" else 2
+    views (``VEC`` False), elements.
+
+    ``CACHE_FP8``: the cache holds float8_e4m3fn bytes and the tile FMT's 16-bit elements. A
+    16-byte chunk is then 16 elements, whose 32 bytes in the tile it lands in the upper half
+    of: ``make_row_widen`` turns them into 16-bit values in place once they have landed. The
+    element path (``VEC`` False) converts as it copies."""
+    item = 1 if CACHE_FP8 else 4 if FMT == "float32" else 2  # bytes per cache element
     CHUNK = memory.CP_ASYNC_BYTES // item  # elements per 16-byte copy
+    LAND = CHUNK // 2 if CACHE_FP8 else 0  # tile elements before the chunk's landing place
     CHUNKS = -(-(COLS // CHUNK) // TPR)  # copies per thread and row
     CHUNKS_EXACT = (COLS // CHUNK) % TPR == 0
     ELEMS = -(-COLS // TPR)  # elements per thread and row (VEC = False)
     ELEMS_EXACT = COLS % TPR == 0
     ZERO_BITS = np.float32(0) if FMT == "float32" else np.uint16(0)  # +0.0 in every format
+    assert not CACHE_FP8 or FMT in ("float16", "bfloat16")
+    assert not (CACHE_FP8 and VEC) or COLS % CHUNK == 0
+    fp8_to_f32, store = convert.e4m3_to_f32, formats.storer(FMT)
 
     @cuda.jit(device=True, inline="always")
     def copy_row(tile, at, cache, hk, page, slot, valid, rl):
@@ -165,18 +175,57 @@ def make_row_copy(COLS, TPR, FMT, VEC):
             for i in range(CHUNKS):
                 col = (rl + TPR * i) * CHUNK
                 if CHUNKS_EXACT or col < COLS:
-                    memory.cp_async_16_zfill(tile, uint64(at + col), cache,
+                    memory.cp_async_16_zfill(tile, uint64(at + col + LAND), cache,
                                              (page, slot, hk, uint64(col)), valid)
         else:
-            for i in range(ELEMS):
-                col = rl + TPR * i
-                if ELEMS_EXACT or col < COLS:
-                    x = ZERO_BITS
-                    if valid:
+            # A loop of run-time length (the row's COLS = its array's columns): unrolled, the
+            # loads all run ahead of their stores and spill the decode's registers.
+            for col in range(rl, cache.shape[3], TPR):
+                x = ZERO_BITS
+                if valid:
+                    if CACHE_FP8:
+                        x = store(fp8_to_f32(cache[page, slot, hk, uint64(col)]))
+                    else:
                         x = cache[page, slot, hk, uint64(col)]
-                    tile[uint64(at + col)] = x
+                tile[uint64(at + col)] = x
 
     return copy_row
+
+
+def make_row_widen(COLS, TPR, FMT):
+    """widen_row(words, at, rl): the FP8 chunks ``make_row_copy`` (``CACHE_FP8``, ``VEC``) landed
+    for lane ``rl`` in the row at tile element ``at``, turned into FMT's 16-bit values in place
+    (exactly: every e4m3 value is a float16 and a bfloat16). Each chunk's 16 bytes sit in the
+    upper half of its 32 destination bytes, so the thread that copied it reads its 4 words before
+    writing the 8, and no other thread touches them: after its own ``cp.async`` wait, before the
+    barrier that hands the tile to the other warps."""
+    CHUNK = memory.CP_ASYNC_BYTES  # e4m3 elements per copy
+    CHUNKS = -(-(COLS // CHUNK) // TPR)
+    CHUNKS_EXACT = (COLS // CHUNK) % TPR == 0
+    widen = convert.widen_e4m3x2(FMT)
+
+    @cuda.jit(device=True, inline="always")
+    def put_word(words, w, a):
+        """4 e4m3 bytes -> words w and w + 1, two 16-bit values each (byte 0 lowest)."""
+        words[uint64(w)] = widen(uint16(a & 0xFFFF))
+        words[uint64(w + 1)] = widen(uint16(a >> 16))
+
+    @cuda.jit(device=True, inline="always")
+    def widen_row(words, at, rl):
+        for i in range(CHUNKS):
+            col = (rl + TPR * i) * CHUNK
+            if CHUNKS_EXACT or col < COLS:
+                w = (at + col) >> 1  # the chunk's first destination word
+                a0 = words[uint64(w + 4)]
+                a1 = words[uint64(w + 5)]
+                a2 = words[uint64(w + 6)]
+                a3 = words[uint64(w + 7)]
+                put_word(words, w, a0)
+                put_word(words, w + 2, a1)
+                put_word(words, w + 4, a2)
+                put_word(words, w + 6, a3)
+
+    return widen_row
 
 
 def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
@@ -269,7 +318,7 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
 
 
 def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC, RING_OFF,
-                 KV_STRIDE, NSTAGES, SEPARATE_V, LEFTPAD):
+                 KV_STRIDE, NSTAGES, SEPARATE_V, LEFTPAD, CACHE_FP8=False):
     """A ring of NSTAGES cache tiles in shared memory, NSTAGES - 1 of them in flight while one is
     computed: slot ``s`` at storage element ``RING_OFF + s BLOCK_N KV_STRIDE``, a tile row every
     KV_STRIDE elements holding the key's HEAD_DIM columns and, where V has its own cache
@@ -277,6 +326,10 @@ def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC,
     with the same table lookup. TPR threads share a row (lane ``rl = tid % TPR``), so thread
     ``tid`` copies the ROWS = BLOCK_N TPR / THREADS rows ``row + i THREADS / TPR`` (``row = tid
     / TPR``). ``LEFTPAD``: a sequence's key ``n`` is cache position ``key_start[req] + n``.
+    ``CACHE_FP8`` (with ``SEPARATE_V``): both caches hold float8_e4m3fn bytes, which land as
+    they are (half the bytes of a 16-bit cache on the way) and become the tile's 16-bit values
+    (``make_row_widen``) when the tile is waited for, before its barrier: the compute reads the
+    same tile either way, and the descales are left to it.
 
     The lanes of a row copy consecutive 16-byte chunks, so TPR sets how many bytes of one row a
     warp's copy instruction moves: 8 lanes, a whole 128-byte line (four 32-byte sectors, one L2
@@ -287,19 +340,22 @@ def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC,
         first_key(key_start, req) -> cache position of the sequence's key 0
         ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n_lo, n_hi,
                    row, rl, src, valid, page_size, status)
-        ring_next(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi, rd,
-                  row, rl, src, valid, page_size, status)
-    ``src`` (int32 (2, ROWS)) and ``valid`` (boolean (ROWS,)), local arrays, carry the page, slot
-    and validity of the thread's rows of the next tile, looked up a tile before their copies are
-    issued.
+        ring_next(tile, words, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0,
+                  n_hi, rd, row, rl, src, valid, page_size, status)
+    ``words`` is the shared buffer as uint32 (read only with ``CACHE_FP8``); ``src`` (int32 (2,
+    ROWS)) and ``valid`` (boolean (ROWS,)), local arrays, carry the page, slot and validity of
+    the thread's rows of the next tile, looked up a tile before their copies are issued.
     """
     SLOT = BLOCK_N * KV_STRIDE
     STEP = THREADS // TPR  # rows between a thread's rows
     ROWS = BLOCK_N // STEP
     assert ROWS * STEP == BLOCK_N
     WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
-    _, _, row_source, copy_row, _, _ = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
-    copy_v = make_row_copy(HEAD_DIM_V, TPR, FMT, VEC)
+    assert not CACHE_FP8 or SEPARATE_V
+    _, _, row_source, _, _, _ = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
+    copy_row = make_row_copy(HEAD_DIM, TPR, FMT, VEC, CACHE_FP8)
+    copy_v = make_row_copy(HEAD_DIM_V, TPR, FMT, VEC, CACHE_FP8)
+    WIDEN = CACHE_FP8 and VEC  # (the element path converts as it copies)
 
     @cuda.jit(device=True, inline="always")
     def first_key(key_start, req):
@@ -321,6 +377,19 @@ def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC,
         if SEPARATE_V:
             copy_v(tile, at + HEAD_DIM, v_cache, hk, src[0, i], src[1, i], valid[i], rl)
 
+    if WIDEN:
+        widen_k = make_row_widen(HEAD_DIM, TPR, FMT)
+        widen_v = make_row_widen(HEAD_DIM_V, TPR, FMT)
+
+        @cuda.jit(device=True, inline="always")
+        def widen_tile_row(words, at, rl):
+            widen_k(words, at, rl)
+            widen_v(words, at + HEAD_DIM, rl)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def widen_tile_row(words, at, rl):
+            return None
+
     # The sources of the thread's rows of the tile whose row ``row`` is cache row pos, and their
     # copies into the tile row at ``at`` and on. One row takes no loop: its array entries are
     # registers from the start (a loop of one trip, removed late, gave ptxas another schedule).
@@ -328,6 +397,10 @@ def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC,
         @cuda.jit(device=True, inline="always")
         def look_up(src, valid, block_table, num_pages, req, pos, n_end, page_size, status):
             look_up_row(src, valid, 0, block_table, num_pages, req, pos, n_end, page_size, status)
+
+        @cuda.jit(device=True, inline="always")
+        def widen_tile(words, at, rl):
+            widen_tile_row(words, at, rl)
 
         @cuda.jit(device=True, inline="always")
         def copy_tile(tile, at, k_cache, v_cache, hk, src, valid, rl):
@@ -338,6 +411,11 @@ def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC,
             for i in range(ROWS):
                 look_up_row(src, valid, i, block_table, num_pages, req, pos + STEP * i, n_end,
                             page_size, status)
+
+        @cuda.jit(device=True, inline="always")
+        def widen_tile(words, at, rl):
+            for i in range(ROWS):
+                widen_tile_row(words, at + STEP * i * KV_STRIDE, rl)
 
         @cuda.jit(device=True, inline="always")
         def copy_tile(tile, at, k_cache, v_cache, hk, src, valid, rl):
@@ -362,12 +440,14 @@ def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC,
                 key0 + n_lo + (NSTAGES - 1) * BLOCK_N + row, key0 + n_hi, page_size, status)
 
     @cuda.jit(device=True, inline="always")
-    def ring_next(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi, rd,
-                  row, rl, src, valid, page_size, status):
-        """Wait for tile n0 (ring slot rd), then issue the tile NSTAGES - 1 ahead into the slot
-        the previous tile was computed in, from the sources looked up a tile ago, and look up
-        those of the tile after it."""
+    def ring_next(tile, words, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi,
+                  rd, row, rl, src, valid, page_size, status):
+        """Wait for tile n0 (ring slot rd; FP8: widen the thread's chunks of it), then issue the
+        tile NSTAGES - 1 ahead into the slot the previous tile was computed in, from the sources
+        looked up a tile ago, and look up those of the tile after it."""
         memory.cp_async_wait(WAIT)
+        if WIDEN:
+            widen_tile(words, RING_OFF + rd * SLOT + row * KV_STRIDE, rl)
         cuda.syncthreads()  # tile n0 has landed; the slot written next is no longer read
         wr = rd - 1 if rd > 0 else NSTAGES - 1
         if n0 + (NSTAGES - 1) * BLOCK_N < n_hi:

@@ -63,6 +63,27 @@ def f32_to_e4m3(x):
     return np.array(x).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)[()]
 
 
+# ---- two 8-bit floats (e4m3) -> two 16-bit floats, exactly ------------------------------------
+
+@cuda.jit(device=True)
+def e4m3x2_to_f16x2(bits):
+    """Two e4m3 bytes (uint16, byte 0 low) as two float16 in one uint32."""
+    bits = int(bits)
+    return pack_f16x2(e4m3_to_f32(np.uint8(bits & 0xFF)), e4m3_to_f32(np.uint8(bits >> 8)))
+
+
+@cuda.jit(device=True)
+def e4m3x2_to_bf16x2(bits):
+    """Two e4m3 bytes (uint16, byte 0 low) as two bfloat16 in one uint32."""
+    bits = int(bits)
+    return pack_bf16x2(e4m3_to_f32(np.uint8(bits & 0xFF)), e4m3_to_f32(np.uint8(bits >> 8)))
+
+
+def widen_e4m3x2(fmt):
+    """The two-e4m3 -> 16-bit pair widening for ``fmt`` (``"float16"`` or ``"bfloat16"``)."""
+    return {"float16": e4m3x2_to_f16x2, "bfloat16": e4m3x2_to_bf16x2}[fmt]
+
+
 # ---- two 16-bit values in one register ---------------------------------------------------------
 
 @cuda.jit(device=True)

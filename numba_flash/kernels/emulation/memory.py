@@ -68,20 +68,24 @@ def _copy16(smem, offset, gmem, index, valid):
     if not smem.flags.c_contiguous:
         raise ValueError("cp.async destination must be a C-contiguous shared array")
     flat = smem.reshape(-1)
-    n = CP_ASYNC_BYTES // flat.itemsize
     offset = int(offset)
     # The GPU needs both addresses aligned whether or not the zfill form reads the source.
     _require_aligned("cp.async shared (destination)", offset * flat.itemsize,
                      f"element {offset} of the shared array")
     _require_aligned("cp.async global (source)", _element_address(gmem, index),
                      f"index {index} of a {gmem.dtype} array with strides {gmem.strides}")
-    if isinstance(index, tuple):
-        head, last = tuple(index[:-1]), int(index[-1])
-        for j in range(n):
-            flat[offset + j] = gmem[head + (last + j,)] if valid else 0
-    else:
-        for j in range(n):
-            flat[offset + j] = gmem[int(index) + j] if valid else 0
+    # Bytes, as the GPU moves them: the source's elements need not be the destination's.
+    chunk = np.zeros(CP_ASYNC_BYTES // gmem.itemsize, gmem.dtype)
+    if valid:
+        if isinstance(index, tuple):
+            head, last = tuple(index[:-1]), int(index[-1])
+            for j in range(chunk.size):
+                chunk[j] = gmem[head + (last + j,)]
+        else:
+            for j in range(chunk.size):
+                chunk[j] = gmem[int(index) + j]
+    start = offset * flat.itemsize
+    flat.view(np.uint8)[start:start + CP_ASYNC_BYTES] = chunk.view(np.uint8)
 
 
 @cuda.jit(device=True)

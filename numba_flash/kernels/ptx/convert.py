@@ -27,6 +27,9 @@ API (``fmt`` is ``"float16"`` or ``"bfloat16"``):
     f32_to_f16(x), f32_to_bf16(x)                        float32 -> uint16 (nearest even)
     e4m3_to_f32(bits), f32_to_e4m3(x)                    uint8 e4m3 <-> float32 (sm_89+;
                                                          nearest even, saturating to +-448)
+    e4m3x2_to_f16x2(bits) / e4m3x2_to_bf16x2(bits) / widen_e4m3x2(fmt)
+                                                         uint16 (two e4m3) -> uint32 pair
+                                                         (exact; byte 0 -> bits 0-15)
     pack_f16x2(lo, hi) / pack_bf16x2(lo, hi) / pack(fmt) two float32 -> uint32
     unpack_f16x2(r) / unpack_bf16x2(r) / unpack(fmt)     uint32 -> (lo, hi) float32
     exp2_approx(x)                                       ex2.approx.ftz.f32
@@ -122,6 +125,38 @@ def f32_to_e4m3(typingctx, x):
         return builder.trunc(builder.call(asm, args), ir.IntType(8))
 
     return types.uint8(x), codegen
+
+
+# ---- two 8-bit floats (e4m3) -> two 16-bit floats, exactly ------------------------------------
+
+def _make_widen_pair(body):
+    @intrinsic
+    def widen(typingctx, bits):
+        if not isinstance(bits, types.Integer) or bits.bitwidth != 16:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.call(ir.InlineAsm(ir.FunctionType(I32, [I16]), body, "=r,h"), args)
+
+        return types.uint32(bits), codegen
+
+    return widen
+
+
+# ``cvt.rn.f16x2.e4m3x2`` widens the low byte into the low half (float16 holds every e4m3
+# value); for bfloat16 the two halves pass through float32 and are packed again (also exact:
+# bfloat16's exponent range and 7 mantissa bits cover e4m3's).
+e4m3x2_to_f16x2 = _make_widen_pair("cvt.rn.f16x2.e4m3x2 $0, $1;")
+e4m3x2_to_f16x2.__doc__ = "Two e4m3 bytes (uint16, byte 0 low) as two float16 in one uint32."
+e4m3x2_to_bf16x2 = _make_widen_pair(
+    "{ .reg .b32 w; .reg .b16 lo, hi; .reg .f32 a, b; cvt.rn.f16x2.e4m3x2 w, $1; "
+    "mov.b32 {lo, hi}, w; cvt.f32.f16 a, lo; cvt.f32.f16 b, hi; cvt.rn.bf16x2.f32 $0, b, a; }")
+e4m3x2_to_bf16x2.__doc__ = "Two e4m3 bytes (uint16, byte 0 low) as two bfloat16 in one uint32."
+
+
+def widen_e4m3x2(fmt):
+    """The two-e4m3 -> 16-bit pair widening for ``fmt`` (``"float16"`` or ``"bfloat16"``)."""
+    return {"float16": e4m3x2_to_f16x2, "bfloat16": e4m3x2_to_bf16x2}[fmt]
 
 
 # ---- two 16-bit values in one register ---------------------------------------------------------

@@ -29,6 +29,11 @@ What it computes
               (``scheduler.py``'s format); otherwise the device planner runs next on
               ``lengths``.
 
+    FP8 caches (``FP8``): the caches hold float8_e4m3fn bytes and ``k_descale``, ``v_descale``
+    (float32 (B, Hk)) the factors their values are multiplied by, so an appended (and rotated)
+    element ``x`` of head ``h`` is stored as ``e4m3(x * (1 / k_descale[b, h]))``: nearest even,
+    saturated to +-448 (``convert.f32_to_e4m3``), as ``quantize_fp8`` rounds.
+
     Rotary (flash-attn's rules, in float32, rounded once to the storage format): over the first
     ``rotary_dim`` columns, pairs ``(x1, x2)`` become ``(x1 cos - x2 sin, x1 sin + x2 cos)`` with
     ``cos, sin = rotary_cos[p, i], rotary_sin[p, i]``; the pairs are columns ``(2i, 2i + 1)``
@@ -50,7 +55,8 @@ Bad values only the device sees (reported in the status word, ``check_errors``)
     its array.
 
 Limits
-    Any head dim, any even ``rotary_dim`` up to it, any page size; float16, bfloat16 or float32.
+    Any head dim, any even ``rotary_dim`` up to it, any page size; float16, bfloat16 or float32
+    (FP8 caches: float16 or bfloat16 inputs, compute capability 8.9+).
 """
 
 from typing import NamedTuple
@@ -59,19 +65,21 @@ import numpy as np
 from numba import cuda, float32, int32, types, uint64
 
 from ...runtime.device import SIMULATOR
-from ...runtime.spec import FixedSpec, Sample
+from ...runtime.spec import SM90, FixedSpec, Sample
 from ..attention import tensor_type
 from ..common import formats
 from ..common.paged_kv import SCHED_BLOCK, make_page_lookup
 from ..common.status import BAD_CACHE_INDEX, BAD_CACHE_LENGTH, NEGATIVE_LENGTH, report
 
 THREADS = 32 if SIMULATOR else 128
+ONE = float32(1.0)
 MAX_GRID_Y = 4096  # rows per sequence past this loop in their CTAs
 ROTARY = (None, "interleaved", "half")  # no rotary; GPT-J pairs (2i, 2i+1); NeoX (i, i+rd/2)
 
 
-def make_prepare_kernel(FMT, ROTARY_MODE, CAUSAL, PAGED, WINDOW=False):
+def make_prepare_kernel(FMT, ROTARY_MODE, CAUSAL, PAGED, WINDOW=False, FP8=False):
     load, store = formats.loader(FMT), formats.storer(FMT)
+    to_fp8 = formats.storer("float8_e4m3fn")
     _, _, lookup = make_page_lookup(int32(0))
     INTERLEAVED = ROTARY_MODE == "interleaved"
 
@@ -98,7 +106,7 @@ def make_prepare_kernel(FMT, ROTARY_MODE, CAUSAL, PAGED, WINDOW=False):
     def kvcache_prepare(q, k, v, k_cache, v_cache, block_table, cache_seqlens, cache_batch_idx,
                         cache_leftpad, rotary_cos, rotary_sin, q_rot, lengths, key_start, table,
                         metadata, num_splits, status, s_new, fixed_seqlen, capacity, rotary_dim,
-                        one_piece, window_left):
+                        one_piece, window_left, k_descale, v_descale):
         b = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         batch = q.shape[0]
@@ -169,12 +177,23 @@ def make_prepare_kernel(FMT, ROTARY_MODE, CAUSAL, PAGED, WINDOW=False):
                     for i in range(tid, hk_cols, THREADS):
                         h = i // d_k
                         d = i - h * d_k
-                        if ROTARY_MODE is None:
-                            k_cache[page, slot, h, uint64(d)] = k[b, t, h, uint64(d)]
+                        if FP8:
+                            x = load(k[b, t, h, uint64(d)])
+                            if ROTARY_MODE is not None:
+                                x = rotated(k, b, t, h, d, pos, rotary_cos, rotary_sin,
+                                            rotary_dim)
+                            k_cache[page, slot, h, uint64(d)] = to_fp8(
+                                x * (ONE / k_descale[b, h]))
+                            v_cache[page, slot, h, uint64(d)] = to_fp8(
+                                load(v[b, t, h, uint64(d)]) * (ONE / v_descale[b, h]))
                         else:
-                            k_cache[page, slot, h, uint64(d)] = store(
-                                rotated(k, b, t, h, d, pos, rotary_cos, rotary_sin, rotary_dim))
-                        v_cache[page, slot, h, uint64(d)] = v[b, t, h, uint64(d)]
+                            if ROTARY_MODE is None:
+                                k_cache[page, slot, h, uint64(d)] = k[b, t, h, uint64(d)]
+                            else:
+                                k_cache[page, slot, h, uint64(d)] = store(
+                                    rotated(k, b, t, h, d, pos, rotary_cos, rotary_sin,
+                                            rotary_dim))
+                            v_cache[page, slot, h, uint64(d)] = v[b, t, h, uint64(d)]
             if ROTARY_MODE is not None and t < q.shape[1]:
                 qpos = seqlen + t if CAUSAL else seqlen
                 inside = qpos < rotary_cos.shape[0]
@@ -199,14 +218,14 @@ class Config(NamedTuple):
     causal: bool = False   # rotary: each query token at its own position
     paged: bool = False    # the caches are pages behind block_table (else one row per sequence)
     window: bool = False   # a sliding window's left side bounds the keys (the module's "view")
+    fp8: bool = False      # float8_e4m3fn caches: appends rounded with their descales
 
 
 class Spec(FixedSpec):
     """(q, k, v, k_cache, v_cache, block_table, cache_seqlens, cache_batch_idx, cache_leftpad,
     rotary_cos, rotary_sin, q_rot, lengths, key_start, table, metadata, num_splits, status,
-    s_new, fixed_seqlen, capacity, rotary_dim, one_piece, window_left); grid (B, min(rows,
-    MAX_GRID_Y)).
-    Absent optional arrays are empty ones (never read)."""
+    s_new, fixed_seqlen, capacity, rotary_dim, one_piece, window_left, k_descale, v_descale);
+    grid (B, min(rows, MAX_GRID_Y)). Absent optional arrays are empty ones (never read)."""
 
     name = "kvcache_prepare"
     Config = Config
@@ -214,7 +233,7 @@ class Spec(FixedSpec):
 
     def make(self, config, tiles):
         return make_prepare_kernel(config.fmt, config.rotary, config.causal, config.paged,
-                                   config.window)
+                                   config.window, config.fp8)
 
     def samples(self):
         return [Sample(f"simt kvcache prepare {fmt} rotary={rotary} paged={paged}",
@@ -222,14 +241,17 @@ class Spec(FixedSpec):
                 for fmt, rotary, paged in (("bfloat16", None, False), ("bfloat16", "half", True),
                                            ("float16", "interleaved", False),
                                            ("float32", "half", False))] + [
-            Sample("simt kvcache prepare bfloat16 window", ("bfloat16", None, False, True, True))]
+            Sample("simt kvcache prepare bfloat16 window", ("bfloat16", None, False, True, True)),
+            Sample("simt kvcache prepare bfloat16 rotary=half fp8",
+                   ("bfloat16", "half", True, True, False, True), ccs=(SM90,))]
 
     def signature(self, config):
         t, t2 = tensor_type(config.fmt), tensor_type(config.fmt, 2)
+        cache = tensor_type("float8_e4m3fn") if config.fp8 else t
         i1, i2 = types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A")
-        I32 = types.int32
-        return types.void(t, t, t, t, t, i2, i1, i1, i1, t2, t2, t, i1, i1, i2, i2, i1, i1,
-                          I32, I32, I32, I32, I32, I32)
+        I32, f2 = types.int32, types.Array(types.float32, 2, "A")
+        return types.void(t, t, t, cache, cache, i2, i1, i1, i1, t2, t2, t, i1, i1, i2, i2, i1,
+                          i1, I32, I32, I32, I32, I32, I32, f2, f2)
 
     def grid(self, config, tiles, p):
         rows = max(p["s_new"], p["q"].shape[1] if config.rotary is not None else 0, 1)
@@ -241,7 +263,8 @@ class Spec(FixedSpec):
             "cache_batch_idx", "cache_leftpad", "rotary_cos", "rotary_sin", "q_rot", "lengths",
             "key_start", "table", "metadata", "num_splits", "status")) + tuple(
             np.int32(p[name]) for name in ("s_new", "fixed_seqlen", "capacity", "rotary_dim",
-                                           "one_piece", "window_left"))
+                                           "one_piece", "window_left")) + (
+            p["k_descale"], p["v_descale"])
 
 
 SPEC = Spec()

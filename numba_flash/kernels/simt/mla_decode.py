@@ -83,7 +83,11 @@ V in its own cache (``SEPARATE_V``: ``flash_attn_with_kvcache``)
     ``LEFTPAD`` a sequence's key ``n`` is cache position ``key_start[req] + n``. ``WINDOW``,
     ``SOFTCAP``, ``ALIBI``: flash-attn's sliding window, softcap and ALiBi per packed row
     (``make_row_modifiers``; the keys before the first token's window are out of the view,
-    ``kvcache_prepare.py``), compile-time options that cost nothing when off.
+    ``kvcache_prepare.py``), compile-time options that cost nothing when off. ``CACHE_FP8``:
+    float8_e4m3fn caches, copied as bytes and widened to 16 bits in the ring by the thread that
+    copied them (``paged_kv.make_row_widen``; the element path converts as it copies), with
+    ``k_descale[req, hk]`` folded into the query's scale and ``v_descale[req, hk]`` into the
+    rows' normalisation (narrow variant).
 
 Wide variant: more query rows (MLA: h_q >= 4 or s_q h_q >= 4)
     grid as above; block = THREADS = 256. All threads share each tile; every phase uses the
@@ -288,16 +292,17 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS, 
 @lru_cache(maxsize=None)
 def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
                            VEC=True, SEPARATE_V=False, LEFTPAD=False, WINDOW=False,
-                           SOFTCAP=False, ALIBI=False):
+                           SOFTCAP=False, ALIBI=False, CACHE_FP8=False):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it), of the
     variant BLOCK_M selects; ``VEC``: the caches are 16-byte aligned
     (``arrays.rows_16_byte_aligned``); ``SEPARATE_V``: V is ``v_cache``, not the first key
     columns; ``LEFTPAD``: sequence ``req``'s keys start at cache position ``key_start[req]``;
     ``WINDOW``, ``SOFTCAP``, ``ALIBI``: ordinary attention's masks and score modifiers
-    (``make_row_modifiers``)."""
+    (``make_row_modifiers``); ``CACHE_FP8``: both caches hold float8_e4m3fn values, with their
+    descales (narrow variant only)."""
     make = make_narrow_kernel if narrow_lanes(BLOCK_M, HEAD_DIM) else make_wide_kernel
     return make(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC, SEPARATE_V,
-                LEFTPAD, WINDOW, SOFTCAP, ALIBI)
+                LEFTPAD, WINDOW, SOFTCAP, ALIBI, CACHE_FP8)
 
 
 def make_row_modifiers(WINDOW, SOFTCAP, ALIBI):
@@ -333,7 +338,7 @@ def make_row_modifiers(WINDOW, SOFTCAP, ALIBI):
 # ----------------------------------------------------------------------------- both variants
 
 def make_stream(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRIDE,
-                SEPARATE_V, LEFTPAD):
+                SEPARATE_V, LEFTPAD, CACHE_FP8=False):
     """The device functions both variants share: the paged-KV walk and its cache ring
     (``paged_kv.py``: slot ``s`` at storage element ``RING_OFF + s BLOCK_N KV_STRIDE``, a tile
     row every KV_STRIDE elements: the key columns, then the value columns when V has its own
@@ -344,7 +349,7 @@ def make_stream(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_
     cta_work, piece_of, _, _, put, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
     first_key, ring_start, ring_next = make_kv_ring(
         HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC, RING_OFF, KV_STRIDE,
-        NSTAGES, SEPARATE_V, LEFTPAD)
+        NSTAGES, SEPARATE_V, LEFTPAD, CACHE_FP8)
 
     @cuda.jit(device=True, inline="always")
     def pair(words, floats, p):
@@ -359,9 +364,10 @@ def make_stream(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_
 # ----------------------------------------------------------------------------- narrow
 
 def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
-                           SEPARATE_V, put, put_lse):
+                           SEPARATE_V, put, put_lse, CACHE_FP8=False):
     """The narrow variant's phases that open a piece (the query rows into registers) and close it
-    (the warps' partial results merged and written); ``put``, ``put_lse`` from the walk."""
+    (the warps' partial results merged and written); ``put``, ``put_lse`` from the walk;
+    ``CACHE_FP8``: the rows are scaled by the value cache's descale on their way out."""
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     WARPS = THREADS // 32
     LPK = narrow_lanes(BLOCK_M, HEAD_DIM)
@@ -442,7 +448,7 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
     @cuda.jit(device=True, inline="always")
     def write_piece(out, lse, o_acc, lse_acc, floats, wscale, split, req, slot, hk, m0, q_rows,
-                    group, tid, status):
+                    group, v_scale, tid, status):
         """Merge the warps' partial results, as the combine merges splits, and write the rows."""
         for m in range(BLOCK_M):
             gr = m0 + m
@@ -459,6 +465,8 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     wscale[w] = math.exp2(floats[uint64(at)] - base)
                     l += floats[uint64(at + 1)] * wscale[w]
                 inv = ONE / l if l > ZERO else ZERO
+                if CACHE_FP8:
+                    inv *= v_scale
                 for j in range(OUT_STEPS):
                     col = tid + THREADS * j
                     if col < HEAD_DIM_V:
@@ -474,7 +482,8 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
 
 def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC,
-                       SEPARATE_V, LEFTPAD, WINDOW=False, SOFTCAP=False, ALIBI=False):
+                       SEPARATE_V, LEFTPAD, WINDOW=False, SOFTCAP=False, ALIBI=False,
+                       CACHE_FP8=False):
     """The narrow variant (``narrow_lanes``): the warps split the keys."""
     row_window, modified = make_row_modifiers(WINDOW, SOFTCAP, ALIBI)
     MOD_ROWS = BLOCK_M + 1  # each row's (alibi, rel0), then the cap's (cap_in, cap_out)
@@ -499,9 +508,10 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
     STORAGE = formats.storage_type(FMT)
     cta_work, piece_of, put, put_lse, first_key, ring_start, ring_next, pair = make_stream(
         HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, ROW, SEPARATE_V,
-        LEFTPAD)
+        LEFTPAD, CACHE_FP8)
     stage_q, start_rows, store_partials, write_piece = make_narrow_piece_ends(
-        HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, SEPARATE_V, put, put_lse)
+        HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, SEPARATE_V, put, put_lse,
+        CACHE_FP8)
 
     @cuda.jit(device=True, inline="always")
     def score(words, floats, S, qv, rd, key, kq, ll, scratch, tid):
@@ -571,7 +581,7 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
     def mla_decode_narrow(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out,
                           lse, o_acc, lse_acc, status, s_q, group, page_size, scale_log2,
                           v_cache, key_start, window_left, window_right, softcap,
-                          alibi_slopes):
+                          alibi_slopes, k_descale, v_descale):
         tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
         floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
@@ -608,12 +618,18 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
             key0 = first_key(key_start, req)
             ring_start(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n_lo, n_hi,
                        row, rl, src, valid, page_size, status)
-            stage_q(q, floats, visible, req, hk, m0, s_q, group, q_rows, seqlen, scale_log2, tid)
+            # An FP8 cache's descales: k's joins the query's scale (S stays in base-2 units),
+            # v's scales the finished rows.
+            piece_scale, v_scale = scale_log2, ONE
+            if CACHE_FP8:
+                piece_scale = scale_log2 * k_descale[req, hk]
+                v_scale = v_descale[req, hk]
+            stage_q(q, floats, visible, req, hk, m0, s_q, group, q_rows, seqlen, piece_scale, tid)
             if WINDOW or SOFTCAP or ALIBI:
                 for m in range(BLOCK_M):
                     visible[m], begin[m], mods = row_window(
                         m0 + m, visible[m], hk, group, q_rows, seqlen, s_q, window_left,
-                        window_right, softcap, alibi_slopes, req, scale_log2)
+                        window_right, softcap, alibi_slopes, req, piece_scale)
                     row_mods[m, 0], row_mods[m, 1] = mods[2], mods[3]
                     row_mods[BLOCK_M, 0], row_mods[BLOCK_M, 1] = mods[0], mods[1]
             cuda.syncthreads()  # the staged query rows are written
@@ -621,8 +637,8 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
 
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
-                ring_next(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi,
-                          rd, row, rl, src, valid, page_size, status)
+                ring_next(tile, words, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0,
+                          n_hi, rd, row, rl, src, valid, page_size, status)
                 for b in range(BATCHES):  # the warp's keys, KBW KPL at a time
                     key = warp * KPW + b * KBW * KPL  # first tile row of the batch
                     score(words, floats, S, qv, rd, key, kq, ll, scratch, tid)
@@ -635,7 +651,7 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
             store_partials(floats, m_i, l_i, O_i, warp, lane, scratch, tid)
             cuda.syncthreads()  # the partial results are written
             write_piece(out, lse, o_acc, lse_acc, floats, wscale, split, req, slot, hk, m0,
-                        q_rows, group, tid, status)
+                        q_rows, group, v_scale, tid, status)
 
     return mla_decode_narrow
 
@@ -706,8 +722,11 @@ def make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, S
 
 
 def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC,
-                     SEPARATE_V, LEFTPAD, WINDOW=False, SOFTCAP=False, ALIBI=False):
-    """The wide variant: all threads share each tile."""
+                     SEPARATE_V, LEFTPAD, WINDOW=False, SOFTCAP=False, ALIBI=False,
+                     CACHE_FP8=False):
+    """The wide variant: all threads share each tile (no FP8 caches: the KV-cache decode runs
+    the narrow one)."""
+    assert not CACHE_FP8
     row_window, modified = make_row_modifiers(WINDOW, SOFTCAP, ALIBI)
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS, SEPARATE_V)
@@ -813,7 +832,8 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
 
     def mla_decode_wide(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out, lse,
                         o_acc, lse_acc, status, s_q, group, page_size, scale_log2, v_cache,
-                        key_start, window_left, window_right, softcap, alibi_slopes):
+                        key_start, window_left, window_right, softcap, alibi_slopes, k_descale,
+                        v_descale):
         tile = cuda.shared.array(0, STORAGE, alignment=SHARED_ALIGN)
         words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)
         floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
@@ -877,8 +897,8 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
                 # Tile n0 lands (the barrier also ends the previous tile's reads of P, alpha).
-                ring_next(tile, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi,
-                          rd, row, rl, src, valid, page_size, status)
+                ring_next(tile, words, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0,
+                          n_hi, rd, row, rl, src, valid, page_size, status)
                 kv_at = RING_P + rd * SLOT_P  # the tile's first pair
                 score(words, floats, S, kv, kv_at, q_at, k_at, part_at, ds)
                 cuda.syncthreads()  # the S planes are written
@@ -949,13 +969,15 @@ class Spec(KVCacheDecodeSpec):
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, tiles.BLOCK_M,
                                       tiles.BLOCK_N, tiles.threads, config.causal, config.fmt,
                                       config.vec, config.separate_v, config.leftpad,
-                                      config.window, config.softcap, config.alibi)
+                                      config.window, config.softcap, config.alibi,
+                                      config.cache_fp8)
 
     def samples(self):
         """DeepSeek's head dims: 1 to 16 and 128 rows, causal or not, in bfloat16 under an
         H100's shared memory per block; three in float32 under an A100's; rows that are not in
-        16-byte chunks once; and two of the KV-cache decode. (The SM count does not change the
-        code.)"""
+        16-byte chunks once; and the KV-cache decode's: four with and without the masks and
+        modifiers, rows not in 16-byte chunks, two with FP8 caches. (The SM count does not
+        change the code.)"""
         h100 = Device(cc=SM90, sms=132, shared_per_block=227 * 1024)
         a100 = Device(cc=SM80, sms=132, shared_per_block=163 * 1024)
         cases = [(rows, causal, "bfloat16", True, h100) for rows in (1, 2, 4, 8, 16, 128)
@@ -974,7 +996,12 @@ class Spec(KVCacheDecodeSpec):
                              + (" window softcap alibi" if mods else ""),
                              (rows, 128, 128, mods, "bfloat16", True, False, True, pad,
                               mods, mods, mods), device=h100, ccs=(SM90,))
-                      for rows, pad in ((4, True), (1, False)) for mods in (False, True)]
+                      for rows, pad in ((4, True), (1, False)) for mods in (False, True)] + [
+            Sample(f"simt kvcache q_rows=4 d=128{' fp8 cache' if fp8 else ''}"
+                   f"{'' if vec else ' unaligned'} float16",
+                   (4, 128, 128, False, "float16", vec, False, True, False, False, False,
+                    False, fp8), device=h100, ccs=(SM90,) if fp8 else (SM80, SM90))
+            for vec, fp8 in ((False, False), (True, True), (False, True))]
 
 
 SPEC = Spec()

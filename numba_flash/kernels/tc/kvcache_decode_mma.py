@@ -48,6 +48,15 @@ Memory pipeline
     are in flight while one is multiplied, one barrier per tile. Q's 16 rows
     are copied with the piece's first tile.
 
+FP8 caches (``CACHE_FP8``, compile-time)
+    float8_e4m3fn caches stream as bytes, half those of a 16-bit cache: a 16-byte chunk holds
+    16 values and lands in the upper half of the 32 bytes they take as 16-bit values; once its
+    ``cp.async`` wait returns, the thread that copied it widens it there (``cvt.rn.f16x2.e4m3x2``;
+    exact, e4m3 being a subset of float16 and bfloat16), before the tile's barrier. The
+    products then read the same tile as for a 16-bit cache, and the descales stay in float32:
+    ``k_descale[b, hk]`` multiplies the piece's softmax scale (S = q k8^T is exact until then),
+    ``v_descale[b, hk]`` the finished rows. Shared memory is that of a 16-bit cache.
+
 Shared memory (16-bit elements; rows padded by 8 elements so the 8 row addresses of an
 ldmatrix fall in 8 different 16-byte bank groups)
     Q      16 x (HEAD_DIM + 8)
@@ -58,8 +67,8 @@ ldmatrix fall in 8 different 16-byte bank groups)
     (``Spec.parts_per_sm``).
 
 Limits
-    float16 / bfloat16; HEAD_DIM and HEAD_DIM_V multiples of 16 up to 256 on sm_90, 128 on
-    sm_8x (``max_head_dim``: more spills there); q and both caches in
+    float16 / bfloat16 (FP8 caches: compute capability 8.9 or newer); HEAD_DIM and HEAD_DIM_V
+    multiples of 16 up to 256 on sm_90, 128 on sm_8x (``max_head_dim``: more spills there); q and both caches in
     rows of 16-byte chunks (``arrays.rows_16_byte_aligned``; the API sends other views to the
     SIMT decode); any page size; compute capability 8.0 or newer. No table entry, length,
     left padding or metadata value can move a copy or a store outside its array
@@ -127,7 +136,7 @@ def static_bytes(warps):
 
 @lru_cache(maxsize=None)
 def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES, LEFTPAD,
-                               WINDOW=False, SOFTCAP=False, ALIBI=False):
+                               WINDOW=False, SOFTCAP=False, ALIBI=False, CACHE_FP8=False):
     """Python kernel function for one configuration (``SPEC`` compiles it)."""
     assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)  # (on sm_90)
     BLOCK_N = 16 * WARPS
@@ -158,12 +167,12 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
     cta_work, piece_of, _, _, put, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, True)
     first_key, ring_start, ring_next = make_kv_ring(
         HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, True, RING_OFF, KV_STRIDE,
-        NSTAGES, True, LEFTPAD)
+        NSTAGES, True, LEFTPAD, CACHE_FP8)
     copy_q = make_row_copy(HEAD_DIM, Q_TPR, FMT, True)
     exp2 = convert.exp2_approx
     shfl_xor = sync.shfl_xor
     NEG_INF = constants.NEG_INF
-    ZERO = float32(0.0)
+    ZERO, ONE = float32(0.0), float32(1.0)
 
     @cuda.jit(device=True, inline="always")
     def merged_row(xm, xl, r, scale_log2):
@@ -179,9 +188,11 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
 
     @cuda.jit(device=True, inline="always")
     def finish_piece(out, lse, o_acc, lse_acc, floats, xm, xl, shfl_scratch, O_i, m_i, l_i, req,
-                     split, slot, q_rows, group, m0, hk, scale_log2, warp, g, t2, tid, status):
+                     split, slot, q_rows, group, m0, hk, scale_log2, v_scale, warp, g, t2, tid,
+                     status):
         """Merge the warps' partial states of the piece's rows and write them out (final rows
-        and natural-log lse, or a split's float32 partials and base-2 lse)."""
+        and natural-log lse, or a split's float32 partials and base-2 lse); ``v_scale``: the FP8
+        value cache's descale."""
         for mask in (1, 2):  # each warp's full row sums (the quad held column partials)
             for half in range(2):
                 l_i[0, half] += shfl_xor(l_i[0, half], mask, shfl_scratch, tid)
@@ -197,6 +208,8 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
             f = ZERO
             if L > ZERO and m_i[0, half] != NEG_INF:
                 f = exp2((m_i[0, half] - M) * scale_log2) / L
+                if CACHE_FP8:
+                    f *= v_scale
             at = STAGE_OFF + (BLOCK_M * warp + r) * STAGE_STRIDE + t2
             for dt in range(DT):
                 floats[at + 8 * dt] = O_i[0, dt, 2 * half] * f
@@ -221,8 +234,9 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
     def kvcache_decode_mma(q, k_cache, block_table, cache_seqlens, metadata, num_splits, out,
                            lse, o_acc, lse_acc, status, s_q, group, page_size, scale_log2,
                            v_cache, key_start, window_left, window_right, softcap,
-                           alibi_slopes):
+                           alibi_slopes, k_descale, v_descale):
         smem = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
+        words = cuda.shared.array(0, uint32, alignment=SHARED_ALIGN)  # the same bytes
         floats = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)  # the same bytes
         xm = cuda.shared.array(WARP_ROWS, float32)
         xl = cuda.shared.array(WARP_ROWS, float32)
@@ -267,6 +281,12 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
             n_lo, n_hi, seqlen, split, slot = piece_of(metadata, cache_seqlens, num_splits, part,
                                                        req, begin_req, end_req, status)
             cuda.syncthreads()  # the previous piece's partials are written out
+            # An FP8 cache's descales: k's scales the scores (S = q k8^T stays exact in float32
+            # until the softmax), v's the finished rows.
+            piece_scale, v_scale = scale_log2, ONE
+            if CACHE_FP8:
+                piece_scale = scale_log2 * k_descale[req, hk]
+                v_scale = v_descale[req, hk]
             # Q with the first tile: packed row m0 + q_row is token tq of head hq.
             gq = m0 + q_row
             q_ok = gq < q_rows
@@ -278,24 +298,25 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
                        row, rl, src, valid, page_size, status)
             start_rows(limit, m_i, l_i, O_i, n_hi, seqlen, s_q, group, m0 + g)
             mods0, mods1 = row_mods(limit, begin, softcap, alibi_slopes, req, hk, seqlen, s_q,
-                                    group, q_rows, m0 + g, window_left, window_right, scale_log2)
+                                    group, q_rows, m0 + g, window_left, window_right,
+                                    piece_scale)
 
             rd = 0  # ring slot of the tile computed now
             for n0 in range(n_lo, n_hi, BLOCK_N):
-                ring_next(smem, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0, n_hi,
-                          rd, row, rl, src, valid, page_size, status)
+                ring_next(smem, words, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0,
+                          n_hi, rd, row, rl, src, valid, page_size, status)
                 at = rd * SLOT
                 scores(S, q_frag, q_lane, k_lane + at, smem, scratch, tid)
                 modify_keys(S, begin, mods0, mods1, n0 + key_lane)  # softcap, ALiBi, window
                 mask_keys(S, limit, n0 + key_lane)  # past the piece, or (causal) the diagonal
                 row_max(S, m_tile, shfl_scratch, tid)
-                update(S, m_i, l_i, O_i, m_tile, scale_log2)
+                update(S, m_i, l_i, O_i, m_tile, piece_scale)
                 accumulate(O_i, S, v_lane + at, smem, scratch, tid)
                 rd = rd + 1 if rd + 1 < NSTAGES else 0
 
             finish_piece(out, lse, o_acc, lse_acc, floats, xm, xl, shfl_scratch, O_i, m_i, l_i,
-                         req, split, slot, q_rows, group, m0, hk, scale_log2, warp, g, t2, tid,
-                         status)
+                         req, split, slot, q_rows, group, m0, hk, piece_scale, v_scale, warp, g,
+                         t2, tid, status)
 
     return kvcache_decode_mma
 
@@ -333,12 +354,12 @@ class Spec(KVCacheDecodeSpec):
         return make_kvcache_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
                                           config.fmt, tiles.threads // 32, nstages,
                                           config.leftpad, config.window, config.softcap,
-                                          config.alibi)
+                                          config.alibi, config.cache_fp8)
 
     def samples(self):
         """A decode step of a GQA group of 4 (D 128, left padding), a causal chunk of 3 tokens
-        of 8 heads at D 64, D 256, and a causal chunk with a window, a softcap and ALiBi; every
-        table entry."""
+        of 8 heads at D 64, D 256, and a causal chunk with a window, a softcap and ALiBi; FP8
+        caches at D 128 and 256; every table entry."""
         cases = (("q_rows=4 d=128 leftpad bfloat16", (4, 128, 128, False, "bfloat16", True, False,
                                                       True, True)),
                  ("q_rows=24 d=64 causal float16", (24, 64, 64, True, "float16", True, False,
@@ -347,9 +368,15 @@ class Spec(KVCacheDecodeSpec):
                                               False)),
                  ("q_rows=8 d=128 window softcap alibi bfloat16",
                   (8, 128, 128, True, "bfloat16", True, False, True, True, True, True, True)))
+        fp8 = (("q_rows=4 d=128 fp8 cache bfloat16", (4, 128, 128, False, "bfloat16", True, False,
+                                                      True, False, False, False, False, True)),
+               ("q_rows=8 d=256 fp8 cache float16", (8, 256, 256, False, "float16", True, False,
+                                                     True, True, False, False, False, True)))
         return [Sample(f"tc kvcache {label} tiles={entry}", config, entry,
                        ccs=(SM90,) if config[1] > MAX_HEAD_DIM_SM8X else (SM80, SM90))
-                for entry in TILES for label, config in cases]
+                for entry in TILES for label, config in cases] + [
+            Sample(f"tc kvcache {label} tiles={entry}", config, entry, ccs=(SM90,))
+            for entry in TILES for label, config in fp8]  # (e4m3 conversions: sm_89+)
 
 
 SPEC = Spec()

@@ -55,6 +55,24 @@ def test_cp_async_copies():
 
 
 @cuda.jit
+def _byte_copy_kernel(g8, s_out):
+    """cp.async of 16 bytes of a uint8 row into uint16 shared memory (FP8 caches land so)."""
+    s16 = cuda.shared.array(8, uint16, alignment=SHARED_ALIGN)
+    memory.cp_async_16(s16, 0, g8, (1, 0))
+    memory.cp_async_commit()
+    memory.cp_async_wait_all()
+    for j in range(8):
+        s_out[j] = s16[j]
+
+
+def test_cp_async_moves_bytes_between_arrays_of_other_element_sizes():
+    g8 = np.random.default_rng(7).integers(0, 256, size=(2, 16), dtype=np.uint8)
+    out = np.zeros(8, np.uint16)
+    _byte_copy_kernel[1, 1](g8, out)
+    np.testing.assert_array_equal(out, g8[1].view(np.uint16))
+
+
+@cuda.jit
 def _copy_at_kernel(g16, rows, s_out):
     """cp.async from addresses: thread t copies chunk t % 4 of row rows[t // 4] of g16 (its
     address: global_address of row 0 plus rows * the row stride), zero-filled where rows < 0."""

@@ -123,7 +123,8 @@ def test_metadata_is_the_plan_in_the_callers_library():
 # (config, cc): both variants and each tile tier of mla_decode.BLOCK_N_BY_ROWS (narrow BLOCK_M 1,
 # 2; wide 8, 16) in the DeepSeek decode shapes (h_q 1, 16, 128) in bfloat16 on sm_90, and at
 # their most registers (float32, sm_80's ptxas) on sm_80; the KV-cache decode's short rows (V in
-# its own cache, left padding; D 128, a GQA group of 4) at its most registers, on sm_80.
+# its own cache, left padding; D 128, a GQA group of 4) at its most registers, on sm_80, and
+# copied element by element (rows not in 16-byte chunks); with FP8 caches (sm_89+) both ways.
 def _mla(q_rows, fmt, causal):
     return [q_rows, 576, 512, causal, fmt, True]
 
@@ -132,7 +133,12 @@ PTX_SPECS = [(_mla(1, "bfloat16", False), (9, 0)), (_mla(2, "bfloat16", True), (
              (_mla(16, "bfloat16", True), (9, 0)), (_mla(128, "bfloat16", True), (9, 0)),
              (_mla(1, "float32", False), (8, 0)), (_mla(8, "float32", True), (8, 0)),
              (_mla(128, "float32", False), (8, 0)),
-             ([4, 128, 128, False, "bfloat16", True, False, True, True], (8, 0))]
+             ([4, 128, 128, False, "bfloat16", True, False, True, True], (8, 0)),
+             ([4, 128, 128, False, "float16", False, False, True, False], (8, 0)),
+             ([4, 128, 128, False, "float16", True, False, True, False, False, False, False,
+               True], (9, 0)),
+             ([4, 128, 128, False, "bfloat16", False, False, True, True, False, False, False,
+               True], (9, 0))]
 A100_SHARED, H100_SHARED = 163 * 1024, 227 * 1024
 
 
@@ -151,6 +157,8 @@ def test_decode_kernel_compiles_without_spills():
             assert rep["spill_stores"] == 0 and rep["spill_loads"] == 0, (spec, rep["log"])
             assert "ld.local" not in ptx, spec
             assert rep["registers"] <= 255, spec
+            if mla_decode.SPEC.Config(*spec[0]).cache_fp8:  # widened by cvt ... e4m3x2
+                assert "e4m3x2" in ptx, spec
 
 
 # ----------------------------------------------------------------------------- layout rules

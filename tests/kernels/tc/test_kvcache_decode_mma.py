@@ -98,9 +98,15 @@ def test_the_registry_sends_kvcache_decodes_here_and_names_what_it_refuses(rng):
 
 
 def test_every_sample_compiles_to_mma_sync_without_spills():
-    """The samples after the first (test_registry.py compiles that one), each for its targets."""
+    """The samples after the first (test_registry.py compiles that one), each for its targets;
+    those of FP8 caches widen them with ``cvt ... e4m3x2``."""
     later = kv.SPEC.samples()[1:]
+    base = ("mma.sync.aligned.m16n8k16", "cp.async", "ldmatrix")
     for cc in ((8, 0), (9, 0)):
-        configs = [(s.config, s.entry) for s in later if cc in s.ccs]
-        assert_compiles_clean("tc.kvcache_decode_mma", configs, ccs=(cc,),
-                              must_contain=("mma.sync.aligned.m16n8k16", "cp.async", "ldmatrix"))
+        for fp8 in (False, True):
+            configs = [(s.config, s.entry) for s in later
+                       if cc in s.ccs and kv.SPEC.Config(*s.config).cache_fp8 == fp8]
+            if configs:
+                assert_compiles_clean("tc.kvcache_decode_mma", configs, ccs=(cc,),
+                                      must_contain=base + (("cvt.rn.f16x2.e4m3x2",) if fp8
+                                                           else ()))
