@@ -337,17 +337,50 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
     graph), or on the host for a NumPy ``cache_seqlens``. Returns
     ``(tile_scheduler_metadata (num_sm_parts, 8), num_splits (b + 1,))``, int32 device arrays in
     cache_seqlens's library (Numba device arrays for a NumPy input on a GPU).
+
+    With ``topk`` (sparse attention; ``num_heads_q`` required) the plan is that of the sparse
+    decode, which runs each of the ``s_q = num_q_tokens_per_head_k * num_heads_k / num_heads_q``
+    query tokens as a request of its own, of up to ``topk`` keys: ``b * s_q`` requests of
+    ``topk`` keys and ``num_heads_q / num_heads_k`` rows each (``num_splits (b s_q + 1,)``).
+    It depends on the shapes alone; ``is_fp8_kvcache`` does not change it.
     """
-    validate.not_implemented(is_fp8_kvcache=is_fp8_kvcache, topk=topk)
     q_rows, h_kv = validate.mla_metadata(num_q_tokens_per_head_k, num_heads_k, num_heads_q)
     dev = device.current()
     num_sms = validate.positive_int(dev.sms if num_sms is None else num_sms, "num_sms")
+    if topk is not None:
+        return _sparse_plan(cache_seqlens, q_rows, h_kv, num_heads_q, is_fp8_kvcache, topk,
+                            num_sms, dev)
+    validate.not_implemented(is_fp8_kvcache=is_fp8_kvcache)
     if type(cache_seqlens).__module__.split(".")[0] == "numpy" and not SIMULATOR:
         plan = scheduler.plan_mla(validate.host_lengths(cache_seqlens), q_rows, h_kv, num_sms)
         return tuple(cuda.to_device(values) for values in plan)
     seqlens = validate.index_array(cache_seqlens, "cache_seqlens", (None,))
     metadata, num_splits = _plan_arrays(seqlens, scheduler.num_sm_parts(num_sms, h_kv, q_rows))
     _plan_on_device(seqlens, metadata, num_splits, arrays.stream_of(seqlens), dev)
+    return metadata.obj, num_splits.obj
+
+
+def _sparse_plan(cache_seqlens, q_rows, h_kv, num_heads_q, is_fp8_kvcache, topk, num_sms, dev):
+    """``get_mla_metadata`` with ``topk``: the plan of ``b s_q`` requests of ``topk`` keys,
+    made on the device (their lengths written by ``sparse_indices`` without packing)."""
+    s_q, rows = validate.sparse_plan(cache_seqlens, q_rows, h_kv, num_heads_q, is_fp8_kvcache,
+                                     topk)
+    if type(cache_seqlens).__module__.split(".")[0] == "numpy" and not SIMULATOR:
+        requests = validate.host_lengths(cache_seqlens).shape[0] * s_q
+        plan = scheduler.plan_mla(np.full(requests, topk, np.int32), rows, h_kv, num_sms)
+        return tuple(cuda.to_device(values) for values in plan)
+    seqlens = validate.index_array(cache_seqlens, "cache_seqlens", (None,))
+    requests = seqlens.shape[0] * s_q
+    lengths = arrays.empty(seqlens, (requests,), "int32", "lengths")
+    metadata, num_splits = _plan_arrays(lengths, scheduler.num_sm_parts(num_sms, h_kv, rows))
+    stream = arrays.stream_of(seqlens)
+    unread = arrays.placeholder(lengths, "int32", 1)
+    p = dict(indices=arrays.placeholder(lengths, "int32", 3), topk_length=unread,
+             packed=arrays.strided(unread, (1, topk), (0, 0)), lengths=lengths,
+             status=status.word(seqlens), s_q=s_q, num_rows=0)
+    packing = registry.SPARSE_INDICES
+    packing.launch(packing.Config(False), p, stream, dev)
+    _plan_on_device(lengths, metadata, num_splits, stream, dev)
     return metadata.obj, num_splits.obj
 
 
@@ -370,7 +403,7 @@ def _plan_on_device(seqlens, metadata, num_splits, stream, dev):
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                            tile_scheduler_metadata=None, num_splits=None, softmax_scale=None,
                            causal=False, is_fp8_kvcache=False, indices=None, backend="auto",
-                           out=None, stream=None, attn_sink=None):
+                           out=None, stream=None, attn_sink=None, topk_length=None):
     """Paged MLA decode (FlashMLA's ``flash_mla_with_kvcache``). Returns ``(out, lse)``.
 
     q: (b, s_q, h_q, d), d a multiple of 8 up to 576; k_cache: (num_blocks, page_block_size,
@@ -383,11 +416,21 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     read. ``backend``: ``"tc"`` (tensor cores, ``backends.decode_spec``), ``"simt"`` or ``"auto"``.
     ``attn_sink`` (float32 (h_q,), FlashMLA's): a logit per query head that joins each row's
     softmax sum and adds nothing to its output, which shrinks by ``1 / (1 + exp(sink - lse))``;
-    the lse returned is the keys' alone, as FlashMLA returns it. FlashMLA's
-    ``is_fp8_kvcache=True`` and ``indices`` (sparse attention) raise ``NotImplementedError``.
+    the lse returned is the keys' alone, as FlashMLA returns it.
+
+    Sparse attention (DeepSeek-V3.2): with ``indices`` (b, s_q, topk) int32, query token t of
+    request b attends the cache rows ``indices[b, t, :]`` (``page * page_block_size + slot``;
+    -1: none), the first ``topk_length[b]`` of them when that (b,) int32 array is given;
+    ``block_table`` and ``cache_seqlens`` are not read. ``is_fp8_kvcache=True``: the cache holds
+    V3.2's 656-byte float8_e4m3fn rows (``_sparse_mla_decode``). The lse is then a transposed
+    view (b, h_q, s_q) of a (b, s_q, h_q) array, as FlashMLA returns it.
     """
     dev = device.current()
-    validate.not_implemented(is_fp8_kvcache=is_fp8_kvcache, indices=indices)
+    if indices is not None:
+        return _sparse_mla_decode(q, k_cache, indices, topk_length, head_dim_v,
+                                  tile_scheduler_metadata, num_splits, softmax_scale, causal,
+                                  is_fp8_kvcache, backend, out, stream, attn_sink, dev)
+    validate.not_implemented(is_fp8_kvcache=is_fp8_kvcache, topk_length=topk_length)
     problem = validate.mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v,
                                   tile_scheduler_metadata, num_splits, causal, softmax_scale,
                                   attn_sink)
@@ -413,10 +456,55 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     return o.obj, args["lse"].obj
 
 
-def _decode_args(problem, decode, config, metadata, num_splits, o, dev):
+def _sparse_mla_decode(q, k_cache, indices, topk_length, head_dim_v, metadata, num_splits,
+                       softmax_scale, causal, is_fp8_kvcache, backend, out, stream, attn_sink,
+                       dev):
+    """``flash_mla_with_kvcache`` with ``indices``: every query token a request of its own
+    (virtual request r = b s_q + t) whose keys are its valid indices, packed by
+    ``kernels/simt/sparse_indices.py``; then the plan (unless given), the paged decode reading
+    the packed rows as its table, and the combine."""
+    c = validate.sparse_mla_decode(q, k_cache, indices, topk_length, head_dim_v, metadata,
+                                   num_splits, causal, softmax_scale, attn_sink, is_fp8_kvcache,
+                                   dev)
+    b, s_q, h_q, _ = c.indices.shape[:2] + c.q.shape[2:]
+    requests, topk = b * s_q, c.indices.shape[2]
+    lengths = arrays.empty(c.q, (requests,), "int32", "lengths")
+    packed = arrays.empty(c.q, (requests, topk), "int32", "packed indices")
+    problem = Decode(c.q, c.k_cache, packed, lengths, c.head_dim_v, c.scale, False, c.metadata,
+                     c.num_splits, indices=c.indices, attn_sink=c.attn_sink,
+                     fp8_cache=c.fp8 or None)
+    decode, config = backends.decode_spec(backend, problem, dev)
+    o = validate.out_buffer(out, c.q, (b, s_q, h_q, c.head_dim_v), c.q.fmt)
+    planned = c.metadata is not None
+    if out is not None:
+        validate.refuse_overlap([o], [c.q, c.k_cache, c.indices]
+                                + ([c.metadata, c.num_splits] if planned else []))
+    stream = arrays.stream_of(c.q, stream)
+    metadata, num_splits = c.metadata, c.num_splits
+    if not planned:
+        metadata, num_splits = _plan_arrays(
+            lengths, scheduler.num_sm_parts(dev.sms, c.k_cache.shape[2], problem.q_rows))
+    # lse as FlashMLA returns it: (b, h_q, s_q), a transposed view of (b, s_q, h_q) rows, which
+    # the kernels write as (b s_q, h_q, 1).
+    lse_rows = arrays.empty(c.q, (b, s_q, h_q), "float32", "lse")
+    args = _decode_args(problem, decode, config, metadata, num_splits,
+                        validate.tokens_as_requests(o, "out"), dev,
+                        lse=arrays.strided(lse_rows, (requests, h_q, 1), (h_q, 1, 1)))
+    packing = registry.SPARSE_INDICES
+    p = dict(indices=c.indices, topk_length=c.topk_length or arrays.prefix(lengths, 0),
+             packed=packed, lengths=lengths, status=args["status"], s_q=s_q,
+             num_rows=c.k_cache.shape[0] * c.k_cache.shape[1])
+    packing.launch(packing.Config(True), p, stream, dev)
+    if not planned:
+        _plan_on_device(lengths, metadata, num_splits, stream, dev)
+    _decode(decode, config, args, stream, dev)
+    return o.obj, arrays.swapped(lse_rows, 1, 2).obj
+
+
+def _decode_args(problem, decode, config, metadata, num_splits, o, dev, lse=None):
     """The launch arguments of a decode and its combine (outputs and split accumulators
-    allocated), after the checks that could still refuse the call: the decode's tiles against
-    the device, the combine's grid."""
+    allocated, ``lse`` unless given), after the checks that could still refuse the call: the
+    decode's tiles against the device, the combine's grid."""
     q = problem.q
     b, s_q, h_q, _ = q.shape
     dv, parts = problem.head_dim_v, metadata.shape[0]
@@ -425,7 +513,7 @@ def _decode_args(problem, decode, config, metadata, num_splits, o, dev):
     args = dict(q=q, k_cache=problem.k_cache, block_table=problem.block_table,
                 cache_seqlens=problem.cache_seqlens, metadata=metadata, num_splits=num_splits,
                 out=o, scale=problem.scale, status=status.word(q),
-                lse=arrays.empty(q, (b, h_q, s_q), "float32", "lse"),
+                lse=lse or arrays.empty(q, (b, h_q, s_q), "float32", "lse"),
                 o_acc=arrays.empty(q, (b + parts, s_q, h_q, dv), "float32", "o_acc"),
                 lse_acc=arrays.empty(q, (b + parts, h_q, s_q), "float32", "lse_acc"))
     for name in ("v_cache", "key_start", "attn_sink", "window", "softcap", "alibi_slopes",

@@ -304,6 +304,83 @@ def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_s
     return out, lse
 
 
+# DeepSeek-V3.2's FP8 cache row: 512 e4m3 latent values, a float32 scale per 128 of them, 64
+# bfloat16 rope values (656 bytes).
+V32_LATENT, V32_BLOCK, V32_ROPE = 512, 128, 64
+
+
+def quantize_v32(kv):
+    """Rows ``kv (..., 576)`` (latent, then rope) as V3.2's 656-byte rows (uint8): each block
+    of 128 latent values divided by its scale, the smallest power of two at least its
+    ``amax / 448`` (1 for a block of zeros), and rounded to e4m3; the rope values as bfloat16."""
+    kv = np.asarray(kv).astype(np.float32)
+    lead = kv.shape[:-1]
+    blocks = kv[..., :V32_LATENT].reshape(*lead, V32_LATENT // V32_BLOCK, V32_BLOCK)
+    amax = np.abs(blocks).max(axis=-1)
+    scale = np.where(amax > 0, 2.0 ** np.ceil(np.log2(np.maximum(amax, 1e-30) / 448.0)), 1.0)
+    scale = scale.astype(np.float32)
+    latent = (blocks / scale[..., None]).astype(ml_dtypes.float8_e4m3fn).reshape(*lead, -1)
+    rope = kv[..., V32_LATENT:].astype(ml_dtypes.bfloat16)
+    return np.concatenate([latent.view(np.uint8), scale.view(np.uint8).reshape(*lead, -1),
+                           rope.view(np.uint8).reshape(*lead, -1)], axis=-1)
+
+
+def dequantize_v32(rows):
+    """V3.2's 656-byte rows (..., 656) as the 576 bfloat16 values FlashMLA's decode reads:
+    latent value ``x`` of block ``k`` is ``bf16(x * bf16(scale_k))`` (exact for the
+    power-of-two scales of ``quantize_v32``), the rope values as stored."""
+    rows = np.ascontiguousarray(np.asarray(rows).view(np.uint8))
+    lead = rows.shape[:-1]
+    n_blocks = V32_LATENT // V32_BLOCK
+    latent = rows[..., :V32_LATENT].view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    scale = rows[..., V32_LATENT:V32_LATENT + 4 * n_blocks].copy().view(np.float32)
+    scale = scale.astype(ml_dtypes.bfloat16).astype(np.float32)
+    latent = latent.reshape(*lead, n_blocks, V32_BLOCK) * scale[..., None]
+    rope = rows[..., V32_LATENT + 4 * n_blocks:].copy().view(ml_dtypes.bfloat16)
+    return np.concatenate([latent.reshape(*lead, V32_LATENT).astype(ml_dtypes.bfloat16), rope],
+                          axis=-1)
+
+
+def sparse_mla_ref(q, k_cache, indices, head_dim_v, softmax_scale=None, topk_length=None,
+                   attn_sink=None, is_fp8_kvcache=False):
+    """FlashMLA's sparse decode in float64: query token ``t`` of request ``b`` attends the
+    cache rows ``indices[b, t, :n]`` (``n = topk_length[b]`` or all; row = ``page *
+    page_block_size + slot``), -1 and any other value outside the cache naming no row; a token
+    with none gets ``out = 0``, ``lse = +inf``. ``k_cache`` (num_blocks, page, h_kv, d) in q's
+    dtype, or with ``is_fp8_kvcache`` V3.2's rows (num_blocks, page, 1, 656), read through
+    ``dequantize_v32``. ``attn_sink`` as in ``mla_decode_ref``. Returns ``out (b, s_q, h_q,
+    head_dim_v)`` and ``lse (b, h_q, s_q)``."""
+    q64 = to_float64(q)
+    b, s_q, h_q, d = q64.shape
+    kc = np.asarray(k_cache)
+    if is_fp8_kvcache:
+        kc = dequantize_v32(kc.reshape(kc.shape[0], kc.shape[1], 1, -1))
+    rows = to_float64(kc).reshape(kc.shape[0] * kc.shape[1], kc.shape[2], -1)  # (rows, h_kv, d)
+    group = h_q // rows.shape[1]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    idx = np.asarray(indices)
+    out = np.zeros((b, s_q, h_q, head_dim_v))
+    lse = np.full((b, h_q, s_q), np.inf)
+    for i in range(b):
+        n = idx.shape[2] if topk_length is None else min(max(int(topk_length[i]), 0), idx.shape[2])
+        for t in range(s_q):
+            chosen = [int(r) for r in idx[i, t, :n] if 0 <= r < rows.shape[0]]
+            if not chosen:
+                continue
+            keys = rows[chosen]  # (n, h_kv, d)
+            for h in range(h_q):
+                k = keys[:, h // group]
+                s = k @ q64[i, t, h] * scale
+                m = s.max()
+                p = np.exp(s - m)
+                lse[i, h, t] = m + np.log(p.sum())
+                out[i, t, h] = p @ k[:, :head_dim_v] / p.sum()
+    if attn_sink is not None:
+        sink = np.asarray(attn_sink, np.float64)
+        out /= (1 + np.exp(sink[None, :, None] - lse)).transpose(0, 2, 1)[..., None]
+    return out, lse
+
+
 def quantize_e4m3(x, descale):
     """``x`` stored as float8_e4m3fn with ``descale`` (broadcast against x): multiplied by
     ``1 / descale`` in float32, then rounded to the nearest even e4m3, saturating at +-448 (NaN

@@ -256,9 +256,13 @@ def _(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_k
       num_sms):
     if num_sms is None:  # the device's SM count, as the real call reads it
         num_sms = api.device.current().sms
-    parts = scheduler.num_sm_parts(num_sms, num_heads_k, num_q_tokens_per_head_k)
+    requests, rows = cache_seqlens.shape[0], num_q_tokens_per_head_k
+    if topk is not None:  # (the sparse plan: a request per query token)
+        s_q = num_q_tokens_per_head_k * num_heads_k // num_heads_q
+        requests, rows = requests * s_q, num_heads_q // num_heads_k
+    parts = scheduler.num_sm_parts(num_sms, num_heads_k, rows)
     return (_new(cache_seqlens, (parts, scheduler.METADATA_SIZE), torch.int32),
-            _new(cache_seqlens, (cache_seqlens.shape[0] + 1,), torch.int32))
+            _new(cache_seqlens, (requests + 1,), torch.int32))
 
 
 def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
@@ -270,32 +274,38 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
 
 
 @torch.library.custom_op("numba_flash::flash_mla_with_kvcache", mutates_args=())
-def _flash_mla_with_kvcache(q: Tensor, k_cache: Tensor, block_table: Tensor,
-                            cache_seqlens: Tensor, head_dim_v: int,
+def _flash_mla_with_kvcache(q: Tensor, k_cache: Tensor, block_table: Optional[Tensor],
+                            cache_seqlens: Optional[Tensor], head_dim_v: int,
                             tile_scheduler_metadata: Optional[Tensor],
                             num_splits: Optional[Tensor], softmax_scale: Optional[float],
                             causal: bool, is_fp8_kvcache: bool, indices: Optional[Tensor],
-                            backend: str, attn_sink: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                            backend: str, attn_sink: Optional[Tensor],
+                            topk_length: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     return api.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                                       tile_scheduler_metadata, num_splits, softmax_scale, causal,
-                                      is_fp8_kvcache, indices, backend, attn_sink=attn_sink)
+                                      is_fp8_kvcache, indices, backend, attn_sink=attn_sink,
+                                      topk_length=topk_length)
 
 
 @_flash_mla_with_kvcache.register_fake
 def _(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
-      softmax_scale, causal, is_fp8_kvcache, indices, backend, attn_sink):
+      softmax_scale, causal, is_fp8_kvcache, indices, backend, attn_sink, topk_length):
     b, s_q, h_q, _ = q.shape
-    return _new(q, (b, s_q, h_q, head_dim_v)), _new(q, (b, h_q, s_q), torch.float32)
+    if indices is not None:  # the sparse decode's lse: a transposed view, as FlashMLA's
+        lse = _new(q, (b, s_q, h_q), torch.float32).transpose(1, 2)
+    else:
+        lse = _new(q, (b, h_q, s_q), torch.float32)
+    return _new(q, (b, s_q, h_q, head_dim_v)), lse
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                            tile_scheduler_metadata=None, num_splits=None, softmax_scale=None,
                            causal=False, is_fp8_kvcache=False, indices=None, backend="auto",
-                           attn_sink=None):
+                           attn_sink=None, topk_length=None):
     """``numba_flash.flash_mla_with_kvcache`` as a torch operation: ``(out, lse)``."""
     return _flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                                    tile_scheduler_metadata, num_splits, softmax_scale, causal,
-                                   is_fp8_kvcache, indices, backend, attn_sink)
+                                   is_fp8_kvcache, indices, backend, attn_sink, topk_length)
 
 
 # ----------------------------------------------------------------------------- KV cache

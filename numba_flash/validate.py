@@ -13,6 +13,7 @@ from . import scheduler
 from .kernels import registry
 from .kernels.problem import Attention, Decode
 from .runtime import arrays
+from .kernels.common.paged_kv import V32_ROW_BYTES
 from .runtime.arrays import FLOAT_FORMATS, FP8_FORMATS
 
 MAX_HEAD_DIM = 256
@@ -25,7 +26,11 @@ MAX_SOFTMAX_SCALE = 2.0 ** 16
 
 def _tensor(x, name, ndim, fp8=False):
     """A float array argument of ``ndim`` dimensions (``fp8``: float8_e4m3fn is taken too)."""
-    t = arrays.adapt(x, name)
+    return _checked(arrays.adapt(x, name), name, ndim, fp8)
+
+
+def _checked(t, name, ndim, fp8=False):
+    """``_tensor``'s checks of an adapted array."""
     if t.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {t.shape}")
     if t.fmt in FP8_FORMATS and not fp8:
@@ -379,6 +384,20 @@ def mla_metadata(num_q_tokens_per_head_k, num_heads_k, num_heads_q):
     return q_rows, h_kv
 
 
+def sparse_plan(cache_seqlens, q_rows, h_kv, num_heads_q, is_fp8_kvcache, topk):
+    """``get_mla_metadata``'s sparse counts: returns s_q and the query rows of a request."""
+    if num_heads_q is None:
+        raise ValueError("num_heads_q: required with topk (s_q = num_q_tokens_per_head_k * "
+                         "num_heads_k / num_heads_q)")
+    if q_rows * h_kv % num_heads_q:
+        raise ValueError(f"num_q_tokens_per_head_k: expected s_q * num_heads_q / num_heads_k, "
+                         f"a multiple of {num_heads_q // h_kv}, got {q_rows}")
+    positive_int(topk, "topk")
+    if not isinstance(is_fp8_kvcache, (bool, np.bool_)):
+        raise TypeError(f"is_fp8_kvcache: expected a bool, got {type(is_fp8_kvcache).__name__}")
+    return q_rows * h_kv // num_heads_q, num_heads_q // h_kv
+
+
 def host_lengths(cache_seqlens):
     """A NumPy ``cache_seqlens`` that the host plans from: int32 of shape (n,)."""
     host = np.asarray(cache_seqlens)
@@ -420,6 +439,101 @@ def mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
     sink = None if attn_sink is None else _head_values(attn_sink, "attn_sink", q, ((h_q,),))
     return Decode(q, k_cache, block_table, cache_seqlens, int(head_dim_v), _scale(softmax_scale, d),
                   bool(causal), tile_scheduler_metadata, num_splits, attn_sink=sink)
+
+
+class SparseCall(NamedTuple):
+    """The sparse MLA decode's checked arguments: q and out as one query token per request
+    (``(b s_q, 1, h_q, .)`` views), the cache with its head axis, the indices (b, s_q, topk) and
+    the rest as ``Decode`` takes them."""
+
+    q: object
+    k_cache: object
+    indices: object
+    topk_length: object  # (b,) int32, or None
+    head_dim_v: int
+    scale: float
+    metadata: object     # a plan for b s_q requests, or None (with num_splits)
+    num_splits: object
+    attn_sink: object
+    fp8: bool            # DeepSeek-V3.2's 656-byte FP8 rows
+
+
+V32_HEAD_DIM, V32_HEAD_DIM_V = 576, 512
+
+
+def tokens_as_requests(t, name):
+    """(b, s_q, ...) seen as (b s_q, 1, ...): one query token per request."""
+    b, s_q = t.shape[:2]
+    if s_q > 1 and b > 1 and t.strides[0] != s_q * t.strides[1]:
+        raise ValueError(f"{name}: the sparse decode takes each query token as a request of its "
+                         f"own: stride(0) must be size(1) * stride(1), got strides {t.strides}")
+    return arrays.strided(t, (b * s_q, 1, *t.shape[2:]),
+                          (t.strides[1], t.strides[1], *t.strides[2:]))
+
+
+def sparse_mla_decode(q, k_cache, indices, topk_length, head_dim_v, tile_scheduler_metadata,
+                      num_splits, causal, softmax_scale, attn_sink, is_fp8_kvcache, dev):
+    """The sparse decode's arguments (FlashMLA's ``indices``): q (b, s_q, h_q, d); k_cache
+    (num_blocks, page, h_kv, d) in q's dtype, or with ``is_fp8_kvcache`` DeepSeek-V3.2's
+    float8_e4m3fn rows (num_blocks, page, 1, 656) or (num_blocks, page, 656) with bfloat16 q of
+    576 columns and head_dim_v 512; indices (b, s_q, topk) int32; topk_length (b,) int32."""
+    if not isinstance(is_fp8_kvcache, (bool, np.bool_)):
+        raise TypeError(f"is_fp8_kvcache: expected a bool, got {type(is_fp8_kvcache).__name__}")
+    q = _tensor(q, "q", 4)
+    b, s_q, h_q, d = q.shape
+    cache = arrays.adapt(k_cache, "k_cache")
+    if is_fp8_kvcache and cache.ndim == 3:  # FlashMLA's form without the head axis
+        cache = arrays.strided(cache, (*cache.shape[:2], 1, cache.shape[2]),
+                               (*cache.strides[:2], cache.shape[2], cache.strides[2]))
+    k_cache = _checked(cache, "k_cache", 4, fp8=is_fp8_kvcache)
+    if is_fp8_kvcache:
+        if k_cache.fmt not in FP8_FORMATS:
+            raise TypeError(f"k_cache: is_fp8_kvcache takes float8_e4m3fn rows, got {k_cache.fmt}")
+        _fp8_device("k_cache", dev)
+        if q.fmt != "bfloat16" or d != V32_HEAD_DIM:
+            raise ValueError(f"q: DeepSeek-V3.2's FP8 cache is read with bfloat16 queries of "
+                             f"{V32_HEAD_DIM} columns, got {q.fmt} with {d}")
+        if k_cache.shape[2:] != (1, V32_ROW_BYTES):
+            raise ValueError(f"k_cache: expected rows of one kv head of {V32_ROW_BYTES} bytes "
+                             f"(num_blocks, page, 1, {V32_ROW_BYTES}), got {k_cache.shape}")
+        if head_dim_v != V32_HEAD_DIM_V:
+            raise ValueError(f"head_dim_v: DeepSeek-V3.2's cache holds {V32_HEAD_DIM_V} value "
+                             f"columns, got {head_dim_v!r}")
+        if not arrays.rows_16_byte_aligned(k_cache):
+            raise ValueError("k_cache: FP8 rows are copied in 16-byte chunks: the data pointer "
+                             "and every stride must be multiples of 16 bytes")
+    else:
+        _same_format(q, k_cache)
+        if d % 8 != 0 or d > MAX_MLA_HEAD_DIM:
+            raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_MLA_HEAD_DIM}, "
+                             f"got {d}")
+        if k_cache.shape[3] != d:
+            raise ValueError(f"k_cache: head dim {k_cache.shape[3]} differs from q's {d}")
+        if isinstance(head_dim_v, (bool, np.bool_)) or \
+                not isinstance(head_dim_v, (int, np.integer)) or not 1 <= head_dim_v <= d:
+            raise ValueError(f"head_dim_v: expected an integer from 1 to the head dim {d}, "
+                             f"got {head_dim_v!r}")
+    if h_q % k_cache.shape[2]:
+        raise ValueError(f"k_cache: query heads ({h_q}) must be a multiple of kv heads "
+                         f"({k_cache.shape[2]})")
+    indices = index_array(indices, "indices", (b, s_q, None))
+    if topk_length is not None:
+        topk_length = index_array(topk_length, "topk_length", (b,))
+    _check_causal(causal)
+    if causal:
+        raise ValueError("causal: a sparse decode's indices choose each token's keys; pass "
+                         "causal=False")
+    if (tile_scheduler_metadata is None) != (num_splits is None):
+        raise ValueError("tile_scheduler_metadata, num_splits: pass both (a plan of "
+                         "get_mla_metadata) or neither (the call plans itself)")
+    if tile_scheduler_metadata is not None:
+        tile_scheduler_metadata = index_array(tile_scheduler_metadata, "tile_scheduler_metadata",
+                                              (None, scheduler.METADATA_SIZE))
+        num_splits = index_array(num_splits, "num_splits", (b * s_q + 1,))
+    sink = None if attn_sink is None else _head_values(attn_sink, "attn_sink", q, ((h_q,),))
+    return SparseCall(tokens_as_requests(q, "q"), k_cache, indices, topk_length, int(head_dim_v),
+                      _scale(softmax_scale, d), tile_scheduler_metadata, num_splits, sink,
+                      bool(is_fp8_kvcache))
 
 
 # ----------------------------------------------------------------------------- KV cache

@@ -254,10 +254,17 @@ def _opcheck_cases(rng):
                             None, "simt", 1, 0, 2.5, slopes, sink.detach())),
         "get_mla_metadata": (ops.get_mla_metadata.default,
                              (mla["cache_seqlens"], 4, 1, 2, False, None, 2)),
+        "get_mla_metadata sparse": (ops.get_mla_metadata.default,
+                                    (mla["cache_seqlens"], 4, 1, 2, True, 64, 2)),
         "flash_mla_with_kvcache": (ops.flash_mla_with_kvcache.default,
                                    (mla["q"], mla["k_cache"], mla["block_table"],
                                     mla["cache_seqlens"], 8, None, None, None, True, False, None,
-                                    "auto", _tensor(np.array([0.5, -1.0], np.float32)))),
+                                    "auto", _tensor(np.array([0.5, -1.0], np.float32)), None)),
+        "flash_mla_with_kvcache sparse": (ops.flash_mla_with_kvcache.default,
+                                          (mla["q"], mla["k_cache"], None, None, 8, None, None,
+                                           None, False, False, _tensor(np.array(
+                                               [[[5, -1, 0], [1, 2, 7]]], np.int32)), "auto",
+                                           None, _tensor(np.array([2], np.int32)))),
         "flash_attn_with_kvcache": (ops.flash_attn_with_kvcache.default,
                                     _kvcache_inputs(rng) + (None, None, None, 3, None, None,
                                                             None, None, True, True, 1, "auto",
@@ -282,7 +289,9 @@ def _fp8_kvcache_inputs(rng):
 
 @pytest.mark.parametrize("name", ["flash_attn_fwd", "flash_attn_bwd", "flash_attn_varlen_fwd",
                                   "flash_attn_varlen_fwd paged", "flash_attn_varlen_bwd", "get_mla_metadata",
-                                  "flash_mla_with_kvcache", "flash_attn_with_kvcache"])
+                                  "get_mla_metadata sparse",
+                                  "flash_mla_with_kvcache", "flash_mla_with_kvcache sparse",
+                                  "flash_attn_with_kvcache"])
 def test_operation_passes_opcheck(name, rng):
     """Schema, fake implementation (shapes, dtypes, strides), autograd registration and AOT
     dispatch with dynamic shapes: ``torch.library.opcheck``'s every test."""

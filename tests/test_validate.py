@@ -1,6 +1,7 @@
 """validate.py, through the public calls that run its checks: bad input is refused before any
 launch, with an error naming the argument, and nothing is written."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -224,7 +225,8 @@ BAD_MLA = {
                                                       backend="tc"), ValueError,
                                      "^backend: .*multiples of 16"),
     "fp8 cache": (lambda rng: dict(is_fp8_kvcache=True), NotImplementedError, "^is_fp8_kvcache"),
-    "indices": (lambda rng: dict(indices=int32_array([[0]])), NotImplementedError, "^indices"),
+    "topk_length without indices": (lambda rng: dict(topk_length=int32_array([1, 1])),
+                                    NotImplementedError, "^topk_length"),
     "attention sink shape": (lambda rng: dict(attn_sink=_rand(rng, (3,), "float32")),
                              ValueError, r"^attn_sink: expected shape \(2,\)"),
     "attention sink dtype": (lambda rng: dict(attn_sink=_rand(rng, (2,))), TypeError,
@@ -257,11 +259,62 @@ def test_mla_decode_refuses_wrong_out_buffer(rng):
     ((int32_array([5, 3]), 2, 0), ValueError, "^num_heads_k"),
     ((int32_array([5, 3]), 2, 2, 3), ValueError, "^num_heads_q"),
     ((int32_array([5, 3]), 2, 2, None, True), NotImplementedError, "^is_fp8_kvcache"),
-    ((int32_array([5, 3]), 2, 2, None, False, 64), NotImplementedError, "^topk"),
+    ((int32_array([5, 3]), 2, 2, None, False, 64), ValueError, "^num_heads_q: required"),
+    ((int32_array([5, 3]), 3, 1, 2, False, 64), ValueError, "^num_q_tokens_per_head_k"),
+    ((int32_array([5, 3]), 2, 1, 2, False, 0), ValueError, "^topk"),
 ])
 def test_mla_metadata_refuses_bad_input(args, exc, words):
     with pytest.raises(exc, match=words):
         nf.get_mla_metadata(*args)
+
+
+def sparse_arguments(rng, fp8=False):
+    """Good arguments of a small sparse decode: b 2, s_q 2, h_q 2, h_kv 1, topk 5; d 16 and
+    head_dim_v 8 in float16, or DeepSeek-V3.2's FP8 rows."""
+    if fp8:
+        q = to_device(randn(rng, (2, 2, 2, 576), "bfloat16"))
+        k_cache = to_device(np.zeros((4, 4, 1, 656), np.uint8).view(ml_dtypes.float8_e4m3fn))
+    else:
+        q, k_cache = (to_device(randn(rng, s, "float16")) for s in ((2, 2, 2, 16), (4, 4, 1, 16)))
+    return dict(q=q, k_cache=k_cache, block_table=None, cache_seqlens=None,
+                head_dim_v=512 if fp8 else 8, is_fp8_kvcache=fp8,
+                indices=int32_array(rng.integers(-1, 16, (2, 2, 5))))
+
+
+BAD_SPARSE = {
+    "causal": (False, dict(causal=True), ValueError, "^causal: a sparse decode"),
+    "indices shape": (False, lambda a: dict(indices=int32_array(np.zeros((2, 1, 5)))), ValueError,
+                      r"^indices: expected shape \(2, 2, n\)"),
+    "indices dtype": (False, lambda a: dict(indices=int32_array(np.zeros((2, 2, 5)), np.int64)),
+                      TypeError, "^indices: expected int32"),
+    "topk_length shape": (False, lambda a: dict(topk_length=int32_array([1, 2, 3])), ValueError,
+                          r"^topk_length: expected shape \(2,\)"),
+    "num_splits of the batch": (False, lambda a: dict(tile_scheduler_metadata=int32_array(
+        np.zeros((2, 8))), num_splits=int32_array([0, 1, 2])), ValueError,
+        r"^num_splits: expected shape \(5,\)"),
+    "a 16-bit cache as FP8": (False, dict(is_fp8_kvcache=True), TypeError,
+                              "^k_cache: is_fp8_kvcache takes float8_e4m3fn"),
+    "is_fp8_kvcache not a bool": (False, dict(is_fp8_kvcache=1), TypeError, "^is_fp8_kvcache"),
+    "FP8 rows with float16 q": (True, lambda a: dict(q=to_device(np.zeros((2, 2, 2, 576),
+                                                                          np.float16))),
+                                ValueError, "^q: DeepSeek-V3.2's FP8 cache is read with bfloat16"),
+    "FP8 rows of 576 bytes": (True, lambda a: dict(k_cache=to_device(np.zeros(
+        (4, 4, 1, 576), np.uint8).view(ml_dtypes.float8_e4m3fn))), ValueError,
+        "^k_cache: expected rows of one kv head of 656 bytes"),
+    "FP8 head_dim_v": (True, dict(head_dim_v=500), ValueError, "^head_dim_v: DeepSeek-V3.2"),
+    "backend tc": (False, dict(backend="tc"), ValueError, "^backend: .*indices"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SPARSE))
+def test_sparse_decode_refuses_bad_input_before_launch(case, rng):
+    fp8, change, exc, words = BAD_SPARSE[case]
+    good = sparse_arguments(rng, fp8)
+    out = nan_like(randn(rng, (2, 2, 2, good["head_dim_v"]), "bfloat16" if fp8 else "float16"))
+    with pytest.raises(exc, match=words):
+        nf.flash_mla_with_kvcache(**{**good, **(change(good) if callable(change) else change)},
+                                  out=out)
+    assert np.isnan(to_host(out).astype(np.float32)).all(), "a refused call wrote to out"
 
 
 def test_window_size_as_the_kernels_take_it():

@@ -272,7 +272,9 @@ class DecodeConfig(NamedTuple):
     window: bool = False   # ordinary attention's masks and score modifiers (KVCacheDecodeSpec)
     softcap: bool = False
     alibi: bool = False
-    cache_fp8: bool = False  # float8_e4m3fn caches with their descales (KVCacheDecodeSpec)
+    cache: str = None      # the cache's bytes: None (q's format), "e4m3" (float8_e4m3fn values
+                           # with descales, KVCacheDecodeSpec) or "v32" (DeepSeek-V3.2's rows)
+    sparse: bool = False   # each query token reads its own cache rows (packed indices as table)
 
 
 # The tensor-core decodes' samples (``KernelSpec.samples``) by label: (q_rows, head_dim,
@@ -324,14 +326,14 @@ class KVCacheDecodeSpec(DecodeSpec):
     first cache position, else any int32 array), read only with ``separate_v`` / ``leftpad``,
     and the masks' and modifiers' (``MODS``: window sides, softcap, ALiBi slopes (b, h_q)),
     read only with ``window`` / ``softcap`` / ``alibi``, and last ``k_descale``, ``v_descale``
-    (float32 (b, h_kv)), read only with ``cache_fp8``, whose caches are float8_e4m3fn bytes.
+    (float32 (b, h_kv)), read only with ``cache == "e4m3"``; an FP8 cache's arrays are bytes.
     Query token t of a sequence of ``seqlen`` keys (in the view ``key_start`` begins) has
     ``diag = seqlen - s_q``: flash-attn's rules of ``common/masks.py`` and
     ``common/score_mods.py``."""
 
     def signature(self, config):
         i1 = types.Array(types.int32, 1, "A")
-        cache = tensor_type("float8_e4m3fn" if config.cache_fp8 else config.fmt)
+        cache = tensor_type("float8_e4m3fn" if config.cache else config.fmt)
         args = list(super().signature(config).args)
         args[1] = cache  # k_cache
         return types.void(*args, cache, i1, *MODS, F32_2D, F32_2D)

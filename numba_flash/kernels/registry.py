@@ -28,6 +28,7 @@ from .simt import mla_decode as simt_mla_decode
 from .simt import mla_metadata as simt_mla_metadata
 from .simt import quantize as simt_quantize
 from .simt import sink_grad as simt_sink_grad
+from .simt import sparse_indices as simt_sparse_indices
 from .tc import backward_mma as tc_backward_mma
 from .tc import backward_wgmma as tc_backward_wgmma
 from .tc import forward_mma as tc_forward_mma
@@ -135,9 +136,10 @@ def _mma_decode_config(problem):
 
 
 def _modifiers(problem):
-    """A KV-cache decode config's last fields: window, softcap, alibi, cache_fp8."""
+    """A KV-cache decode config's last fields: window, softcap, alibi, the cache's format."""
+    cache = "e4m3" if problem.cache_descale is not None else "v32" if problem.fp8_cache else None
     return (problem.window is not None, problem.softcap is not None,
-            problem.alibi_slopes is not None, problem.cache_descale is not None)
+            problem.alibi_slopes is not None, cache)
 
 
 def _kvcache_decode_config(problem):
@@ -148,7 +150,8 @@ def _kvcache_decode_config(problem):
 def _simt_decode_config(problem):
     return simt_mla_decode.SPEC.Config(*_decode_key(problem), problem.cache_aligned, False,
                                        problem.v_cache is not None,
-                                       problem.key_start is not None, *_modifiers(problem))
+                                       problem.key_start is not None, *_modifiers(problem),
+                                       problem.indices is not None)
 
 
 # Packed sequences (kernels/attention.py): every forward and backward kernel runs them, and
@@ -165,6 +168,8 @@ DECODE = frozenset(("attn_sink",))
 # flash_attn_with_kvcache's decode: V in its own cache, keys from a per-sequence start, the
 # masks and score modifiers of ordinary attention, FP8 caches with their descales.
 KVCACHE = DECODE | {"v_cache", "key_start", "window", "softcap", "alibi_slopes", "cache_descale"}
+# DeepSeek-V3.2's sparse decode: each query token's own cache rows, FP8 rows of 656 bytes.
+SPARSE = frozenset(("indices", "fp8_cache"))
 
 ENTRIES = (
     # The warp-specialized forward leads on Hopper; paged K/V (which it does not take) falls
@@ -192,7 +197,7 @@ ENTRIES = (
     Entry("tc.mla_decode_mma", "decode", "tc", (tc_mla_decode_mma.SPEC,),
           _tc_decode(tc_mla_decode_mma, "mma"), _mma_decode_config, honours=DECODE),
     Entry("simt.mla_decode", "decode", "simt", (simt_mla_decode.SPEC,), _anywhere,
-          _simt_decode_config, honours=KVCACHE),
+          _simt_decode_config, honours=KVCACHE | SPARSE),
 )
 
 # Single kernels every call of their pass uses, whatever the backend.
@@ -203,6 +208,7 @@ QUANTIZE = (simt_quantize.AMAX, simt_quantize.QUANTIZE)  # the maxima, then the 
 COMBINE = simt_combine.SPEC
 KVCACHE_PREPARE = simt_kvcache_prepare.SPEC
 METADATA = simt_mla_metadata.SPEC
+SPARSE_INDICES = simt_sparse_indices.SPEC
 NAIVE = (naive.SCORES, naive.SOFTMAX, naive.OUTPUT)
 MAX_DECODE_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
 MAX_ROTATION_DIM = simt_hadamard.MAX_HEAD_DIM

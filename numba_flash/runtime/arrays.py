@@ -306,6 +306,45 @@ def batched(t, batch):
     return replace(t, shape=shape, strides=strides, storage=storage)
 
 
+def strided(t, shape, strides):
+    """``t``'s memory seen with another ``shape`` and ``strides`` (elements) that stay inside
+    it (the sparse MLA decode's query tokens as requests; a cache given without its head
+    axis). Kernels take the view; the caller's object is unchanged."""
+    storage = None
+    if t.storage is not None and SIMULATOR:
+        base = _sim_device_view(t.storage)
+        storage = _sim_wrap(np.lib.stride_tricks.as_strided(
+            base, shape, tuple(s * base.itemsize for s in strides)))
+    return replace(t, shape=tuple(shape), strides=tuple(strides), storage=storage)
+
+
+def swapped(t, i, j):
+    """``t`` with axes ``i`` and ``j`` exchanged, its ``obj`` the library's own view of that
+    (torch, CuPy, NumPy; for Numba a device array over the same memory that keeps ``t``'s
+    alive): how the sparse MLA decode hands back its lse, FlashMLA's transposed (b, h_q, s_q)."""
+    order = list(range(t.ndim))
+    order[i], order[j] = order[j], order[i]
+    shape = tuple(t.shape[k] for k in order)
+    strides = tuple(t.strides[k] for k in order)
+    if t.lib == "torch":
+        obj = t.obj.transpose(i, j)
+    elif t.lib in ("cupy", "numpy"):
+        obj = t.obj.swapaxes(i, j)
+    elif t.lib == "numba" and SIMULATOR:
+        obj = _sim_wrap(_sim_device_view(t.obj).swapaxes(i, j))
+    elif t.lib == "numba":
+        desc = {"shape": shape, "strides": tuple(s * t.itemsize for s in strides),
+                "typestr": numpy_dtype(t.fmt).str, "data": (t.ptr, False), "version": 3}
+        obj = cuda.from_cuda_array_interface(desc, owner=t.obj, sync=False)
+    else:
+        raise TypeError(f"{t.name}: no transposed view for {t.lib} arrays; pass torch, CuPy or "
+                        f"Numba arrays")
+    storage = None
+    if t.storage is not None and SIMULATOR:
+        storage = _sim_wrap(_sim_device_view(t.storage).swapaxes(i, j))
+    return replace(t, obj=obj, shape=shape, strides=strides, storage=storage)
+
+
 def placeholder(t, fmt, ndim):
     """``t``'s first element seen as an ``ndim``-dimensional array of ``fmt`` (of ``t``'s item
     size) with every length 1 and every stride 0: what a kernel takes for an optional array

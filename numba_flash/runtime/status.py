@@ -19,6 +19,7 @@ NEGATIVE_LENGTH = 1 << 4    # a length is negative
 BAD_SEQLENS = 1 << 5        # varlen offsets or lengths outside the arrays or past their bounds
 BAD_CACHE_INDEX = 1 << 6    # a cache_batch_idx entry is not a row of the cache
 BAD_CACHE_LENGTH = 1 << 7   # kvcache: keys past the cache, a left padding outside its sequence
+BAD_INDEX = 1 << 8          # sparse decode: an index that is not a cache row, a bad topk_length
 
 MESSAGES = {
     BAD_METADATA: "tile_scheduler_metadata: a row names requests outside the batch "
@@ -39,6 +40,8 @@ MESSAGES = {
     BAD_CACHE_LENGTH: "cache_seqlens, cache_leftpad: the new keys run past the cache, a left "
                       "padding lies outside its sequence, or a query's rotary position lies "
                       "past rotary_cos (cut to the cache, clamped, or the query zeroed)",
+    BAD_INDEX: "indices, topk_length: an index is neither -1 nor a row of the cache, or a "
+               "length lies outside 0 .. topk (the index was skipped, the length clamped)",
 }
 
 _words = {}  # device ordinal -> (the word: an int32 device array of 1, its Tensor)

@@ -7,6 +7,7 @@ is NaN, and every block-table entry past a sequence's last page is a huge sentin
 that reads one slot or table entry too many fails (NaN in the output, or an out-of-range page).
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -114,6 +115,89 @@ def run_case(rng, seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, sp
     ro, rl = ref.mla_decode_ref(q, k_cache, table, seqlens, dv, causal=causal,
                                 attn_sink=attn_sink)
     assert_close_rule(o, ro, mla_lowp(q, k_cache, table, seqlens, dv, causal, attn_sink), fmt)
+    assert_lse(lse, rl)
+
+
+def sparse_cache(rng, num_blocks, page, h_kv, d, fp8, used):
+    """A cache whose rows ``used`` (flat row numbers) hold random values and all others NaN:
+    bfloat16 (num_blocks, page, h_kv, d), or DeepSeek-V3.2's FP8 rows (num_blocks, page, 1,
+    656) of bfloat16-sized values (NaN rows: every byte 0x7F, an e4m3 and float32 NaN)."""
+    if fp8:
+        rows = np.full((num_blocks * page, 656), 0x7F, np.uint8)
+        rows[used] = ref.quantize_v32(rng.standard_normal((len(used), d)) / 4)
+        return rows.reshape(num_blocks, page, 1, 656).view(ml_dtypes.float8_e4m3fn)
+    rows = np.full((num_blocks * page, h_kv, d), np.nan, np.float32)
+    rows[used] = rng.standard_normal((len(used), h_kv, d))
+    return rows.reshape(num_blocks, page, h_kv, d).astype(DTYPES["bfloat16"])
+
+
+def sparse_lowp(q, k_cache, indices, dv, topk_length, fp8, attn_sink):
+    """``mla_lowp``'s plain attention for the sparse decode, one query token at a time."""
+    b, s_q, h_q, _ = q.shape
+    rows = ref.dequantize_v32(k_cache.reshape(-1, 1, 656)) if fp8 else \
+        k_cache.reshape(-1, *k_cache.shape[2:])
+    out = np.zeros((b, s_q, h_q, dv))
+    for i in range(b):
+        n = indices.shape[2] if topk_length is None else min(max(topk_length[i], 0),
+                                                              indices.shape[2])
+        for t in range(s_q):
+            chosen = [r for r in indices[i, t, :n] if 0 <= r < len(rows)]
+            if chosen:
+                k = rows[chosen][None]
+                out[i, t:t + 1] = ref.attention_lowp(q[i:i + 1, t:t + 1], k, k[..., :dv])[0]
+    if attn_sink is not None:
+        _, lse = ref.sparse_mla_ref(q, k_cache, indices, dv, topk_length=topk_length,
+                                    is_fp8_kvcache=fp8)
+        share = 1 / (1 + np.exp(attn_sink.astype(np.float64)[None, :, None] - lse))
+        out = ref.to_float64((out * share.transpose(0, 2, 1)[..., None]).astype(q.dtype))
+    return out
+
+
+def run_sparse_case(rng, b, s_q, h_q, h_kv, d, dv, page, topk, fp8, backend="auto",
+                    num_sms=None, sink=False, topk_length=None, empty_token=True,
+                    bad_index=False, splits=None):
+    """One sparse decode (DeepSeek-V3.2's ``indices``) through the public API against
+    ``reference.sparse_mla_ref``: each token's indices are distinct rows of a shuffled cache
+    whose other rows are NaN, then -1 padding; with ``empty_token`` the last token has none.
+    ``num_sms``: the plan of ``get_mla_metadata(..., topk=...)`` passed in (else the call plans
+    itself); ``topk_length``: (b,) lengths; ``sink``: a random ``attn_sink``; ``bad_index``:
+    the first token's first two entries point past the cache and below -1 (skipped and
+    reported); ``splits`` (with ``num_sms``) asserts whether the plan cuts a token's keys."""
+    num_blocks = max(2, -(-(b * s_q * topk) // page))
+    used = rng.permutation(num_blocks * page)[:num_blocks * page * 3 // 4]
+    k_cache = sparse_cache(rng, num_blocks, page, h_kv, d, fp8, used)
+    indices = np.full((b, s_q, topk), -1, np.int32)
+    for i in range(b):
+        for t in range(s_q):
+            n = int(rng.integers(1, topk + 1))
+            indices[i, t, :n] = rng.choice(used, n, replace=False)
+    if empty_token:
+        indices[-1, -1] = -1
+    if bad_index:
+        indices[0, 0, :2] = (num_blocks * page + 7, -5)
+    q = (randn(rng, (b, s_q, h_q, d), "float32") / (4 if fp8 else 1)).astype(DTYPES["bfloat16"])
+    plan = (None, None)
+    if num_sms is not None:
+        plan = nf.get_mla_metadata(to_device(np.zeros(b, np.int32)), s_q * h_q // h_kv, h_kv,
+                                   h_q, fp8, topk, num_sms=num_sms)
+        if splits is not None:
+            assert (np.diff(to_host(plan[1])) > 1).any() == splits, to_host(plan[1])
+    attn_sink = (2 * rng.standard_normal(h_q)).astype(np.float32) if sink else None
+    lengths = None if topk_length is None else np.asarray(topk_length, np.int32)
+    o, lse = nf.flash_mla_with_kvcache(
+        to_device(q), to_device(k_cache), None, None, dv, *plan, is_fp8_kvcache=fp8,
+        indices=to_device(indices), backend=backend,
+        attn_sink=None if attn_sink is None else to_device(attn_sink),
+        topk_length=None if lengths is None else to_device(lengths))
+    if bad_index:
+        with pytest.raises(RuntimeError, match="indices"):
+            nf.check_errors()
+    nf.check_errors()
+    ro, rl = ref.sparse_mla_ref(q, k_cache, indices, dv, topk_length=lengths,
+                                attn_sink=attn_sink, is_fp8_kvcache=fp8)
+    assert to_host(o).shape == (b, s_q, h_q, dv) and to_host(lse).shape == (b, h_q, s_q)
+    assert_close_rule(o, ro, sparse_lowp(q, k_cache, indices, dv, lengths, fp8, attn_sink),
+                      "bfloat16")
     assert_lse(lse, rl)
 
 

@@ -73,8 +73,8 @@ from ... import scheduler
 from ..instructions import convert, memory
 from . import constants, formats
 from .score_mods import make_score_mods
-from .status import (BAD_METADATA, BAD_SPLITS, BAD_TABLE_ENTRY, NEGATIVE_LENGTH, PAST_TABLE,
-                     report)
+from .status import (BAD_INDEX, BAD_METADATA, BAD_SPLITS, BAD_TABLE_ENTRY, NEGATIVE_LENGTH,
+                     PAST_TABLE, report)
 
 SCHED_BLOCK = scheduler.BLOCK_N  # keys per scheduling block (64)
 
@@ -147,26 +147,47 @@ def make_key_row(PAGED, NO_PAGE=-1):
     return in_pages if PAGED else in_rows
 
 
-def make_row_copy(COLS, TPR, FMT, VEC, CACHE_FP8=False):
+# DeepSeek-V3.2's FP8 cache row (``CACHE = "v32"``): 512 e4m3 latent values, their four float32
+# scales (one per 128 values), then 64 bfloat16 rope values: 656 bytes for 576 tile columns.
+V32_LATENT, V32_BLOCK, V32_ROPE = 512, 128, 64
+V32_SCALES = V32_LATENT  # byte offset of the scales,
+V32_ROPE_AT = V32_LATENT + 4 * (V32_LATENT // V32_BLOCK)  # ... of the rope values
+V32_ROW_BYTES = V32_ROPE_AT + 2 * V32_ROPE  # 656
+
+
+def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None):
     """copy_row(tile, at, cache, hk, page, slot, valid, rl): this thread's share (lane ``rl`` of
     the TPR threads of a row) of the first COLS columns of one cache row -> tile[at ...]
     (storage elements): 16-byte cp.async chunks (zero-filled when not valid) or, for unaligned
     views (``VEC`` False), elements.
 
-    ``CACHE_FP8``: the cache holds float8_e4m3fn bytes and the tile FMT's 16-bit elements. A
-    16-byte chunk is then 16 elements, whose 32 bytes in the tile it lands in the upper half
-    of: ``make_row_widen`` turns them into 16-bit values in place once they have landed. The
-    element path (``VEC`` False) converts as it copies."""
-    item = 1 if CACHE_FP8 else 4 if FMT == "float32" else 2  # bytes per cache element
+    ``CACHE`` names the cache's bytes when they are not the tile's FMT (16-bit) values:
+
+    ``"e4m3"``  float8_e4m3fn values. A 16-byte chunk holds 16 of them, and lands in the upper
+                half of the 32 bytes they take in the tile; ``make_row_widen`` turns them into
+                16-bit values in place once they have landed. The element path converts as it
+                copies.
+    ``"v32"``   DeepSeek-V3.2's 656-byte rows (``V32_*``), COLS = 576 bfloat16 columns, ``VEC``
+                only: the 32 latent chunks land as e4m3 chunks do, the 8 rope chunks (columns
+                512-575) as they are, and every lane also copies the row's 16 bytes of scales
+                into the lower half of its first latent chunk's place (its own copy: it widens
+                its chunks with them before any other thread may look)."""
+    FP8, V32 = CACHE is not None, CACHE == "v32"  # (kernels test booleans, not None)
+    item = 1 if FP8 else 4 if FMT == "float32" else 2  # bytes per cache element
     CHUNK = memory.CP_ASYNC_BYTES // item  # elements per 16-byte copy
-    LAND = CHUNK // 2 if CACHE_FP8 else 0  # tile elements before the chunk's landing place
-    CHUNKS = -(-(COLS // CHUNK) // TPR)  # copies per thread and row
-    CHUNKS_EXACT = (COLS // CHUNK) % TPR == 0
+    LAND = CHUNK // 2 if FP8 else 0  # tile elements before the chunk's landing place
+    LATENT = V32_LATENT if V32 else COLS  # the columns copied as CHUNK-chunks
+    CHUNKS = -(-(LATENT // CHUNK) // TPR)  # copies per thread and row
+    CHUNKS_EXACT = (LATENT // CHUNK) % TPR == 0
+    ROPE_CHUNKS = -(-(2 * V32_ROPE // memory.CP_ASYNC_BYTES) // TPR)  # ("v32")
+    ROPE_PER_ROW = 2 * V32_ROPE // memory.CP_ASYNC_BYTES
     ELEMS = -(-COLS // TPR)  # elements per thread and row (VEC = False)
     ELEMS_EXACT = COLS % TPR == 0
     ZERO_BITS = np.float32(0) if FMT == "float32" else np.uint16(0)  # +0.0 in every format
-    assert not CACHE_FP8 or FMT in ("float16", "bfloat16")
-    assert not (CACHE_FP8 and VEC) or COLS % CHUNK == 0
+    assert CACHE in (None, "e4m3", "v32")
+    assert not CACHE or FMT in ("float16", "bfloat16")
+    assert not (CACHE and VEC) or LATENT % CHUNK == 0
+    assert CACHE != "v32" or (VEC and COLS == V32_LATENT + V32_ROPE and FMT == "bfloat16")
     fp8_to_f32, store = convert.e4m3_to_f32, formats.storer(FMT)
 
     @cuda.jit(device=True, inline="always")
@@ -174,16 +195,26 @@ def make_row_copy(COLS, TPR, FMT, VEC, CACHE_FP8=False):
         if VEC:
             for i in range(CHUNKS):
                 col = (rl + TPR * i) * CHUNK
-                if CHUNKS_EXACT or col < COLS:
+                if CHUNKS_EXACT or col < LATENT:
                     memory.cp_async_16_zfill(tile, uint64(at + col + LAND), cache,
                                              (page, slot, hk, uint64(col)), valid)
+            if V32:
+                if rl * CHUNK < LATENT:  # the scales, beside the lane's first chunk
+                    memory.cp_async_16_zfill(tile, uint64(at + rl * CHUNK), cache,
+                                             (page, slot, hk, uint64(V32_SCALES)), valid)
+                for i in range(ROPE_CHUNKS):
+                    c = rl + TPR * i
+                    if c < ROPE_PER_ROW:  # 8 bfloat16 columns per chunk
+                        memory.cp_async_16_zfill(tile, uint64(at + V32_LATENT + 8 * c), cache,
+                                                 (page, slot, hk, uint64(V32_ROPE_AT + 16 * c)),
+                                                 valid)
         else:
             # A loop of run-time length (the row's COLS = its array's columns): unrolled, the
             # loads all run ahead of their stores and spill the decode's registers.
             for col in range(rl, cache.shape[3], TPR):
                 x = ZERO_BITS
                 if valid:
-                    if CACHE_FP8:
+                    if FP8:
                         x = store(fp8_to_f32(cache[page, slot, hk, uint64(col)]))
                     else:
                         x = cache[page, slot, hk, uint64(col)]
@@ -192,45 +223,76 @@ def make_row_copy(COLS, TPR, FMT, VEC, CACHE_FP8=False):
     return copy_row
 
 
-def make_row_widen(COLS, TPR, FMT):
-    """widen_row(words, at, rl): the FP8 chunks ``make_row_copy`` (``CACHE_FP8``, ``VEC``) landed
-    for lane ``rl`` in the row at tile element ``at``, turned into FMT's 16-bit values in place
-    (exactly: every e4m3 value is a float16 and a bfloat16). Each chunk's 16 bytes sit in the
-    upper half of its 32 destination bytes, so the thread that copied it reads its 4 words before
-    writing the 8, and no other thread touches them: after its own ``cp.async`` wait, before the
-    barrier that hands the tile to the other warps."""
+def make_row_widen(COLS, TPR, FMT, CACHE="e4m3"):
+    """widen_row(words, at, rl): the chunks ``make_row_copy`` (``CACHE``, ``VEC``) landed for lane
+    ``rl`` in the row at tile element ``at``, turned into FMT's 16-bit values in place. Each
+    chunk's 16 bytes sit in the upper half of its 32 destination bytes, so the thread that
+    copied it reads its 4 words before writing the 8, and no other thread touches them: after
+    its own ``cp.async`` wait, before the barrier that hands the tile to the other warps.
+
+    ``"e4m3"``: exactly (every e4m3 value is a float16 and a bfloat16). ``"v32"``: latent value
+    ``x`` of block ``k`` becomes ``bf16(x * bf16(scale_k))``, FlashMLA's dequantization (exact
+    for V3.2's power-of-two scales); the lane's copy of the scales is read first, as its first
+    chunk's widening overwrites it."""
     CHUNK = memory.CP_ASYNC_BYTES  # e4m3 elements per copy
-    CHUNKS = -(-(COLS // CHUNK) // TPR)
-    CHUNKS_EXACT = (COLS // CHUNK) % TPR == 0
+    V32 = CACHE == "v32"
+    LATENT = V32_LATENT if V32 else COLS
+    CHUNKS = -(-(LATENT // CHUNK) // TPR)
+    CHUNKS_EXACT = (LATENT // CHUNK) % TPR == 0
+    assert V32_LATENT // V32_BLOCK == 4
+    CHUNKS_PER_BLOCK = V32_BLOCK // CHUNK
     widen = convert.widen_e4m3x2(FMT)
+    to_f16x2 = convert.e4m3x2_to_f16x2
+    unpack, pack = convert.unpack_f16x2, convert.pack_bf16x2
 
     @cuda.jit(device=True, inline="always")
-    def put_word(words, w, a):
+    def put_word(words, w, a, scale):
         """4 e4m3 bytes -> words w and w + 1, two 16-bit values each (byte 0 lowest)."""
-        words[uint64(w)] = widen(uint16(a & 0xFFFF))
-        words[uint64(w + 1)] = widen(uint16(a >> 16))
+        if V32:
+            x0, x1 = unpack(to_f16x2(uint16(a & 0xFFFF)))
+            x2, x3 = unpack(to_f16x2(uint16(a >> 16)))
+            words[uint64(w)] = pack(x0 * scale, x1 * scale)
+            words[uint64(w + 1)] = pack(x2 * scale, x3 * scale)
+        else:
+            words[uint64(w)] = widen(uint16(a & 0xFFFF))
+            words[uint64(w + 1)] = widen(uint16(a >> 16))
+
+    @cuda.jit(device=True, inline="always")
+    def scale_at(words, w):
+        """The float32 scale in word w, rounded to bfloat16 (to nearest even)."""
+        return convert.bf16_to_f32(convert.f32_to_bf16(convert.bits_to_f32(words[uint64(w)])))
 
     @cuda.jit(device=True, inline="always")
     def widen_row(words, at, rl):
+        s0 = s1 = s2 = s3 = float32(1.0)  # the four blocks' scales (registers, not an array
+        if V32 and rl * CHUNK < LATENT:  # indexed by the lane: local memory)
+            w = (at + rl * CHUNK) >> 1
+            s0, s1, s2, s3 = (scale_at(words, w), scale_at(words, w + 1),
+                              scale_at(words, w + 2), scale_at(words, w + 3))
         for i in range(CHUNKS):
-            col = (rl + TPR * i) * CHUNK
-            if CHUNKS_EXACT or col < COLS:
+            c = rl + TPR * i
+            col = c * CHUNK
+            if CHUNKS_EXACT or col < LATENT:
+                k = c // CHUNKS_PER_BLOCK
+                scale = s0 if k == 0 else s1 if k == 1 else s2 if k == 2 else s3
                 w = (at + col) >> 1  # the chunk's first destination word
                 a0 = words[uint64(w + 4)]
                 a1 = words[uint64(w + 5)]
                 a2 = words[uint64(w + 6)]
                 a3 = words[uint64(w + 7)]
-                put_word(words, w, a0)
-                put_word(words, w + 2, a1)
-                put_word(words, w + 4, a2)
-                put_word(words, w + 6, a3)
+                put_word(words, w, a0, scale)
+                put_word(words, w + 2, a1, scale)
+                put_word(words, w + 4, a2, scale)
+                put_word(words, w + 6, a3, scale)
 
     return widen_row
 
 
-def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
+def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC, SPARSE=False):
     """The walk's device functions for tiles of BLOCK_M packed query rows, TPR threads per
-    copied cache row (``VEC``: 16-byte cp.async chunks, else element copies)."""
+    copied cache row (``VEC``: 16-byte cp.async chunks, else element copies). ``SPARSE``: the
+    block table holds each request's cache rows (``simt/sparse_indices.py``), key ``pos`` being
+    row ``block_table[req, pos]`` = ``page * page_size + slot``."""
     store = formats.storer(FMT)
     NEG_INF, POS_INF, LN2 = constants.NEG_INF, constants.POS_INF, constants.LN2
     ZERO = float32(0.0)
@@ -282,7 +344,18 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
         page = int32(0)
         slot = int32(0)
         valid = pos < n_end
-        if valid:  # 32-bit division (a 64-bit one is a subroutine call)
+        if SPARSE:  # (packed rows are rows of the cache; checked again all the same)
+            if valid:
+                valid = pos < block_table.shape[1]
+            if valid:
+                row = block_table[req, pos]
+                valid = row >= 0 and row < num_pages * page_size
+                if valid:
+                    page = int32(convert.div_u32(row, page_size))
+                    slot = row - page * page_size
+                else:
+                    report(status, BAD_INDEX)
+        elif valid:  # 32-bit division (a 64-bit one is a subroutine call)
             pos32 = int32(pos)
             blk = int32(convert.div_u32(pos32, page_size))
             page, valid = lookup(block_table, num_pages, req, blk, status)
@@ -318,7 +391,7 @@ def make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC):
 
 
 def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC, RING_OFF,
-                 KV_STRIDE, NSTAGES, SEPARATE_V, LEFTPAD, CACHE_FP8=False):
+                 KV_STRIDE, NSTAGES, SEPARATE_V, LEFTPAD, CACHE=None, SPARSE=False):
     """A ring of NSTAGES cache tiles in shared memory, NSTAGES - 1 of them in flight while one is
     computed: slot ``s`` at storage element ``RING_OFF + s BLOCK_N KV_STRIDE``, a tile row every
     KV_STRIDE elements holding the key's HEAD_DIM columns and, where V has its own cache
@@ -326,10 +399,11 @@ def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC,
     with the same table lookup. TPR threads share a row (lane ``rl = tid % TPR``), so thread
     ``tid`` copies the ROWS = BLOCK_N TPR / THREADS rows ``row + i THREADS / TPR`` (``row = tid
     / TPR``). ``LEFTPAD``: a sequence's key ``n`` is cache position ``key_start[req] + n``.
-    ``CACHE_FP8`` (with ``SEPARATE_V``): both caches hold float8_e4m3fn bytes, which land as
-    they are (half the bytes of a 16-bit cache on the way) and become the tile's 16-bit values
-    (``make_row_widen``) when the tile is waited for, before its barrier: the compute reads the
-    same tile either way, and the descales are left to it.
+    ``CACHE`` (``make_row_copy``): ``"e4m3"`` (with ``SEPARATE_V``), both caches hold
+    float8_e4m3fn bytes, or ``"v32"``, DeepSeek-V3.2's rows; they land as they are (half the
+    bytes of a 16-bit cache on the way) and become the tile's 16-bit values (``make_row_widen``)
+    when the tile is waited for, before its barrier: the compute reads the same tile either way
+    (an e4m3 cache's descales are left to it). ``SPARSE``: ``make_paged_kv_walk``'s.
 
     The lanes of a row copy consecutive 16-byte chunks, so TPR sets how many bytes of one row a
     warp's copy instruction moves: 8 lanes, a whole 128-byte line (four 32-byte sectors, one L2
@@ -342,7 +416,7 @@ def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC,
                    row, rl, src, valid, page_size, status)
         ring_next(tile, words, k_cache, v_cache, block_table, num_pages, req, hk, key0, n0,
                   n_hi, rd, row, rl, src, valid, page_size, status)
-    ``words`` is the shared buffer as uint32 (read only with ``CACHE_FP8``); ``src`` (int32 (2,
+    ``words`` is the shared buffer as uint32 (read only with ``CACHE``); ``src`` (int32 (2,
     ROWS)) and ``valid`` (boolean (ROWS,)), local arrays, carry the page, slot and validity of
     the thread's rows of the next tile, looked up a tile before their copies are issued.
     """
@@ -351,11 +425,12 @@ def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC,
     ROWS = BLOCK_N // STEP
     assert ROWS * STEP == BLOCK_N
     WAIT = NSTAGES - 2  # copy groups left in flight when a tile is computed
-    assert not CACHE_FP8 or SEPARATE_V
-    _, _, row_source, _, _, _ = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
-    copy_row = make_row_copy(HEAD_DIM, TPR, FMT, VEC, CACHE_FP8)
-    copy_v = make_row_copy(HEAD_DIM_V, TPR, FMT, VEC, CACHE_FP8)
-    WIDEN = CACHE_FP8 and VEC  # (the element path converts as it copies)
+    assert CACHE != "e4m3" or SEPARATE_V
+    _, _, row_source, _, _, _ = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC, SPARSE)
+    copy_row = make_row_copy(HEAD_DIM, TPR, FMT, VEC, CACHE)
+    V_CACHE = CACHE if SEPARATE_V else None  # (V's columns are K's otherwise)
+    copy_v = make_row_copy(HEAD_DIM_V, TPR, FMT, VEC, V_CACHE)
+    WIDEN = CACHE is not None and VEC  # (the element path converts as it copies)
 
     @cuda.jit(device=True, inline="always")
     def first_key(key_start, req):
@@ -378,13 +453,14 @@ def make_kv_ring(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC,
             copy_v(tile, at + HEAD_DIM, v_cache, hk, src[0, i], src[1, i], valid[i], rl)
 
     if WIDEN:
-        widen_k = make_row_widen(HEAD_DIM, TPR, FMT)
-        widen_v = make_row_widen(HEAD_DIM_V, TPR, FMT)
+        widen_k = make_row_widen(HEAD_DIM, TPR, FMT, CACHE)
+        widen_v = make_row_widen(HEAD_DIM_V, TPR, FMT, V_CACHE or CACHE)
 
         @cuda.jit(device=True, inline="always")
         def widen_tile_row(words, at, rl):
             widen_k(words, at, rl)
-            widen_v(words, at + HEAD_DIM, rl)
+            if SEPARATE_V:
+                widen_v(words, at + HEAD_DIM, rl)
     else:
         @cuda.jit(device=True, inline="always")
         def widen_tile_row(words, at, rl):

@@ -11,9 +11,9 @@ the word itself (``runtime/status.py``).
 
 from numba import cuda
 
-from ...runtime.status import (BAD_CACHE_INDEX, BAD_CACHE_LENGTH, BAD_METADATA,  # noqa: F401
-                               BAD_SEQLENS, BAD_SPLITS, BAD_TABLE_ENTRY, NEGATIVE_LENGTH,
-                               PAST_TABLE)
+from ...runtime.status import (BAD_CACHE_INDEX, BAD_CACHE_LENGTH, BAD_INDEX,  # noqa: F401
+                               BAD_METADATA, BAD_SEQLENS, BAD_SPLITS, BAD_TABLE_ENTRY,
+                               NEGATIVE_LENGTH, PAST_TABLE)
 
 
 @cuda.jit(device=True, inline="always")

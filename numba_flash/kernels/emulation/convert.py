@@ -63,6 +63,12 @@ def f32_to_e4m3(x):
     return np.array(x).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)[()]
 
 
+@cuda.jit(device=True)
+def bits_to_f32(bits):
+    """A 32-bit word read as the float32 it holds."""
+    return np.array(int(bits) & 0xFFFFFFFF, np.uint32).view(np.float32)[()]
+
+
 # ---- two 8-bit floats (e4m3) -> two 16-bit floats, exactly ------------------------------------
 
 @cuda.jit(device=True)

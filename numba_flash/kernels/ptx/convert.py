@@ -32,6 +32,7 @@ API (``fmt`` is ``"float16"`` or ``"bfloat16"``):
                                                          (exact; byte 0 -> bits 0-15)
     pack_f16x2(lo, hi) / pack_bf16x2(lo, hi) / pack(fmt) two float32 -> uint32
     unpack_f16x2(r) / unpack_bf16x2(r) / unpack(fmt)     uint32 -> (lo, hi) float32
+    bits_to_f32(bits)                                    uint32 bits -> float32 (no conversion)
     exp2_approx(x)                                       ex2.approx.ftz.f32
     rcp_approx(x)                                        rcp.approx.ftz.f32
     div_u32(a, b)                                        32-bit a // b (a, b >= 0)
@@ -125,6 +126,19 @@ def f32_to_e4m3(typingctx, x):
         return builder.trunc(builder.call(asm, args), ir.IntType(8))
 
     return types.uint8(x), codegen
+
+
+@intrinsic
+def bits_to_f32(typingctx, bits):
+    """A 32-bit word read as the float32 it holds (a bitcast: no instruction)."""
+    if not is_int(bits):
+        return None
+
+    def codegen(context, builder, sig, args):
+        word = context.cast(builder, args[0], sig.args[0], types.uint32)
+        return builder.bitcast(word, F32)
+
+    return float32(bits), codegen
 
 
 # ---- two 8-bit floats (e4m3) -> two 16-bit floats, exactly ------------------------------------

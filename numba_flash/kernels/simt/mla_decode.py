@@ -83,11 +83,19 @@ V in its own cache (``SEPARATE_V``: ``flash_attn_with_kvcache``)
     ``LEFTPAD`` a sequence's key ``n`` is cache position ``key_start[req] + n``. ``WINDOW``,
     ``SOFTCAP``, ``ALIBI``: flash-attn's sliding window, softcap and ALiBi per packed row
     (``make_row_modifiers``; the keys before the first token's window are out of the view,
-    ``kvcache_prepare.py``), compile-time options that cost nothing when off. ``CACHE_FP8``:
-    float8_e4m3fn caches, copied as bytes and widened to 16 bits in the ring by the thread that
-    copied them (``paged_kv.make_row_widen``; the element path converts as it copies), with
-    ``k_descale[req, hk]`` folded into the query's scale and ``v_descale[req, hk]`` into the
-    rows' normalisation (narrow variant).
+    ``kvcache_prepare.py``), compile-time options that cost nothing when off. ``CACHE =
+    "e4m3"``: float8_e4m3fn caches, copied as bytes and widened to 16 bits in the ring by the
+    thread that copied them (``paged_kv.make_row_widen``; the element path converts as it
+    copies), with ``k_descale[req, hk]`` folded into the query's scale and ``v_descale[req,
+    hk]`` into the rows' normalisation (narrow variant).
+
+Sparse attention and DeepSeek-V3.2's FP8 cache (``SPARSE``, ``CACHE = "v32"``)
+    With ``SPARSE`` each request is one query token whose keys are the cache rows its packed
+    indices list (``simt/sparse_indices.py`` packs them; ``block_table`` is that list, and
+    ``paged_kv``'s row lookup reads it). ``"v32"``: 656-byte cache rows (512 e4m3 latent
+    values, their four float32 scales, 64 bfloat16 rope values), widened in the ring into the
+    576 bfloat16 columns of an ordinary MLA tile (``paged_kv.make_row_copy``), so the compute
+    is the dense decode's.
 
 Wide variant: more query rows (MLA: h_q >= 4 or s_q h_q >= 4)
     grid as above; block = THREADS = 256. All threads share each tile; every phase uses the
@@ -292,17 +300,18 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS=THREADS, 
 @lru_cache(maxsize=None)
 def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
                            VEC=True, SEPARATE_V=False, LEFTPAD=False, WINDOW=False,
-                           SOFTCAP=False, ALIBI=False, CACHE_FP8=False):
+                           SOFTCAP=False, ALIBI=False, CACHE=None, SPARSE=False):
     """Python kernel function specialised for one configuration (``SPEC`` compiles it), of the
     variant BLOCK_M selects; ``VEC``: the caches are 16-byte aligned
     (``arrays.rows_16_byte_aligned``); ``SEPARATE_V``: V is ``v_cache``, not the first key
     columns; ``LEFTPAD``: sequence ``req``'s keys start at cache position ``key_start[req]``;
     ``WINDOW``, ``SOFTCAP``, ``ALIBI``: ordinary attention's masks and score modifiers
-    (``make_row_modifiers``); ``CACHE_FP8``: both caches hold float8_e4m3fn values, with their
-    descales (narrow variant only)."""
+    (``make_row_modifiers``); ``CACHE``: the cache's bytes (None: FMT's; ``"e4m3"``: both caches
+    hold float8_e4m3fn values with their descales, narrow variant only; ``"v32"``: DeepSeek-V3.2's
+    rows); ``SPARSE``: ``block_table`` holds each request's packed cache rows."""
     make = make_narrow_kernel if narrow_lanes(BLOCK_M, HEAD_DIM) else make_wide_kernel
     return make(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC, SEPARATE_V,
-                LEFTPAD, WINDOW, SOFTCAP, ALIBI, CACHE_FP8)
+                LEFTPAD, WINDOW, SOFTCAP, ALIBI, CACHE, SPARSE)
 
 
 def make_row_modifiers(WINDOW, SOFTCAP, ALIBI):
@@ -338,7 +347,7 @@ def make_row_modifiers(WINDOW, SOFTCAP, ALIBI):
 # ----------------------------------------------------------------------------- both variants
 
 def make_stream(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRIDE,
-                SEPARATE_V, LEFTPAD, CACHE_FP8=False):
+                SEPARATE_V, LEFTPAD, CACHE=None, SPARSE=False):
     """The device functions both variants share: the paged-KV walk and its cache ring
     (``paged_kv.py``: slot ``s`` at storage element ``RING_OFF + s BLOCK_N KV_STRIDE``, a tile
     row every KV_STRIDE elements: the key columns, then the value columns when V has its own
@@ -349,7 +358,7 @@ def make_stream(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_
     cta_work, piece_of, _, _, put, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, VEC)
     first_key, ring_start, ring_next = make_kv_ring(
         HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, VEC, RING_OFF, KV_STRIDE,
-        NSTAGES, SEPARATE_V, LEFTPAD, CACHE_FP8)
+        NSTAGES, SEPARATE_V, LEFTPAD, CACHE, SPARSE)
 
     @cuda.jit(device=True, inline="always")
     def pair(words, floats, p):
@@ -364,10 +373,10 @@ def make_stream(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_
 # ----------------------------------------------------------------------------- narrow
 
 def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT,
-                           SEPARATE_V, put, put_lse, CACHE_FP8=False):
+                           SEPARATE_V, put, put_lse, DESCALES=False):
     """The narrow variant's phases that open a piece (the query rows into registers) and close it
     (the warps' partial results merged and written); ``put``, ``put_lse`` from the walk;
-    ``CACHE_FP8``: the rows are scaled by the value cache's descale on their way out."""
+    ``DESCALES``: the rows are scaled by the value cache's descale on their way out."""
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     WARPS = THREADS // 32
     LPK = narrow_lanes(BLOCK_M, HEAD_DIM)
@@ -465,7 +474,7 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
                     wscale[w] = math.exp2(floats[uint64(at)] - base)
                     l += floats[uint64(at + 1)] * wscale[w]
                 inv = ONE / l if l > ZERO else ZERO
-                if CACHE_FP8:
+                if DESCALES:
                     inv *= v_scale
                 for j in range(OUT_STEPS):
                     col = tid + THREADS * j
@@ -483,8 +492,9 @@ def make_narrow_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUS
 
 def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC,
                        SEPARATE_V, LEFTPAD, WINDOW=False, SOFTCAP=False, ALIBI=False,
-                       CACHE_FP8=False):
+                       CACHE=None, SPARSE=False):
     """The narrow variant (``narrow_lanes``): the warps split the keys."""
+    DESCALES = CACHE == "e4m3"
     row_window, modified = make_row_modifiers(WINDOW, SOFTCAP, ALIBI)
     MOD_ROWS = BLOCK_M + 1  # each row's (alibi, rel0), then the cap's (cap_in, cap_out)
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
@@ -508,10 +518,10 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
     STORAGE = formats.storage_type(FMT)
     cta_work, piece_of, put, put_lse, first_key, ring_start, ring_next, pair = make_stream(
         HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, ROW, SEPARATE_V,
-        LEFTPAD, CACHE_FP8)
+        LEFTPAD, CACHE, SPARSE)
     stage_q, start_rows, store_partials, write_piece = make_narrow_piece_ends(
         HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, SEPARATE_V, put, put_lse,
-        CACHE_FP8)
+        DESCALES)
 
     @cuda.jit(device=True, inline="always")
     def score(words, floats, S, qv, rd, key, kq, ll, scratch, tid):
@@ -621,7 +631,7 @@ def make_narrow_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, 
             # An FP8 cache's descales: k's joins the query's scale (S stays in base-2 units),
             # v's scales the finished rows.
             piece_scale, v_scale = scale_log2, ONE
-            if CACHE_FP8:
+            if DESCALES:
                 piece_scale = scale_log2 * k_descale[req, hk]
                 v_scale = v_descale[req, hk]
             stage_q(q, floats, visible, req, hk, m0, s_q, group, q_rows, seqlen, piece_scale, tid)
@@ -723,10 +733,10 @@ def make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, S
 
 def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FMT, VEC,
                      SEPARATE_V, LEFTPAD, WINDOW=False, SOFTCAP=False, ALIBI=False,
-                     CACHE_FP8=False):
-    """The wide variant: all threads share each tile (no FP8 caches: the KV-cache decode runs
+                     CACHE=None, SPARSE=False):
+    """The wide variant: all threads share each tile (no descales: the KV-cache decode runs
     the narrow one)."""
-    assert not CACHE_FP8
+    assert CACHE != "e4m3"
     row_window, modified = make_row_modifiers(WINDOW, SOFTCAP, ALIBI)
     lay = shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, FMT, THREADS, SEPARATE_V)
     th = wide_threads(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, THREADS, SEPARATE_V)
@@ -747,7 +757,7 @@ def make_wide_kernel(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, CAUSAL, FM
     V_P = DP if SEPARATE_V else 0  # first pair of V in a tile row
     cta_work, piece_of, put, put_lse, first_key, ring_start, ring_next, pair = make_stream(
         HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, FMT, VEC, RING_OFF, KV_STRIDE,
-        SEPARATE_V, LEFTPAD)
+        SEPARATE_V, LEFTPAD, CACHE, SPARSE)
     load_q, write_piece = make_wide_piece_ends(HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS,
                                                FMT, SEPARATE_V, put, put_lse)
 
@@ -970,14 +980,14 @@ class Spec(KVCacheDecodeSpec):
                                       tiles.BLOCK_N, tiles.threads, config.causal, config.fmt,
                                       config.vec, config.separate_v, config.leftpad,
                                       config.window, config.softcap, config.alibi,
-                                      config.cache_fp8)
+                                      config.cache, config.sparse)
 
     def samples(self):
         """DeepSeek's head dims: 1 to 16 and 128 rows, causal or not, in bfloat16 under an
         H100's shared memory per block; three in float32 under an A100's; rows that are not in
         16-byte chunks once; and the KV-cache decode's: four with and without the masks and
-        modifiers, rows not in 16-byte chunks, two with FP8 caches. (The SM count does not
-        change the code.)"""
+        modifiers, rows not in 16-byte chunks, two with FP8 caches; three sparse decodes.
+        (The SM count does not change the code.)"""
         h100 = Device(cc=SM90, sms=132, shared_per_block=227 * 1024)
         a100 = Device(cc=SM80, sms=132, shared_per_block=163 * 1024)
         cases = [(rows, causal, "bfloat16", True, h100) for rows in (1, 2, 4, 8, 16, 128)
@@ -1000,8 +1010,15 @@ class Spec(KVCacheDecodeSpec):
             Sample(f"simt kvcache q_rows=4 d=128{' fp8 cache' if fp8 else ''}"
                    f"{'' if vec else ' unaligned'} float16",
                    (4, 128, 128, False, "float16", vec, False, True, False, False, False,
-                    False, fp8), device=h100, ccs=(SM90,) if fp8 else (SM80, SM90))
-            for vec, fp8 in ((False, False), (True, True), (False, True))]
+                    False, "e4m3" if fp8 else None), device=h100,
+                   ccs=(SM90,) if fp8 else (SM80, SM90))
+            for vec, fp8 in ((False, False), (True, True), (False, True))] + [
+            # DeepSeek-V3.2's sparse decode: 656-byte FP8 rows, one token of 2 and of 128 heads;
+            # a bfloat16 cache's.
+            Sample(f"simt sparse q_rows={rows} {cache or 'bfloat16'} cache",
+                   (rows, 576, 512, False, "bfloat16", True, False, False, False, False, False,
+                    False, cache, True), device=h100, ccs=(SM90,) if cache else (SM80, SM90))
+            for rows, cache in ((2, "v32"), (128, "v32"), (16, None))]
 
 
 SPEC = Spec()

@@ -48,7 +48,7 @@ Memory pipeline
     are in flight while one is multiplied, one barrier per tile. Q's 16 rows
     are copied with the piece's first tile.
 
-FP8 caches (``CACHE_FP8``, compile-time)
+FP8 caches (``CACHE = "e4m3"``, compile-time)
     float8_e4m3fn caches stream as bytes, half those of a 16-bit cache: a 16-byte chunk holds
     16 values and lands in the upper half of the 32 bytes they take as 16-bit values; once its
     ``cp.async`` wait returns, the thread that copied it widens it there (``cvt.rn.f16x2.e4m3x2``;
@@ -136,8 +136,10 @@ def static_bytes(warps):
 
 @lru_cache(maxsize=None)
 def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES, LEFTPAD,
-                               WINDOW=False, SOFTCAP=False, ALIBI=False, CACHE_FP8=False):
+                               WINDOW=False, SOFTCAP=False, ALIBI=False, CACHE=None):
     """Python kernel function for one configuration (``SPEC`` compiles it)."""
+    assert CACHE in (None, "e4m3")
+    CACHE_FP8 = CACHE == "e4m3"
     assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)  # (on sm_90)
     BLOCK_N = 16 * WARPS
     assert SCHED_BLOCK % BLOCK_N == 0
@@ -167,7 +169,7 @@ def make_kvcache_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, WARPS, NSTAGES
     cta_work, piece_of, _, _, put, put_lse = make_paged_kv_walk(HEAD_DIM, BLOCK_M, TPR, FMT, True)
     first_key, ring_start, ring_next = make_kv_ring(
         HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, THREADS, TPR, FMT, True, RING_OFF, KV_STRIDE,
-        NSTAGES, True, LEFTPAD, CACHE_FP8)
+        NSTAGES, True, LEFTPAD, CACHE)
     copy_q = make_row_copy(HEAD_DIM, Q_TPR, FMT, True)
     exp2 = convert.exp2_approx
     shfl_xor = sync.shfl_xor
@@ -354,7 +356,7 @@ class Spec(KVCacheDecodeSpec):
         return make_kvcache_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
                                           config.fmt, tiles.threads // 32, nstages,
                                           config.leftpad, config.window, config.softcap,
-                                          config.alibi, config.cache_fp8)
+                                          config.alibi, config.cache)
 
     def samples(self):
         """A decode step of a GQA group of 4 (D 128, left padding), a causal chunk of 3 tokens
@@ -369,9 +371,9 @@ class Spec(KVCacheDecodeSpec):
                  ("q_rows=8 d=128 window softcap alibi bfloat16",
                   (8, 128, 128, True, "bfloat16", True, False, True, True, True, True, True)))
         fp8 = (("q_rows=4 d=128 fp8 cache bfloat16", (4, 128, 128, False, "bfloat16", True, False,
-                                                      True, False, False, False, False, True)),
+                                                      True, False, False, False, False, "e4m3")),
                ("q_rows=8 d=256 fp8 cache float16", (8, 256, 256, False, "float16", True, False,
-                                                     True, True, False, False, False, True)))
+                                                     True, True, False, False, False, "e4m3")))
         return [Sample(f"tc kvcache {label} tiles={entry}", config, entry,
                        ccs=(SM90,) if config[1] > MAX_HEAD_DIM_SM8X else (SM80, SM90))
                 for entry in TILES for label, config in cases] + [

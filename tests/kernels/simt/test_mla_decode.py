@@ -12,7 +12,7 @@ from numba_flash.kernels.simt import mla_decode
 from numba_flash.runtime import device, ptxcheck
 from helpers import SIMULATOR, to_device, to_host
 from kernels._decode_cases import (check_bad_device_values, check_nan_query_row,
-                                   check_negative_length, run_case)
+                                   check_negative_length, run_case, run_sparse_case)
 
 # (seqlens, s_q, h_q, h_kv, d, dv, page, causal, fmt, num_sms, splits): page sizes 1 / 16 / 64,
 # lengths 0 and off the page and tile grid, s_q 1 and 2, causal, h_kv = 2, odd head_dim_v, both
@@ -118,13 +118,31 @@ def test_metadata_is_the_plan_in_the_callers_library():
     assert to_host(default).shape[0] == device.current().sms
 
 
+# ----------------------------------------------------------------------------- sparse (V3.2)
+
+def test_sparse_gqa_decode_with_a_given_plan_splits_and_a_sink(rng):
+    # two tokens of up to 200 keys, 16 SMs: the plan of get_mla_metadata(topk=200) cuts them
+    run_sparse_case(rng, b=1, s_q=2, h_q=4, h_kv=2, d=32, dv=16, page=8, topk=200, fp8=False,
+                    backend="simt", num_sms=16, sink=True, splits=True)
+
+
+def test_sparse_wide_decode_with_topk_length_and_bad_indices(rng):
+    run_sparse_case(rng, b=2, s_q=1, h_q=8, h_kv=1, d=24, dv=24, page=5, topk=40, fp8=False,
+                    backend="simt", topk_length=[30, 40], bad_index=True)
+
+
+def test_fp8_sparse_decode_of_deepseek_v32_rows(rng):
+    run_sparse_case(rng, b=1, s_q=2, h_q=2, h_kv=1, d=576, dv=512, page=8, topk=8, fp8=True)
+
+
 # ----------------------------------------------------------------------------- PTX (no simulator)
 
 # (config, cc): both variants and each tile tier of mla_decode.BLOCK_N_BY_ROWS (narrow BLOCK_M 1,
 # 2; wide 8, 16) in the DeepSeek decode shapes (h_q 1, 16, 128) in bfloat16 on sm_90, and at
 # their most registers (float32, sm_80's ptxas) on sm_80; the KV-cache decode's short rows (V in
 # its own cache, left padding; D 128, a GQA group of 4) at its most registers, on sm_80, and
-# copied element by element (rows not in 16-byte chunks); with FP8 caches (sm_89+) both ways.
+# copied element by element (rows not in 16-byte chunks); with FP8 caches (sm_89+) both ways;
+# DeepSeek-V3.2's sparse decode of FP8 rows, both variants.
 def _mla(q_rows, fmt, causal):
     return [q_rows, 576, 512, causal, fmt, True]
 
@@ -136,9 +154,11 @@ PTX_SPECS = [(_mla(1, "bfloat16", False), (9, 0)), (_mla(2, "bfloat16", True), (
              ([4, 128, 128, False, "bfloat16", True, False, True, True], (8, 0)),
              ([4, 128, 128, False, "float16", False, False, True, False], (8, 0)),
              ([4, 128, 128, False, "float16", True, False, True, False, False, False, False,
-               True], (9, 0)),
+               "e4m3"], (9, 0)),
              ([4, 128, 128, False, "bfloat16", False, False, True, True, False, False, False,
-               True], (9, 0))]
+               "e4m3"], (9, 0)),
+             (_mla(2, "bfloat16", False) + [False] * 6 + ["v32", True], (9, 0)),
+             (_mla(128, "bfloat16", False) + [False] * 6 + ["v32", True], (9, 0))]
 A100_SHARED, H100_SHARED = 163 * 1024, 227 * 1024
 
 
@@ -157,7 +177,7 @@ def test_decode_kernel_compiles_without_spills():
             assert rep["spill_stores"] == 0 and rep["spill_loads"] == 0, (spec, rep["log"])
             assert "ld.local" not in ptx, spec
             assert rep["registers"] <= 255, spec
-            if mla_decode.SPEC.Config(*spec[0]).cache_fp8:  # widened by cvt ... e4m3x2
+            if mla_decode.SPEC.Config(*spec[0]).cache:  # widened by cvt ... e4m3x2
                 assert "e4m3x2" in ptx, spec
 
 

@@ -105,7 +105,7 @@ def test_every_sample_compiles_to_mma_sync_without_spills():
     for cc in ((8, 0), (9, 0)):
         for fp8 in (False, True):
             configs = [(s.config, s.entry) for s in later
-                       if cc in s.ccs and kv.SPEC.Config(*s.config).cache_fp8 == fp8]
+                       if cc in s.ccs and (kv.SPEC.Config(*s.config).cache == "e4m3") == fp8]
             if configs:
                 assert_compiles_clean("tc.kvcache_decode_mma", configs, ccs=(cc,),
                                       must_contain=base + (("cvt.rn.f16x2.e4m3x2",) if fp8
