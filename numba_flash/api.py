@@ -487,6 +487,7 @@ def _sparse_mla_decode(q, k_cache, indices, topk_length, head_dim_v, metadata, n
     # lse as FlashMLA returns it: (b, h_q, s_q), a transposed view of (b, s_q, h_q) rows, which
     # the kernels write as (b s_q, h_q, 1).
     lse_rows = arrays.empty(c.q, (b, s_q, h_q), "float32", "lse")
+    lse = arrays.swapped(lse_rows, 1, 2)  # (refuses a library without such views: no launch yet)
     args = _decode_args(problem, decode, config, metadata, num_splits,
                         validate.tokens_as_requests(o, "out"), dev,
                         lse=arrays.strided(lse_rows, (requests, h_q, 1), (h_q, 1, 1)))
@@ -498,7 +499,7 @@ def _sparse_mla_decode(q, k_cache, indices, topk_length, head_dim_v, metadata, n
     if not planned:
         _plan_on_device(lengths, metadata, num_splits, stream, dev)
     _decode(decode, config, args, stream, dev)
-    return o.obj, arrays.swapped(lse_rows, 1, 2).obj
+    return o.obj, lse.obj
 
 
 def _decode_args(problem, decode, config, metadata, num_splits, o, dev, lse=None):

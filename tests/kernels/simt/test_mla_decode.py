@@ -135,6 +135,13 @@ def test_fp8_sparse_decode_of_deepseek_v32_rows(rng):
     run_sparse_case(rng, b=1, s_q=2, h_q=2, h_kv=1, d=576, dv=512, page=8, topk=8, fp8=True)
 
 
+@pytest.mark.skipif(SIMULATOR, reason="DeepSeek-V3.2's sizes: GPU only")
+@pytest.mark.parametrize("h_q, s_q", [(64, 2), (128, 1)])
+def test_fp8_sparse_decode_at_deepseek_sizes(rng, h_q, s_q):
+    run_sparse_case(rng, b=3, s_q=s_q, h_q=h_q, h_kv=1, d=576, dv=512, page=64, topk=2048,
+                    fp8=True, num_sms=132, sink=True)
+
+
 # ----------------------------------------------------------------------------- PTX (no simulator)
 
 # (config, cc): both variants and each tile tier of mla_decode.BLOCK_N_BY_ROWS (narrow BLOCK_M 1,
