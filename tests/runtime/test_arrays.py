@@ -82,6 +82,26 @@ def test_torch_tensors_round_trip():
     assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.device == q.device
 
 
+def test_strided_views_merge_axes_and_swapped_views_are_the_librarys_own(rng):
+    """``strided``: the same memory seen as (b s_q, 1, h) (what the sparse decode hands its
+    kernels); ``swapped``: the caller's library's transposed view of it."""
+    x = to_device(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    t = arrays.adapt(x, "x")
+    merged = arrays.strided(t, (6, 1, 4), (4, 4, 1))
+    assert merged.shape == (6, 1, 4) and merged.strides == (4, 4, 1) and merged.ptr == t.ptr
+    if SIMULATOR:
+        np.testing.assert_array_equal(np.asarray(merged.view._ary)[:, 0], to_host(x).reshape(6, 4))
+    for obj in (x, cuda.to_device(to_host(x))):
+        swapped = arrays.swapped(arrays.adapt(obj, "x"), 1, 2)
+        assert swapped.shape == (2, 4, 3) and swapped.strides == (12, 1, 4)
+        if SIMULATOR or obj is x:
+            np.testing.assert_array_equal(to_host(swapped.obj), to_host(x).transpose(0, 2, 1))
+        else:  # a Numba view over the same memory, with the swapped strides
+            face = swapped.obj.__cuda_array_interface__
+            assert face["shape"] == (2, 4, 3) and face["strides"] == (48, 4, 16)
+            assert face["data"][0] == arrays.adapt(obj, "x").ptr
+
+
 def test_16_byte_rows_check_pointer_row_length_and_strides():
     cache = to_device(np.zeros((3, 4, 2, 24), DTYPES["bfloat16"]))
     wider = to_device(np.zeros((3, 4, 2, 28), DTYPES["bfloat16"]))
