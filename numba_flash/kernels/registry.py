@@ -261,6 +261,6 @@ def specs():
     seen = []
     for entry in ENTRIES:
         seen += [s for s in entry.specs if s not in seen]
-    singles = (PREPROCESS, SINK_GRAD, COMBINE, METADATA, KVCACHE_PREPARE, HADAMARD, *QUANTIZE,
-               *NAIVE)
+    singles = (PREPROCESS, SINK_GRAD, COMBINE, METADATA, KVCACHE_PREPARE, SPARSE_INDICES,
+               HADAMARD, *QUANTIZE, *NAIVE)
     return seen + [s for s in singles if s not in seen]

@@ -65,7 +65,7 @@ def test_specs_lists_every_launched_spec_once():
     for entry in registry.ENTRIES:
         assert all(spec in specs for spec in entry.specs), entry.name
     for spec in (registry.PREPROCESS, registry.SINK_GRAD, registry.COMBINE, registry.METADATA,
-                 *registry.NAIVE):
+                 registry.SPARSE_INDICES, *registry.NAIVE):
         assert spec in specs
 
 
