@@ -13,7 +13,6 @@ from . import scheduler
 from .kernels import registry
 from .kernels.problem import Attention, Decode
 from .runtime import arrays
-from .kernels.common.paged_kv import V32_ROW_BYTES
 from .runtime.arrays import FLOAT_FORMATS, FP8_FORMATS
 
 MAX_HEAD_DIM = 256
@@ -493,9 +492,10 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, head_dim_v, tile_schedul
         if q.fmt != "bfloat16" or d != V32_HEAD_DIM:
             raise ValueError(f"q: DeepSeek-V3.2's FP8 cache is read with bfloat16 queries of "
                              f"{V32_HEAD_DIM} columns, got {q.fmt} with {d}")
-        if k_cache.shape[2:] != (1, V32_ROW_BYTES):
-            raise ValueError(f"k_cache: expected rows of one kv head of {V32_ROW_BYTES} bytes "
-                             f"(num_blocks, page, 1, {V32_ROW_BYTES}), got {k_cache.shape}")
+        row = registry.V32_ROW_BYTES
+        if k_cache.shape[2:] != (1, row):
+            raise ValueError(f"k_cache: expected rows of one kv head of {row} bytes "
+                             f"(num_blocks, page, 1, {row}), got {k_cache.shape}")
         if head_dim_v != V32_HEAD_DIM_V:
             raise ValueError(f"head_dim_v: DeepSeek-V3.2's cache holds {V32_HEAD_DIM_V} value "
                              f"columns, got {head_dim_v!r}")

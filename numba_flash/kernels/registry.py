@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Callable, NamedTuple, Optional
 
 from . import naive
+from .common import paged_kv
 from .simt import backward as simt_backward
 from .simt import combine as simt_combine
 from .simt import kvcache_prepare as simt_kvcache_prepare
@@ -211,6 +212,7 @@ METADATA = simt_mla_metadata.SPEC
 SPARSE_INDICES = simt_sparse_indices.SPEC
 NAIVE = (naive.SCORES, naive.SOFTMAX, naive.OUTPUT)
 MAX_DECODE_HEAD_DIM = simt_mla_decode.MAX_HEAD_DIM
+V32_ROW_BYTES = paged_kv.V32_ROW_BYTES  # DeepSeek-V3.2's FP8 cache rows (the sparse decode's)
 MAX_ROTATION_DIM = simt_hadamard.MAX_HEAD_DIM
 QUANTIZE_SPLITS = simt_quantize.split_rows  # (rows, CTAs) per (batch, head) of a length
 

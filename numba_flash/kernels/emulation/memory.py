@@ -74,6 +74,16 @@ def _copy16(smem, offset, gmem, index, valid):
                      f"element {offset} of the shared array")
     _require_aligned("cp.async global (source)", _element_address(gmem, index),
                      f"index {index} of a {gmem.dtype} array with strides {gmem.strides}")
+    if gmem.itemsize == flat.itemsize:  # (the common case: element for element)
+        n = CP_ASYNC_BYTES // flat.itemsize
+        if isinstance(index, tuple):
+            head, last = tuple(index[:-1]), int(index[-1])
+            for j in range(n):
+                flat[offset + j] = gmem[head + (last + j,)] if valid else 0
+        else:
+            for j in range(n):
+                flat[offset + j] = gmem[int(index) + j] if valid else 0
+        return
     # Bytes, as the GPU moves them: the source's elements need not be the destination's.
     chunk = np.zeros(CP_ASYNC_BYTES // gmem.itemsize, gmem.dtype)
     if valid:
