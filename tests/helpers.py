@@ -199,16 +199,19 @@ def spill_problem(report, nvjitlink):
             f"at {report['registers']} registers (nvJitLink {'.'.join(map(str, nvjitlink))})")
 
 
-def assert_compiles_clean(module, configs, must_contain=(), ccs=CCS, must_not_log=()):
+def assert_compiles_clean(module, configs, must_contain=(), ccs=CCS, must_not_log=(),
+                          also=None):
     """Compile the spec of kernel ``module`` (``"simt.forward"``, or ``"simt.backward:DQ"`` for
     a module with several specs) for each ``(config, tile entry)`` of ``configs`` (entry None:
-    the table's) and each of ``ccs`` (sm_80 and sm_90) and check each (``assert_jobs_clean``)."""
+    the table's) and each of ``ccs`` (sm_80 and sm_90) and check each (``assert_jobs_clean``);
+    ``also(config)``: instructions that config's PTX must hold besides ``must_contain``."""
     from numba_flash.runtime import ptxcheck
 
     target = "numba_flash.runtime.ptxcheck:spec_build"
     assert_jobs_clean([(f"{module}{tuple(config)} tiles {entry} {ptxcheck.arch(cc)}",
                         (target, cc, (f"numba_flash.kernels.{module}", list(config),
-                                      None if entry is None else list(entry))))
+                                      None if entry is None else list(entry))),
+                        tuple(also(config)) if also else ())
                        for config, entry in configs for cc in ccs], must_contain, must_not_log)
 
 
@@ -220,24 +223,26 @@ def later_samples(spec):
 
 
 def assert_jobs_clean(jobs, must_contain=(), must_not_log=()):
-    """Compile each ``(name, job)`` of ``jobs`` (a job of ``ptxcheck.compile_reports_isolated``)
-    in a child process without the simulator, and require no spills (``spill_problem``), no
-    local-memory traffic, the given PTX instructions, no wgmma that ptxas serialized (any of its
-    C75xx reasons) and none of the given ptxas messages. Every compiled specialization is checked
+    """Compile each ``(name, job)`` of ``jobs`` (a job of ``ptxcheck.compile_reports_isolated``;
+    ``(name, job, instructions)`` adds instructions of its own to ``must_contain``) in a child
+    process without the simulator, and require no spills (``spill_problem``), no local-memory
+    traffic, the given PTX instructions, no wgmma that ptxas serialized (any of its C75xx
+    reasons) and none of the given ptxas messages. Every compiled specialization is checked
     before the test fails, and the failure lists them all by name."""
     from cuda.bindings import nvjitlink
 
     from numba_flash.runtime import ptxcheck
 
     problems = []
-    results = ptxcheck.compile_reports_isolated([job for _, job in jobs])
-    for (ptx, report), (where, _) in zip(results, jobs):
+    results = ptxcheck.compile_reports_isolated([job[1] for job in jobs])
+    for (ptx, report), (where, _, *extra) in zip(results, jobs):
         spills = spill_problem(report, nvjitlink.version())
         if spills:
             problems.append(f"{where}: {spills}")
         if "ld.local" in ptx or "st.local" in ptx:
             problems.append(f"{where}: local memory")
-        problems += [f"{where}: no {instruction}" for instruction in must_contain
+        problems += [f"{where}: no {instruction}"
+                     for instruction in tuple(must_contain) + tuple(*extra)
                      if instruction not in ptx]
         problems += [f"{where}: {message} in\n{report['log']}"
                      for message in must_not_log + (SERIALIZED,) if message in report["log"]]
