@@ -407,6 +407,25 @@ def host_lengths(cache_seqlens):
     return host
 
 
+def _head_dim_v(head_dim_v, d):
+    if isinstance(head_dim_v, (bool, np.bool_)) or not isinstance(head_dim_v, (int, np.integer)) \
+            or not 1 <= head_dim_v <= d:
+        raise ValueError(f"head_dim_v: expected an integer from 1 to the head dim {d}, "
+                         f"got {head_dim_v!r}")
+
+
+def _plan(tile_scheduler_metadata, num_splits, requests):
+    """A decode's given plan for ``requests`` requests: both arrays, or neither (None, None)."""
+    if (tile_scheduler_metadata is None) != (num_splits is None):
+        raise ValueError("tile_scheduler_metadata, num_splits: pass both (a plan of "
+                         "get_mla_metadata) or neither (the call plans itself)")
+    if tile_scheduler_metadata is None:
+        return None, None
+    return (index_array(tile_scheduler_metadata, "tile_scheduler_metadata",
+                        (None, scheduler.METADATA_SIZE)),
+            index_array(num_splits, "num_splits", (requests + 1,)))
+
+
 def mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                num_splits, causal, softmax_scale, attn_sink=None):
     """The decode's arguments; returns the ``Decode`` problem (its metadata and num_splits None
@@ -421,19 +440,10 @@ def mla_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
         raise ValueError(f"q: head dim must be a multiple of 8 up to {MAX_MLA_HEAD_DIM}, got {d}")
     if h_q % h_kv != 0:
         raise ValueError(f"k_cache: query heads ({h_q}) must be a multiple of kv heads ({h_kv})")
-    if isinstance(head_dim_v, (bool, np.bool_)) or not isinstance(head_dim_v, (int, np.integer)) \
-            or not 1 <= head_dim_v <= d:
-        raise ValueError(f"head_dim_v: expected an integer from 1 to the head dim {d}, "
-                         f"got {head_dim_v!r}")
+    _head_dim_v(head_dim_v, d)
     block_table = index_array(block_table, "block_table", (b, None))
     cache_seqlens = index_array(cache_seqlens, "cache_seqlens", (b,))
-    if (tile_scheduler_metadata is None) != (num_splits is None):
-        raise ValueError("tile_scheduler_metadata, num_splits: pass both (a plan of "
-                         "get_mla_metadata) or neither (the call plans itself)")
-    if tile_scheduler_metadata is not None:
-        tile_scheduler_metadata = index_array(tile_scheduler_metadata, "tile_scheduler_metadata",
-                                              (None, scheduler.METADATA_SIZE))
-        num_splits = index_array(num_splits, "num_splits", (b + 1,))
+    tile_scheduler_metadata, num_splits = _plan(tile_scheduler_metadata, num_splits, b)
     _check_causal(causal)
     sink = None if attn_sink is None else _head_values(attn_sink, "attn_sink", q, ((h_q,),))
     return Decode(q, k_cache, block_table, cache_seqlens, int(head_dim_v), _scale(softmax_scale, d),
@@ -509,10 +519,7 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, head_dim_v, tile_schedul
                              f"got {d}")
         if k_cache.shape[3] != d:
             raise ValueError(f"k_cache: head dim {k_cache.shape[3]} differs from q's {d}")
-        if isinstance(head_dim_v, (bool, np.bool_)) or \
-                not isinstance(head_dim_v, (int, np.integer)) or not 1 <= head_dim_v <= d:
-            raise ValueError(f"head_dim_v: expected an integer from 1 to the head dim {d}, "
-                             f"got {head_dim_v!r}")
+        _head_dim_v(head_dim_v, d)
     if h_q % k_cache.shape[2]:
         raise ValueError(f"k_cache: query heads ({h_q}) must be a multiple of kv heads "
                          f"({k_cache.shape[2]})")
@@ -523,13 +530,7 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, head_dim_v, tile_schedul
     if causal:
         raise ValueError("causal: a sparse decode's indices choose each token's keys; pass "
                          "causal=False")
-    if (tile_scheduler_metadata is None) != (num_splits is None):
-        raise ValueError("tile_scheduler_metadata, num_splits: pass both (a plan of "
-                         "get_mla_metadata) or neither (the call plans itself)")
-    if tile_scheduler_metadata is not None:
-        tile_scheduler_metadata = index_array(tile_scheduler_metadata, "tile_scheduler_metadata",
-                                              (None, scheduler.METADATA_SIZE))
-        num_splits = index_array(num_splits, "num_splits", (b * s_q + 1,))
+    tile_scheduler_metadata, num_splits = _plan(tile_scheduler_metadata, num_splits, b * s_q)
     sink = None if attn_sink is None else _head_values(attn_sink, "attn_sink", q, ((h_q,),))
     return SparseCall(tokens_as_requests(q, "q"), k_cache, indices, topk_length, int(head_dim_v),
                       _scale(softmax_scale, d), tile_scheduler_metadata, num_splits, sink,
