@@ -64,6 +64,13 @@ def f32_to_e4m3(x):
 
 
 @cuda.jit(device=True)
+def pack_e4m3x4(x0, x1, x2, x3):
+    """Four float32 rounded to e4m3 (as ``f32_to_e4m3``) in one uint32, ``x0`` in byte 0."""
+    return np.uint32(int(f32_to_e4m3(x0)) | (int(f32_to_e4m3(x1)) << 8)
+                     | (int(f32_to_e4m3(x2)) << 16) | (int(f32_to_e4m3(x3)) << 24))
+
+
+@cuda.jit(device=True)
 def bits_to_f32(bits):
     """A 32-bit word read as the float32 it holds."""
     return np.array(int(bits) & 0xFFFFFFFF, np.uint32).view(np.float32)[()]

@@ -17,7 +17,7 @@ from . import memory
 from ..ptx.layout import (BLOCK_COLS, SCRATCH_WORDS, SWIZZLE_BYTES, TILE_ALIGN,  # noqa: F401
                           make_aligned_base, make_descriptor, make_descriptor_low,
                           HIGH_WORD, padded_cols, tile_offset, SBO, MN_K_STEP, k_step,
-                          WARPGROUP)
+                          WARPGROUP, E4M3, K_STEP_ELEMS)
 from ..ptx.model import read_operand, warp_a_tile
 from .sync import warp_sync
 
@@ -64,7 +64,7 @@ def _make_mma(fmt, n, a_regs, trans_b):
         B = read_operand(flat, desc_b, n, fmt, trans_b == 1)
         if not trans_b:
             B = B.T
-        D = A @ B  # products of 16-bit values are exact; one rounding to float32 below
+        D = A @ B  # products of 16-bit (or 8-bit) values are exact; one rounding to float32
         out = acc.reshape(-1)
         g, t = lane >> 2, lane & 3
         for i in range(n // 8):

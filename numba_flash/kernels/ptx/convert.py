@@ -32,6 +32,8 @@ API (``fmt`` is ``"float16"`` or ``"bfloat16"``):
                                                          (exact; byte 0 -> bits 0-15)
     pack_f16x2(lo, hi) / pack_bf16x2(lo, hi) / pack(fmt) two float32 -> uint32
     unpack_f16x2(r) / unpack_bf16x2(r) / unpack(fmt)     uint32 -> (lo, hi) float32
+    pack_e4m3x4(x0, x1, x2, x3)                          four float32 -> four e4m3 in a uint32
+                                                         (x0 in byte 0; as f32_to_e4m3)
     bits_to_f32(bits)                                    uint32 bits -> float32 (no conversion)
     exp2_approx(x)                                       ex2.approx.ftz.f32
     rcp_approx(x)                                        rcp.approx.ftz.f32
@@ -139,6 +141,24 @@ def bits_to_f32(typingctx, bits):
         return builder.bitcast(word, F32)
 
     return float32(bits), codegen
+
+
+@intrinsic
+def pack_e4m3x4(typingctx, x0, x1, x2, x3):
+    """Four float32 rounded to float8_e4m3fn (nearest even, ``satfinite``) in one uint32, ``x0``
+    in byte 0: two ``cvt.rn.satfinite.e4m3x2.f32`` (each puts its first source in the upper
+    byte) and one move. An 8-bit A fragment register of wgmma (sm_89+)."""
+    if not all(isinstance(x, types.Float) and x.bitwidth == 32 for x in (x0, x1, x2, x3)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        asm = ir.InlineAsm(ir.FunctionType(I32, [F32] * 4),
+                           "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
+                           "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
+                           "=r,f,f,f,f")
+        return builder.call(asm, args)
+
+    return types.uint32(x0, x1, x2, x3), codegen
 
 
 # ---- two 8-bit floats (e4m3) -> two 16-bit floats, exactly ------------------------------------

@@ -12,7 +12,7 @@ under either target), the rest plain Python:
     make_aligned_base(shared_address)                 -> aligned_base(smem) for a binding
     make_descriptor(shared_address)                   -> descriptor(smem, offset, lbo, sbo)
     CP_ASYNC_BYTES, SCRATCH_DTYPE, SCRATCH_WORDS, SWIZZLE_BYTES, BLOCK_COLS, TILE_ALIGN,
-    SBO, MN_K_STEP
+    SBO, MN_K_STEP, E4M3, K_STEP_ELEMS
 
 ``aligned_base`` and ``descriptor`` read a shared address, which is an intrinsic on a GPU and a
 byte offset under the simulator: each ``wgmma`` module builds them from its own
@@ -68,6 +68,12 @@ def tile_offset(row, col, rows):
     multiple of 2 stays in its 32-bit word, a multiple of 8 starts a 16-byte chunk."""
     chunk = ((col >> 3) & 7) ^ (row & 7)
     return (col >> 6) * rows * BLOCK_COLS + row * BLOCK_COLS + (chunk << 3) + (col & 7)
+
+
+# The 8-bit element format wgmma takes (FP8's E4M3), and the elements of one k-step (32 bytes
+# along a K-major row) per format.
+E4M3 = "float8_e4m3fn"
+K_STEP_ELEMS = {"float16": 16, "bfloat16": 16, E4M3: 32}
 
 
 # Descriptor arithmetic, in the 16-byte units of a descriptor's address fields (kernels/ptx/

@@ -4,8 +4,8 @@ The simulator's emulations (``kernels/emulation``) compute with these, and the G
 the real instructions against them on the same inputs. Host code only: nothing here runs inside
 a kernel on a GPU.
 
-    bits_to_f64(bits, fmt)                        uint16 bit patterns -> float64 values
-    warp_a_tile(a_words, fmt)                     the 16x16 A tile of a warp's A fragments
+    bits_to_f64(bits, fmt)                        bit patterns -> float64 values
+    warp_a_tile(a_words, fmt)                     the 16 x k A tile of a warp's A fragments
     warp_tiles(a_words, b_words, fmt)             the A and B tiles of a warp's fragments
     lane_mma(A, B, c, lane)                       one lane's D registers of D = A B + C
     emulate_mma(a_words, b_words, c, fmt)         D registers of a whole warp
@@ -16,13 +16,19 @@ The fragment tables these follow are in ``kernels/ptx/mma.py``'s docstring, the 
 ``kernels/ptx/wgmma.py``'s.
 """
 
+import ml_dtypes
 import numpy as np
+
+from .layout import E4M3
 
 _LANE = np.arange(32)[:, None]
 _GROUP, _IN_GROUP = _LANE >> 2, _LANE & 3
 _I8 = np.arange(8)[None, :]  # a0..a7
 _A_ROW = _GROUP + 8 * ((_I8 >> 1) & 1)  # (32, 8): row of A that lane's a_i holds
 _A_COL = 2 * _IN_GROUP + (_I8 & 1) + 8 * (_I8 >> 2)
+_I16 = np.arange(16)[None, :]  # the 16 bytes of an 8-bit A fragment, register r = i >> 2
+_A8_ROW = _GROUP + 8 * ((_I16 >> 2) & 1)
+_A8_COL = 4 * _IN_GROUP + (_I16 & 3) + 16 * (_I16 >> 3)
 _I4 = np.arange(4)[None, :]  # b0..b3 and c0..c3
 _B_ROW = 2 * _IN_GROUP + (_I4 & 1) + 8 * (_I4 >> 1)  # (32, 4): row (k) of B that b_i holds
 _B_COL = _GROUP + 0 * _I4
@@ -31,11 +37,19 @@ _C_COL = 2 * _IN_GROUP + (_I4 & 1)
 
 
 def bits_to_f64(bits, fmt):
-    """uint16 bit patterns of format ``fmt`` -> float64 values."""
+    """Bit patterns of format ``fmt`` (uint16; uint8 for float8_e4m3fn) -> float64 values."""
+    if fmt == E4M3:
+        return np.asarray(bits, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     bits = np.asarray(bits, dtype=np.uint16)
     if fmt == "bfloat16":
         return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
     return bits.view(np.float16).astype(np.float64)
+
+
+def _bytes(words):
+    """(lanes, n) 32-bit registers -> (lanes, 4n) bytes, each lowest byte first."""
+    words = np.ascontiguousarray(words, dtype=np.uint32)
+    return words.view(np.uint8).reshape(words.shape[0], -1)  # little-endian, as the GPU
 
 
 def _halves(words):
@@ -48,7 +62,13 @@ def _halves(words):
 # ---- mma.sync.m16n8k16 -------------------------------------------------------------------------
 
 def warp_a_tile(a_words, fmt):
-    """The 16x16 A tile (float64) held by a warp's A fragments ``a_words (32, 4)``."""
+    """The 16 x k A tile (float64) held by a warp's A fragments ``a_words (32, 4)``: k 16 for
+    16-bit formats (mma.m16n8k16), 32 for e4m3 (wgmma's k32 slab of a warp, mma.py's layout with
+    four bytes where two halves were)."""
+    if fmt == E4M3:
+        A = np.zeros((16, 32), np.float64)
+        A[_A8_ROW, _A8_COL] = bits_to_f64(_bytes(a_words), fmt)
+        return A
     A = np.zeros((16, 16), np.float64)
     A[_A_ROW, _A_COL] = bits_to_f64(_halves(a_words), fmt)  # a0..a7 of each lane
     return A
@@ -109,7 +129,8 @@ def _swizzle(address):
 
 def read_operand(flat, desc, rows, fmt, mn_major):
     """The operand a descriptor names, from the 16-bit array ``flat`` whose byte offsets stand
-    for shared addresses: K-major -> (rows, 16) [mn][k]; MN-major -> (16, rows) [k][mn]."""
+    for shared addresses: K-major -> (rows, k) [mn][k]; MN-major -> (k, rows) [k][mn]; k 16,
+    or 32 for e4m3 (K-major only)."""
     desc = int(desc)
     if desc >> 62 != 1:
         raise ValueError("only the 128-byte swizzle layout is emulated")
@@ -117,6 +138,10 @@ def read_operand(flat, desc, rows, fmt, mn_major):
     lbo = ((desc >> 16) & 0x3FFF) << 4
     sbo = ((desc >> 32) & 0x3FFF) << 4
     mn = np.arange(rows)[:, None]
+    if fmt == E4M3:
+        assert not mn_major, "8-bit operands are K-major"
+        address = start + (mn % 8) * 128 + (mn // 8) * sbo + np.arange(32)[None, :]
+        return bits_to_f64(np.asarray(flat).view(np.uint8)[_swizzle(address)], fmt)
     k = np.arange(16)[None, :]
     if mn_major:
         address = start + 2 * (mn % 64) + (mn // 64) * lbo + (k % 8) * 128 + (k // 8) * sbo

@@ -39,6 +39,14 @@ absolute address bits 4-6 from bits 7-9, so each tile must start on a 1024-byte 
         k-step kk: start = row 16 kk of block 0; SBO (next 8 k) = 1024; LBO (next 64 columns)
         = rows * 128. For V (B of P V).
 
+8-bit operands (``fmt`` "float8_e4m3fn", FP8's E4M3). A k-step is 32 elements, still 32 bytes
+of a row, so a tile of 8-bit elements is the same swizzled image as a 16-bit tile of half the
+columns, with the same descriptors and ``k_step`` offsets (a 64-column block of 16-bit elements
+is 128 e4m3 columns). Both operands must be K-major (the ISA has no transpose for 8-bit types:
+a kernel that needs V as B stores V^T). A from registers is then 16 bytes a thread for the warp's
+16 x 32 slab: register ``r`` holds the four k ``4 t + 16 (r >> 1) .. + 3`` (byte 0 the lowest)
+of row ``g + 8 (r & 1)``. The accumulator is the 16-bit one.
+
 Ordering. Three rules the kernels follow:
   * ``fence()`` (wgmma.fence) before the first wgmma of a batch whose accumulator or A registers
     other instructions have touched since the previous wgmma;
@@ -50,7 +58,7 @@ Ordering. Three rules the kernels follow:
     and reading it with wgmma (the *async proxy*): wait for the copies, proxy_fence,
     syncthreads.
 
-API (``fmt`` "float16" or "bfloat16"; accumulators are float32 local arrays, ``acc.flat[start ..
+API (``fmt`` "float16", "bfloat16" or "float8_e4m3fn"; accumulators are float32 local arrays, ``acc.flat[start ..
 start + N/2 - 1]`` the thread's D registers; ``smem``, ``scratch`` and ``tid`` serve only the
 simulator's emulation):
 
@@ -83,7 +91,7 @@ from . import memory
 from .codegen import F32, I32, I64, statement, void_asm
 from .layout import (BLOCK_COLS, SWIZZLE_BYTES, TILE_ALIGN, make_aligned_base,  # noqa: F401
                      make_descriptor, make_descriptor_low, HIGH_WORD, padded_cols,
-                     tile_offset, SBO, MN_K_STEP, k_step, WARPGROUP)
+                     tile_offset, SBO, MN_K_STEP, k_step, WARPGROUP, E4M3, K_STEP_ELEMS)
 
 
 def scratch_size(threads):
@@ -157,20 +165,25 @@ def _tied(count, extra):
 
 
 def _make_mma(fmt, n, a_regs, trans_b):
-    ab = {"float16": "f16", "bfloat16": "bf16"}[fmt]
+    ab = {"float16": "f16", "bfloat16": "bf16", E4M3: "e4m3"}[fmt]
+    assert fmt != E4M3 or not trans_b, "8-bit operands are read K-major only"
+    k = K_STEP_ELEMS[fmt]
     count = n // 2
     d = ", ".join("${}".format(i) for i in range(count))
     i = 2 * count
+    # Flags: scale-d (the predicate), the +1 scales of A and B, and for 16-bit types the
+    # transpose bits (A's only when A is in shared memory); 8-bit types have none.
+    transposes = "" if fmt == E4M3 else ", {}".format(trans_b)
     if a_regs:
         a = "{" + ", ".join("${}".format(i + j) for j in range(4)) + "}"
         extra, a_types, i = ["r"] * 4, [I32] * 4, i + 4
-        flags = "p, 1, 1, {}".format(trans_b)
     else:
         a, extra, a_types, i = "${}".format(i), ["l"], [I64], i + 1
-        flags = "p, 1, 1, 0, {}".format(trans_b)
+        transposes = "" if fmt == E4M3 else ", 0" + transposes
+    flags = "p, 1, 1" + transposes
     text = ("{{ .reg .pred p; setp.ne.b32 p, ${}, 0; "
-            "wgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} {{{}}}, {}, ${}, {}; }}"
-            ).format(i + 1, n, ab, ab, d, a, i, flags)
+            "wgmma.mma_async.sync.aligned.m64n{}k{}.f32.{}.{} {{{}}}, {}, ${}, {}; }}"
+            ).format(i + 1, n, k, ab, ab, d, a, i, flags)
     fnty = ir.FunctionType(ir.LiteralStructType([F32] * count),
                            [F32] * count + a_types + [I64, I32])
     constraints = _tied(count, extra + ["l", "r", "~{memory}"])

@@ -170,14 +170,17 @@ def conversions():
 
 def fp8_conversions():
     """Per element i: f32_to_e4m3 of x[i] (bits), e4m3_to_f32 of code i (for codes < 256),
-    rcp_approx of x[i], and the pair of e4m3 codes pairs[i] widened to float16 and bfloat16
-    pairs."""
+    rcp_approx of x[i], the pair of e4m3 codes pairs[i] widened to float16 and bfloat16
+    pairs, and x[4 i .. 4 i + 3] rounded into the word quads[i]."""
 
-    def kernel(x, bits, codes, decoded, rcp, pairs, f16x2, bf16x2):
+    def kernel(x, bits, codes, decoded, rcp, pairs, f16x2, bf16x2, quads):
         i = cuda.grid(1)
         while i < x.shape[0]:
             bits[i] = convert.f32_to_e4m3(x[i])
             rcp[i] = convert.rcp_approx(x[i])
+            if i < quads.shape[0]:
+                quads[i] = convert.pack_e4m3x4(x[4 * i], x[4 * i + 1], x[4 * i + 2],
+                                               x[4 * i + 3])
             if i < codes.shape[0]:
                 decoded[i] = convert.e4m3_to_f32(codes[i])
             if i < pairs.shape[0]:
@@ -188,7 +191,7 @@ def fp8_conversions():
     f32_1d = types.Array(types.float32, 1, "C")
     u8_1d = types.Array(types.uint8, 1, "C")
     u16_1d, u32_1d = types.Array(types.uint16, 1, "C"), types.Array(types.uint32, 1, "C")
-    return kernel, (f32_1d, u8_1d, u8_1d, f32_1d, f32_1d, u16_1d, u32_1d, u32_1d)
+    return kernel, (f32_1d, u8_1d, u8_1d, f32_1d, f32_1d, u16_1d, u32_1d, u32_1d, u32_1d)
 
 
 def register_split(lto):

@@ -1,8 +1,9 @@
 """A kernel exercising every instruction of ``kernels/ptx/wgmma.py`` (and ``sync.proxy_fence``).
 
 ``chain(fmt, n, a_regs, trans_b)`` returns ``(python_function, signature)``: one warpgroup
-computes ``D = A B (+ C)`` for A 64 x 64 and B 64 x n as a chain of four wgmma k-steps, with A
-from shared memory (a descriptor) or from registers, and B stored K-major or MN-major. The tests
+computes ``D = A B (+ C)`` for A 64 x K and B K x n as a chain of four wgmma k-steps (K 64, or
+128 for e4m3), with A from shared memory (a descriptor) or from registers, and B stored K-major
+or MN-major. Images are 16-bit words whatever the format: the rows are 128 bytes either way. The tests
 run it through ``cuda.jit`` (simulator or GPU) and ``ptxcheck`` compiles it for sm_90a
 (``"<this file>:chain"``).
 """
@@ -14,7 +15,7 @@ from numba_flash.kernels.instructions import memory, sync, wgmma
 SHARED_ALIGN = memory.SHARED_ALIGN
 
 THREADS = 128  # one warpgroup
-K = 64         # columns of A, rows of B: four k-steps of 16
+K = 64         # 16-bit columns of A, rows of B: four k-steps of 32 bytes
 A_ELEMS = 64 * K
 SCRATCH = wgmma.scratch_size(THREADS)
 
@@ -27,7 +28,7 @@ def chain(fmt, n, a_regs, trans_b):
     first k-step overwrite (scale-d false)."""
     mma = (wgmma.mma_rs if a_regs else wgmma.mma_ss)(fmt, n, trans_b)
     regs = n // 2
-    b_elems = n * K
+    b_elems = n * K  # 16-bit words
     smem_elems = A_ELEMS + b_elems + wgmma.TILE_ALIGN // 2
     # B's k-step: 32 bytes along a K-major row, or 16 rows of an MN-major tile (16-byte units);
     # an MN-major tile's next 64 columns are its next column block, 64 rows of 128 bytes.
@@ -51,7 +52,7 @@ def chain(fmt, n, a_regs, trans_b):
         desc_a = wgmma.descriptor(smem, base, 16, 8 * wgmma.SWIZZLE_BYTES)
         desc_b = wgmma.descriptor(smem, base + A_ELEMS, b_lbo, 8 * wgmma.SWIZZLE_BYTES)
         wgmma.fence()
-        for ks in range(K // 16):
+        for ks in range(4):
             b = desc_b + uint64(ks * b_step)
             if a_regs:
                 a = (a_frag[tid, ks, 0], a_frag[tid, ks, 1], a_frag[tid, ks, 2], a_frag[tid, ks, 3])

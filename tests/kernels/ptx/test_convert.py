@@ -58,7 +58,8 @@ def test_e4m3_rounds_to_nearest_even_saturates_and_decodes_exactly():
     """Every e4m3 code decodes to ml_dtypes' value; float32 rounds to the nearest even e4m3
     (ties between codes, subnormals, signed zeros), values past +-448 saturate and NaN stays
     NaN; rcp.approx within 1 ulp; a pair of codes widens to the pair of their float16 and
-    bfloat16 values, the first code in the low half."""
+    bfloat16 values, the first code in the low half; four float32 round into one word as each
+    alone does, the first in byte 0."""
     rng = np.random.default_rng(8)
     codes = np.arange(256, dtype=np.uint8)
     grid = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
@@ -72,9 +73,11 @@ def test_e4m3_rounds_to_nearest_even_saturates_and_decodes_exactly():
     rcp = np.zeros(len(x), np.float32)
     pairs = (codes.astype(np.uint16) | (codes[::-1].astype(np.uint16) << 8)).astype(np.uint16)
     f16x2, bf16x2 = np.zeros(256, np.uint32), np.zeros(256, np.uint32)
+    quads = np.zeros(len(x) // 4, np.uint32)
     kernel = cuda.jit(K.fp8_conversions()[0])
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        kernel[2, 32](x, bits, codes, decoded, rcp, pairs, f16x2, bf16x2)
+        kernel[2, 32](x, bits, codes, decoded, rcp, pairs, f16x2, bf16x2, quads)
+        np.testing.assert_array_equal(quads.view(np.uint8), bits[:4 * len(quads)])
         for words, dtype in ((f16x2, np.float16), (bf16x2, ml_dtypes.bfloat16)):
             halves = words.view(np.uint16).reshape(256, 2).view(dtype).astype(np.float32)
             for half, source in ((0, codes), (1, codes[::-1])):

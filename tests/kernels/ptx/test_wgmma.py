@@ -10,6 +10,7 @@ and no serialization warning.
 import functools
 import pathlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 from numba import cuda
@@ -54,6 +55,29 @@ def accumulator_regs(D):
     return regs
 
 
+def swizzled_bytes(M):
+    """Shared-memory image (flat uint16 words) of the 8-bit matrix M (rows x 128): 128-byte
+    rows, 16-byte chunk c of row r stored at chunk c ^ (r % 8)."""
+    rows = M.shape[0]
+    img = np.zeros(rows * 128, np.uint8)
+    for r in range(rows):
+        for c in range(128):
+            img[r * 128 + 16 * ((c // 16) ^ (r % 8)) + c % 16] = M[r, c]
+    return img.view(np.uint16)
+
+
+def frag_a_e4m3(A):
+    """(16, 32) uint8 -> (32, 4) uint32: register r of lane (g, t) holds row g + 8 (r % 2),
+    columns 4 t + 16 (r // 2) .. + 3, the lowest column in byte 0."""
+    out = np.zeros((32, 4), np.uint32)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for r in range(4):
+            row, col = g + 8 * (r % 2), 4 * t + 16 * (r // 2)
+            out[lane, r] = int.from_bytes(bytes(A[row, col:col + 4]), "little")
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def _jit(*args):
     return cuda.jit(W.chain(*args)[0])
@@ -87,16 +111,42 @@ def test_chain_of_four_k_steps(fmt, a_regs, trans_b, n, accumulate):
                        C.astype(np.float64) if accumulate else None, f"{fmt} n{n}")
 
 
+@needs_wgmma
+@pytest.mark.parametrize("a_regs,n", [(False, 64), (True, 128)])
+def test_e4m3_chain_of_four_k_steps(a_regs, n):
+    """FP8: D = A B + C over K = 128 e4m3 in four k32 wgmma, both operands K-major (B stored as
+    B^T), A from shared memory or from registers (the 8-bit fragment layout)."""
+    rng = np.random.default_rng(9)
+    e4m3 = ml_dtypes.float8_e4m3fn
+    A = (rng.standard_normal((64, 128)) * 4).astype(e4m3).view(np.uint8)
+    B = (rng.standard_normal((128, n)) * 4).astype(e4m3).view(np.uint8)  # [k][n]
+    C = rng.standard_normal((64, n)).astype(np.float32)
+    a_frag = np.zeros((128, 4, 4), np.uint32)
+    for w in range(4):
+        for ks in range(4):
+            a_frag[32 * w:32 * w + 32, ks] = frag_a_e4m3(A[16 * w:16 * w + 16, 32 * ks:32 * ks + 32])
+    d = np.full((128, n // 2), np.nan, np.float32)
+    _jit("float8_e4m3fn", n, a_regs, 0)[1, 128](swizzled_bytes(A),
+                                                swizzled_bytes(np.ascontiguousarray(B.T)), a_frag,
+                                                accumulator_regs(C), d, np.int32(1))
+    D = np.full((64, n), np.nan)
+    D.reshape(-1)[accumulator_regs(np.arange(64 * n).reshape(64, n)).reshape(-1)] = d.reshape(-1)
+    f64 = lambda x: x.view(e4m3).astype(np.float64)  # noqa: E731
+    assert_f32_product(D, f64(A), f64(B), C.astype(np.float64), f"e4m3 n{n}")
+
+
 _CHAIN = str(pathlib.Path(W.__file__).resolve()) + ":chain"
 
 
 def test_ptx_for_sm90a_has_wgmma_and_no_spills():
     jobs = [(_CHAIN, (9, 0, "a"), (fmt, n, a_regs, trans_b))
-            for fmt, n, a_regs, trans_b in [("float16", 64, False, 0), ("bfloat16", 128, True, 1)]]
+            for fmt, n, a_regs, trans_b in [("float16", 64, False, 0), ("bfloat16", 128, True, 1),
+                                            ("float8_e4m3fn", 64, False, 0),
+                                            ("float8_e4m3fn", 128, True, 0)]]
     for (_, _, (fmt, n, a_regs, trans_b)), (text, report) in zip(
             jobs, ptxcheck.compile_reports_isolated(jobs)):
-        ab = "f16" if fmt == "float16" else "bf16"
-        for needle in (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab}",
+        ab, k = {"float16": ("f16", 16), "bfloat16": ("bf16", 16), "float8_e4m3fn": ("e4m3", 32)}[fmt]
+        for needle in (f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ab}.{ab}",
                        "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
                        "wgmma.wait_group.sync.aligned 0", "fence.proxy.async.shared::cta"):
             assert needle in text, f"{fmt} n{n}: no {needle!r}"
