@@ -30,7 +30,8 @@ from .runtime.device import SIMULATOR
 
 def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", out=None, stream=None,
                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, learnable_sink=None,
-                   dropout_p=0.0):
+                   dropout_p=0.0, q_descale=None, k_descale=None, v_descale=None,
+                   out_dtype=None):
     """Exact attention forward. Returns ``(out, lse)``.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq % Hk == 0; out like q; lse (B, Hq, Sq)
@@ -45,9 +46,14 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
     ``learnable_sink`` (float32 (Hq,)) adds ``exp(sink)`` to each row's softmax sum (and
     nothing to its output): lse includes it, and a row that sees no key gets ``lse = sink``.
     ``dropout_p`` other than 0 raises ``NotImplementedError`` (no dropout is offered).
+    FP8 (FlashAttention-3's): float8_e4m3fn q, k, v (torch tensors) with ``q_descale``,
+    ``k_descale``, ``v_descale`` float32 (B, Hk), the stored values times their descale being
+    the inputs; out is bfloat16 (``out_dtype`` may ask for float16). The tensor-core kernel
+    rounds P to e4m3 for the product P V, as FA3 does (docs/api.md, "FP8 attention").
     """
     validate.dropout(dropout_p)
-    plain = (alibi_slopes is None and learnable_sink is None and
+    fp8 = (q_descale, k_descale, v_descale, out_dtype)
+    plain = (all(x is None for x in fp8) and alibi_slopes is None and learnable_sink is None and
              validate.window(window_size, causal) is None and validate.score_cap(softcap) is None)
     key, pointers = (torch_plans.key(q, k, v, causal, softmax_scale, backend, out, stream)
                      if plain else (None, None))
@@ -57,7 +63,7 @@ def flash_attn_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto", ou
             return result
     dev = device.current()
     problem = validate.attention(q, k, v, causal, softmax_scale, window_size, softcap,
-                                 alibi_slopes, learnable_sink)
+                                 alibi_slopes, learnable_sink, (*fp8, dev))
     b, sq, hq, _ = problem.q.shape
     o, lse, launched = _forward(problem, backend, out, problem.q.shape, (b, hq, sq), stream, dev)
     if key is not None:
@@ -69,7 +75,8 @@ def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                           alibi_slopes=None, learnable_sink=None, seqused_k=None,
                           block_table=None, backend="auto", out=None, stream=None, lse=None,
-                          dropout_p=0.0):
+                          dropout_p=0.0, q_descale=None, k_descale=None, v_descale=None,
+                          out_dtype=None):
     """Exact attention forward over packed sequences (flash-attn's varlen interface). Returns
     ``(out, lse)``.
 
@@ -85,13 +92,15 @@ def flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     ``seqused_k``) gives only each sequence's number of keys; an entry that is not a page reads
     as zeros and is reported. ``window_size`` (not with ``block_table`` yet), ``softcap``,
     ``alibi_slopes`` ((Hq,) or (B, Hq)) and ``learnable_sink`` as in ``flash_attn_fwd``, each
-    sequence with its own lengths; ``dropout_p`` as in ``flash_attn_fwd``.
+    sequence with its own lengths; ``dropout_p`` and FP8 (descales (B, Hk) for B sequences) as
+    in ``flash_attn_fwd``.
     """
     validate.dropout(dropout_p)
     dev = device.current()
+    fp8 = (q_descale, k_descale, v_descale, out_dtype, dev)
     problem = validate.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal, softmax_scale, seqused_k, block_table, window_size,
-                              softcap, alibi_slopes, learnable_sink)
+                              softcap, alibi_slopes, learnable_sink, fp8)
     _, total_q, hq, d = problem.q.shape
     o, lse, _ = _forward(problem, backend, out, (total_q, hq, d), (hq, total_q), stream, dev,
                          lse)
@@ -105,7 +114,7 @@ def _forward(problem, backend, out, out_shape, lse_shape, stream, dev, lse=None)
     spec = backends.forward(backend, problem, dev)
     q = problem.q
     given = [t is not None for t in (out, lse)]
-    o = validate.out_buffer(out, q, out_shape, q.fmt)
+    o = validate.out_buffer(out, q, out_shape, problem.out_fmt or q.fmt)
     lse = validate.out_buffer(lse, q, lse_shape, "float32", "lse")
     validate.refuse_overlap([t for t, g in zip((o, lse), given) if g],
                             [t for t in (q, problem.k, problem.v, problem.block_table) if t])
@@ -132,6 +141,8 @@ def _args(problem, **tensors):
         args.update(alibi_slopes=problem.alibi_slopes)
     if problem.sink is not None:
         args.update(sink=problem.sink)
+    if problem.descale is not None:
+        args.update(descale=problem.descale)
     if problem.cu_seqlens_q is not None:
         batch = problem.q.shape[0]
         args.update({name: arrays.batched(t, batch) for name, t in tensors.items()})
@@ -228,26 +239,31 @@ def _backward(problem, backend, dout, out, lse, given, stream, dev):
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False, backend="auto",
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, learnable_sink=None,
-                    dropout_p=0.0):
+                    dropout_p=0.0, q_descale=None, k_descale=None, v_descale=None,
+                    out_dtype=None):
     """``flash_attn_fwd`` returning ``out`` (or ``(out, lse)`` with ``return_lse=True``)."""
     out, lse = flash_attn_fwd(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                               window_size=window_size, softcap=softcap,
                               alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
-                              dropout_p=dropout_p)
+                              dropout_p=dropout_p, q_descale=q_descale, k_descale=k_descale,
+                              v_descale=v_descale, out_dtype=out_dtype)
     return (out, lse) if return_lse else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            alibi_slopes=None, learnable_sink=None, return_lse=False,
-                           block_table=None, backend="auto", dropout_p=0.0):
+                           block_table=None, backend="auto", dropout_p=0.0, q_descale=None,
+                           k_descale=None, v_descale=None, out_dtype=None):
     """``flash_attn_varlen_fwd`` returning ``out`` (or ``(out, lse)`` with ``return_lse=True``)."""
     out, lse = flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
                                      window_size=window_size, softcap=softcap,
                                      alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
                                      block_table=block_table, backend=backend,
-                                     dropout_p=dropout_p)
+                                     dropout_p=dropout_p, q_descale=q_descale,
+                                     k_descale=k_descale, v_descale=v_descale,
+                                     out_dtype=out_dtype)
     return (out, lse) if return_lse else out
 
 

@@ -9,6 +9,7 @@ never silently replaced.
 
 from .kernels import registry
 from .runtime import device
+from .runtime.arrays import FP8_FORMATS
 from .runtime.device import SIMULATOR
 
 BACKENDS = ("auto", "simt", "tc")
@@ -23,15 +24,17 @@ SIMT_DECODE_ROWS = 1
 
 
 def resolve_backend(backend, fmt, dev=None):
-    """``auto`` -> ``tc`` for 16-bit inputs on compute capability >= 8.0 (and under the
-    simulator), else ``simt``; an explicit ``tc`` the format or device cannot run is refused."""
+    """``auto`` -> ``tc`` for 16-bit inputs on compute capability >= 8.0 and FP8 inputs on 9.0
+    (and under the simulator), else ``simt``; an explicit ``tc`` the format or device cannot
+    run is refused."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     cc = (dev or device.current()).cc
-    tc_ok = fmt in ("float16", "bfloat16") and (SIMULATOR or cc >= (8, 0))
+    tc_ok = (fmt in ("float16", "bfloat16") and (SIMULATOR or cc >= (8, 0))
+             or fmt in FP8_FORMATS and (SIMULATOR or tc_family(cc) == "wgmma"))
     if backend == "tc" and not tc_ok:
         raise ValueError(f"backend: 'tc' needs float16 or bfloat16 inputs on compute capability "
-                         f">= 8.0, got {fmt} on {cc}")
+                         f">= 8.0 (float8_e4m3fn: 9.0), got {fmt} on {cc}")
     if backend == "auto":
         return "tc" if tc_ok else "simt"
     return backend

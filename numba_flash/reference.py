@@ -391,6 +391,34 @@ def quantize_e4m3(x, descale):
     return scaled.astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
 
 
+def dequantize_e4m3(x8, descale):
+    """Stored e4m3 values ``x8 (B, S, H, D)`` times their ``descale (B, H)``, in float64: the
+    values FP8 attention attends with."""
+    return to_float64(x8) * np.asarray(descale, np.float64)[:, None, :, None]
+
+
+def attention_fp8_lowp(q, k, v, causal=False, softmax_scale=None, mask=None, softcap=None,
+                       bias=None, sink=None):
+    """FP8 attention as FlashAttention-3 rounds it, on dequantized float64 ``q, k, v``: P (each
+    row's exp relative to its maximum) rounded to e4m3 for the product with V, the row sums
+    taken of P unrounded, then the output rounded to bfloat16. The accuracy test's baseline:
+    a kernel's error may be twice this one's (FA3's rule)."""
+    s = _scores(q, k, causal, softmax_scale, mask, softcap, bias)
+    if sink is not None:
+        s = np.concatenate([s, np.broadcast_to(np.asarray(sink, np.float64)[None, :, None, None],
+                                               s.shape[:-1] + (1,))], axis=-1)
+    m = s.max(axis=-1, keepdims=True)
+    empty = ~np.isfinite(m)
+    p = np.exp(s - np.where(empty, 0.0, m))
+    l = np.where(empty, 1.0, p.sum(axis=-1, keepdims=True))
+    p8 = to_float64(p.astype(np.float32).astype(ml_dtypes.float8_e4m3fn))
+    if sink is not None:
+        p8 = p8[..., :-1]
+    out = _einsum("bhqk,bkhd->bqhd", np.where(empty, 0.0, p8 / l),
+                  to_float64(_expand_kv(v, q.shape[2])))
+    return to_float64(out.astype(ml_dtypes.bfloat16))
+
+
 def rotary_ref(x, cos, sin, positions, interleaved):
     """flash-attn's rotary embedding of ``x (S, H, D)`` in float64, row ``s`` at position
     ``positions[s]``: over the first ``rotary_dim = 2 * cos.shape[1]`` columns, pairs ``(x1,

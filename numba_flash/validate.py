@@ -33,8 +33,8 @@ def _checked(t, name, ndim, fp8=False):
     if t.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {t.shape}")
     if t.fmt in FP8_FORMATS and not fp8:
-        raise NotImplementedError(f"{name}: FP8 ({t.fmt}) inputs are not implemented yet for "
-                                  f"this call")
+        raise NotImplementedError(f"{name}: this call takes no FP8 ({t.fmt}) arrays (FP8 "
+                                  "attention is forward only, as in FlashAttention-3)")
     if t.fmt not in FLOAT_FORMATS and t.fmt not in FP8_FORMATS:
         raise TypeError(f"{name}: expected float16, bfloat16 or float32, got {t.fmt}")
     if any(s == 0 for s in t.shape):
@@ -204,14 +204,59 @@ def out_buffer(out, like, shape, fmt, name="out"):
 # ----------------------------------------------------------------------------- attention
 
 def attention(q, k, v, causal, softmax_scale, window_size=None, softcap=None,
-              alibi_slopes=None, learnable_sink=None):
-    """The checks the attention calls share; returns the ``Attention`` problem."""
-    q, k, v = _qkv(q, k, v, 4)
+              alibi_slopes=None, learnable_sink=None, fp8=None):
+    """The checks the attention calls share; returns the ``Attention`` problem. ``fp8``: the
+    call's ``(q_descale, k_descale, v_descale, out_dtype, dev)`` (``fp8_attention``)."""
+    q, k, v = _qkv(q, k, v, 4, fp8=fp8 is not None)
     _check_causal(causal)
+    descale, out_fmt = fp8_attention(q, k, q.shape[0], *fp8) if fp8 else (None, None)
     return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal),
                      window=window(window_size, causal), softcap=score_cap(softcap),
                      alibi_slopes=alibi(alibi_slopes, q, q.shape[0]),
-                     sink=sink(learnable_sink, q))
+                     sink=sink(learnable_sink, q), descale=descale, out_fmt=out_fmt)
+
+
+OUT_FORMATS_FP8 = ("bfloat16", "float16")  # what FP8 attention writes (FA3's)
+
+
+def _format_name(dtype, name):
+    """A dtype given as a string, a NumPy or a torch dtype -> its name ("float16", ...)."""
+    text = str(dtype).replace("torch.", "")
+    if text in FLOAT_FORMATS or text in FP8_FORMATS:
+        return text
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        raise TypeError(f"{name}: expected a dtype, got {dtype!r}") from None
+
+
+def fp8_attention(q, k, batch, q_descale, k_descale, v_descale, out_dtype, dev):
+    """FP8 attention's own arguments (FA3's convention): with float8_e4m3fn q, k, v, the three
+    descales, float32 (batch, Hk) on q's device, all required, and the output's format
+    (``out_dtype``: bfloat16 by default, or float16). Returns ``(descales, out_fmt)``, or
+    ``(None, None)`` for 16-bit inputs, which take no descale and write their own format."""
+    given = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    out_fmt = None if out_dtype is None else _format_name(out_dtype, "out_dtype")
+    if q.fmt not in FP8_FORMATS:
+        for name, x in given.items():
+            if x is not None:
+                raise ValueError(f"{name}: descales go with float8_e4m3fn q, k, v, not {q.fmt}")
+        if out_fmt not in (None, q.fmt):
+            raise ValueError(f"out_dtype: {q.fmt} inputs write {q.fmt}, not {out_fmt} (out_dtype "
+                             "is for FP8 inputs)")
+        return None, None
+    _fp8_device("q", dev)
+    missing = [name for name, x in given.items() if x is None]
+    if missing:
+        raise ValueError(f"{missing[0]}: FP8 attention takes q_descale, k_descale and v_descale, "
+                         f"float32 ({batch}, {k.shape[-2]}); {', '.join(missing)} missing")
+    shape = (batch, k.shape[-2])
+    descales = tuple(_head_values(x, name, q, (shape,)) for name, x in given.items())
+    out_fmt = out_fmt or OUT_FORMATS_FP8[0]
+    if out_fmt not in OUT_FORMATS_FP8:
+        raise ValueError(f"out_dtype: FP8 attention writes {' or '.join(OUT_FORMATS_FP8)}, not "
+                         f"{out_fmt}")
+    return descales, out_fmt
 
 
 def _head_values(x, name, q, shapes):
@@ -291,12 +336,13 @@ def window(window_size, causal):
     return side(left), side(right)
 
 
-def _qkv(q, k, v, ndim, q_ndim=None):
+def _qkv(q, k, v, ndim, q_ndim=None, fp8=False):
     """q, k, v adapted and checked, dense (B, S, H, D) or packed (total, H, D), k and v
-    ``ndim``-dimensional (pages: q packed, ``q_ndim`` 3): one dtype, k and v alike, the head dim
-    shared and allowed, Hq a multiple of Hk, and (dense) one batch."""
-    q = _tensor(q, "q", q_ndim or ndim)
-    k, v = _tensor(k, "k", ndim), _tensor(v, "v", ndim)
+    ``ndim``-dimensional (pages: q packed, ``q_ndim`` 3): one dtype (``fp8``: float8_e4m3fn
+    too), k and v alike, the head dim shared and allowed, Hq a multiple of Hk, and (dense) one
+    batch."""
+    q = _tensor(q, "q", q_ndim or ndim, fp8)
+    k, v = _tensor(k, "k", ndim, fp8), _tensor(v, "v", ndim, fp8)
     _same_format(q, k, v)
     hq, d = q.shape[-2:]
     if ndim == 4 and q.ndim == 4 and (k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]):
@@ -314,7 +360,7 @@ def _qkv(q, k, v, ndim, q_ndim=None):
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
            softmax_scale, seqused_k=None, block_table=None, window_size=None, softcap=None,
-           alibi_slopes=None, learnable_sink=None):
+           alibi_slopes=None, learnable_sink=None, fp8=None):
     """The checks of the varlen calls: packed q (total_q, Hq, D), k and v (total_k, Hk, D) or,
     with a block table (B, max_blocks) int32, pages (num_pages, page_size, Hk, D); offsets (B +
     1,) and seqused_k (B,) int32, positive max_seqlen_q / max_seqlen_k. Returns the
@@ -322,11 +368,12 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     of 0. The offsets' and the table's values stay on the device (the kernels bound them,
     ``common/masks.py``, ``common/paged_kv.py``)."""
     paged = block_table is not None
-    q, k, v = _qkv(q, k, v, 4 if paged else 3, q_ndim=3)
+    q, k, v = _qkv(q, k, v, 4 if paged else 3, q_ndim=3, fp8=fp8 is not None)
     cu_q = index_array(cu_seqlens_q, "cu_seqlens_q", (None,))
     if cu_q.shape[0] < 2:
         raise ValueError(f"cu_seqlens_q: expected shape (B + 1,) with B >= 1, got {cu_q.shape}")
     b = cu_q.shape[0] - 1
+    descale, out_fmt = fp8_attention(q, k, b, *fp8) if fp8 else (None, None)
     cu_k = index_array(cu_seqlens_k, "cu_seqlens_k", (b + 1,))
     if seqused_k is not None:
         seqused_k = index_array(seqused_k, "seqused_k", (b,))
@@ -348,7 +395,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     return Attention(q, k, v, _scale(softmax_scale, q.shape[3]), bool(causal), cu_seqlens_q=cu_q,
                      cu_seqlens_k=cu_k, seqused_k=seqused_k, max_seqlen=(max_q, max_k),
                      block_table=block_table, window=local, softcap=cap, alibi_slopes=slopes,
-                     sink=logits)
+                     sink=logits, descale=descale, out_fmt=out_fmt)
 
 
 def backward(problem, dout, out, lse):

@@ -32,7 +32,7 @@ The paged MLA decode kernels (``simt/mla_decode.py``, ``tc/mla_decode_wgmma.py``
 """
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 from numba import types
@@ -62,6 +62,7 @@ class AttentionConfig(NamedTuple):
     softcap: bool = False  # scores through softcap * tanh(s / softcap)
     alibi: bool = False    # scores minus slope * |i + Sk - Sq - j|
     sink: bool = False     # a learned logit per head in every row's sum (forward only)
+    out_fmt: Optional[str] = None  # FP8 inputs: the outputs' 16-bit format (else fmt)
 
 
 def config_of(problem, causal=None):
@@ -73,7 +74,8 @@ def config_of(problem, causal=None):
     return AttentionConfig(problem.head_dim, causal or window, problem.fmt,
                            problem.cu_seqlens_q is not None, problem.block_table is not None,
                            window, problem.softcap is not None,
-                           problem.alibi_slopes is not None, problem.sink is not None)
+                           problem.alibi_slopes is not None, problem.sink is not None,
+                           problem.out_fmt)
 
 
 def backward_config_of(problem):
@@ -91,6 +93,7 @@ def sample(kernel, config, entry=None, ccs=(SM80, SM90)):
     label += (" varlen" if config.varlen else "") + (" paged" if config.paged else "")
     label += (" window" if config.window else "") + (" softcap" if config.softcap else "")
     label += (" alibi" if config.alibi else "") + (" sink" if config.sink else "")
+    label += f" out={config.out_fmt}" if config.out_fmt else ""
     return Sample(label, tuple(config), entry, ccs=ccs)
 
 

@@ -41,6 +41,7 @@ class Attention(NamedTuple):
     descale: Optional[tuple] = None       # FP8: (q, k, v) float32 descales per (B, Hk)
     seqused_k: Optional[Tensor] = None    # (B,) int32: the keys each sequence uses
     max_seqlen: Optional[tuple] = None    # varlen: (max_seqlen_q, max_seqlen_k)
+    out_fmt: Optional[str] = None         # FP8: the output's 16-bit format
 
     OPTIONS = ("window", "softcap", "alibi_slopes", "sink", "cu_seqlens_q", "cu_seqlens_k",
                "block_table", "descale", "seqused_k")

@@ -34,6 +34,7 @@ from .tc import backward_mma as tc_backward_mma
 from .tc import backward_wgmma as tc_backward_wgmma
 from .tc import forward_mma as tc_forward_mma
 from .tc import forward_wgmma as tc_forward_wgmma
+from .tc import forward_wgmma_fp8 as tc_forward_wgmma_fp8
 from .tc import forward_wgmma_ws as tc_forward_wgmma_ws
 from .tc import kvcache_decode_mma as tc_kvcache_decode_mma
 from .tc import mla_decode_mma as tc_mla_decode_mma
@@ -78,6 +79,15 @@ def _wgmma_backward(problem, dev):
     return _on("wgmma")(problem, dev) or (
         None if problem.head_dim <= tc_backward_wgmma.MAX_HEAD_DIM else
         f"takes head dims up to {tc_backward_wgmma.MAX_HEAD_DIM}, got {problem.head_dim}")
+
+
+def _fp8_forward(problem, dev):
+    if problem.descale is None:
+        return "runs FP8 inputs only"
+    if problem.head_dim % 16:
+        return (f"copies e4m3 rows in 16-byte chunks: head dims that are multiples of 16, got "
+                f"{problem.head_dim}")
+    return _on("wgmma")(problem, dev)
 
 
 def _tc_decode(module, family):
@@ -163,6 +173,8 @@ PAGED_VARLEN = VARLEN | {"block_table"}
 # paged K/V yet; a sink's gradient is SINK_GRAD's, after the backward's pair).
 MODIFIERS = frozenset(("window", "softcap", "alibi_slopes", "sink"))
 FORWARD = PAGED_VARLEN | MODIFIERS
+# FP8 q, k, v with their descales: packed sequences and the modifiers, not paged K/V.
+FORWARD_FP8 = VARLEN | MODIFIERS | {"descale"}
 BACKWARD = VARLEN | MODIFIERS
 # A decode's attention sink is the combine's, behind every decode kernel (simt/combine.py).
 DECODE = frozenset(("attn_sink",))
@@ -181,6 +193,8 @@ ENTRIES = (
           honours=FORWARD),
     Entry("tc.forward_mma", "forward", "tc", (tc_forward_mma.SPEC,), _anywhere,
           honours=FORWARD),
+    Entry("tc.forward_wgmma_fp8", "forward", "tc", (tc_forward_wgmma_fp8.SPEC,), _fp8_forward,
+          honours=FORWARD_FP8),
     Entry("simt.forward", "forward", "simt", (simt_forward.SPEC,), _anywhere,
           honours=FORWARD),
     Entry("tc.backward_wgmma", "backward", "tc",

@@ -206,14 +206,16 @@ def make_tile_copy(HEAD_DIM, DPAD, STRIDE, THREADS):
     return copy_slot, copy_rows, copy_paged_kv
 
 
-def make_swizzled_copy(HEAD_DIM, DPAD, THREADS):
+def make_swizzled_copy(HEAD_DIM, DPAD, THREADS, CHUNK_ELEMS=8):
     """``(copy_slot, copy_tile, copy_paged_kv)`` for wgmma tiles: DPAD (a multiple of 64)
     columns in the 128-byte-swizzle layout, the tile's NROWS rows a column block of ``NROWS x
     64`` elements each. ``copy_slot(tid) -> (r0, c)``, the thread's first row and its chunk
     column (in chunks); ``copy_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c)``
     issues the thread's copies of rows ``row0 .. row0 + NROWS - 1`` of ``src[b, :, head, :]``
     into the tile at ``offset`` (rows past ``seqlen`` and padding columns: zeros);
-    ``copy_paged_kv`` as ``make_tile_copy``'s, into swizzled tiles."""
+    ``copy_paged_kv`` as ``make_tile_copy``'s, into swizzled tiles. ``CHUNK_ELEMS``: elements of
+    ``src`` per 16-byte chunk, 16 for an 8-bit source (``HEAD_DIM`` counts them; the tile's
+    columns stay 16-bit units, two bytes each; paged copies take 16-bit sources only)."""
     CHUNKS, CHUNK_SLOTS, ROWS_PER_PASS, TID_MASK = _geometry(DPAD, THREADS)
     copy16 = memory.cp_async_16_zfill
 
@@ -225,13 +227,15 @@ def make_swizzled_copy(HEAD_DIM, DPAD, THREADS):
     def copy_tile(smem, offset, src, b, row0, head, NROWS, seqlen, r0, c):
         if CHUNKS == CHUNK_SLOTS or c < CHUNKS:
             col = 8 * c
-            src_col = col if col < HEAD_DIM else 0
+            first = CHUNK_ELEMS * c  # the chunk's first element of the source row
+            src_col = first if first < HEAD_DIM else 0
             for i in range((NROWS + ROWS_PER_PASS - 1) // ROWS_PER_PASS):
                 r = r0 + i * ROWS_PER_PASS
                 if NROWS % ROWS_PER_PASS == 0 or r < NROWS:
                     valid = row0 + r < seqlen
                     copy16(smem, offset + wgmma.tile_offset(r, col, NROWS), src,
-                           (b, row0 + r if valid else 0, head, src_col), valid and col < HEAD_DIM)
+                           (b, row0 + r if valid else 0, head, src_col),
+                           valid and first < HEAD_DIM)
 
     copy_paged_kv = _make_paged_kv_copy(HEAD_DIM, DPAD, THREADS, lambda c: 8 * c,
                                         wgmma.tile_offset)

@@ -54,14 +54,15 @@ def make_row_max(MT, NT):
     return row_max
 
 
-def make_online_update(MT, NT, DT):
+def make_online_update(MT, NT, DT, RESCALE_AT=RESCALE_LOG2):
     """``update(S, m_i, l_i, O_i, m_tile, scale_log2)``: given the tile's row maxima m_tile,
-    move m_i (lazily), rescale l_i and O_i, turn S into P and add its row sums to l_i (the
-    thread's columns only: the quad's partial sums are added up once, in the epilogue)."""
+    move m_i (lazily: past RESCALE_AT in base 2; 0 moves it with every new maximum, so P <= 1),
+    rescale l_i and O_i, turn S into P and add its row sums to l_i (the thread's columns only:
+    the quad's partial sums are added up once, in the epilogue)."""
     exp2 = convert.exp2_approx  # ex2.approx.ftz: no special-case selects around it
     NEG_INF = constants.NEG_INF
     ZERO = float32(0.0)
-    RESCALE = float32(RESCALE_LOG2)
+    RESCALE = float32(RESCALE_AT)
 
     @cuda.jit(device=True, inline="always")
     def update(S, m_i, l_i, O_i, m_tile, scale_log2):
@@ -146,15 +147,15 @@ def make_score_mask(MT, NT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFTCAP=Fa
 
 
 def make_softmax_step(MT, NT, DT, BLOCK_N, CAUSAL, BLOCK_M=0, WINDOW=False, SOFTCAP=False,
-                      ALIBI=False):
-    """The per-tile step both tc forwards share, as an inline device function: the scores of
+                      ALIBI=False, RESCALE_AT=RESCALE_LOG2):
+    """The per-tile step the tc forwards share, as an inline device function: the scores of
     S_ij modified and masked (``make_score_mask``), then the online softmax with lazy
-    rescaling (``make_row_max``, ``make_online_update``). S (MT, NT, 4) leaves holding P_ij
-    (float32); m_i, l_i, m_tile (MT, 2) and O_i (MT, DT, 4) follow the C-fragment row ownership
-    of ``make_score_mask``."""
+    rescaling (``make_row_max``, ``make_online_update`` with RESCALE_AT). S (MT, NT, 4) leaves
+    holding P_ij (float32); m_i, l_i, m_tile (MT, 2) and O_i (MT, DT, 4) follow the C-fragment
+    row ownership of ``make_score_mask``."""
     mask_scores = make_score_mask(MT, NT, BLOCK_N, CAUSAL, BLOCK_M, WINDOW, SOFTCAP, ALIBI)
     row_max = make_row_max(MT, NT)
-    update = make_online_update(MT, NT, DT)
+    update = make_online_update(MT, NT, DT, RESCALE_AT)
 
     @cuda.jit(device=True, inline="always")
     def softmax_step(S, m_i, l_i, O_i, m_tile, n0, m0, row_g, t2, seqlen_k, diag, diag_lo,
