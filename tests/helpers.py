@@ -32,6 +32,20 @@ def to_device(x):
     return cupy.asarray(x)
 
 
+def torch_device(x):
+    """A host array as the torch-only calls (quantize_fp8, ...) take it here: NumPy under the
+    simulator, a torch CUDA tensor on a GPU."""
+    if SIMULATOR:
+        return x
+    import torch
+
+    if x.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).cuda()
+    if x.dtype == ml_dtypes.float8_e4m3fn:
+        return torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn).cuda()
+    return torch.from_numpy(x).cuda()
+
+
 def to_host(x):
     """Any supported array (NumPy, CuPy, Numba device array, torch) -> NumPy, keeping the dtype."""
     if type(x).__module__.startswith("torch"):

@@ -7,7 +7,7 @@ import pytest
 
 import numba_flash as nf
 from helpers import (SIMULATOR, int32_array, mla_arguments, nan_like, qkv, randn, to_device,
-                     to_host)
+                     to_host, torch_device)
 
 
 # ----------------------------------------------------------------------------- flash_attn_fwd
@@ -107,6 +107,64 @@ def test_host_array_on_a_gpu_is_a_type_error(rng):
     q, k, v = qkv(rng)
     with pytest.raises(TypeError, match="q: got a host NumPy array"):
         nf.flash_attn_fwd(randn(rng, (1, 5, 2, 16), "float16"), k, v)
+
+
+# ----------------------------------------------------------------------------- FP8 attention
+
+def fp8_arguments(rng):
+    """e4m3 q (1, 5, 2, 16), k, v (1, 5, 1, 16) and their (1, 1) descales."""
+    def e4m3(shape):
+        return torch_device(randn(rng, shape, "float32").astype(ml_dtypes.float8_e4m3fn))
+    ones = np.ones((1, 1), np.float32)
+    return dict(q=e4m3((1, 5, 2, 16)), k=e4m3((1, 5, 1, 16)), v=e4m3((1, 5, 1, 16)),
+                q_descale=torch_device(ones), k_descale=torch_device(ones),
+                v_descale=torch_device(ones))
+
+
+FP8_REFUSALS = {
+    "a descale missing": (lambda a, rng: a.update(v_descale=None), ValueError,
+                          "^v_descale: FP8 attention takes q_descale, k_descale and v_descale"),
+    "descale shape": (lambda a, rng: a.update(k_descale=torch_device(np.ones((2, 1), np.float32))),
+                      ValueError, r"^k_descale: expected shape \(1, 1\)"),
+    "descale dtype": (lambda a, rng: a.update(q_descale=torch_device(np.ones((1, 1), np.float16))),
+                      TypeError, "^q_descale: expected float32"),
+    "float32 out": (lambda a, rng: a.update(out_dtype="float32"), ValueError,
+                    "^out_dtype: FP8 attention writes bfloat16 or float16"),
+    "out_dtype not a dtype": (lambda a, rng: a.update(out_dtype="half-ish"), TypeError,
+                              "^out_dtype: expected a dtype"),
+    "mixed dtypes": (lambda a, rng: a.update(k=torch_device(randn(rng, (1, 5, 1, 16), "bfloat16"))),
+                     TypeError, "^k: dtype bfloat16 differs"),
+    "descales with 16-bit inputs": (
+        lambda a, rng: a.update(**{n: torch_device(randn(rng, a[n].shape, "bfloat16"))
+                                   for n in "qkv"}),
+        ValueError, "^q_descale: descales go with float8_e4m3fn q, k, v"),
+}
+
+
+@pytest.mark.parametrize("case", list(FP8_REFUSALS))
+def test_fp8_attention_refusals_name_the_argument_and_write_nothing(case, rng):
+    change, exc, words = FP8_REFUSALS[case]
+    args = fp8_arguments(rng)
+    change(args, rng)
+    out = torch_device(np.full((1, 5, 2, 16), np.nan, np.float32).astype(ml_dtypes.bfloat16))
+    with pytest.raises(exc, match=words):
+        nf.flash_attn_fwd(**args, out=out)
+    assert np.isnan(to_host(out).astype(np.float32)).all(), "a refused call wrote to out"
+
+
+def test_fp8_attention_is_forward_only_and_needs_compute_capability_8_9(rng):
+    import dataclasses
+
+    from numba_flash.runtime import device
+
+    args = fp8_arguments(rng)
+    o = torch_device(np.zeros((1, 5, 2, 16), ml_dtypes.bfloat16))
+    lse = torch_device(np.zeros((1, 2, 5), np.float32))
+    with pytest.raises(NotImplementedError, match="^q: this call takes no FP8"):
+        nf.flash_attn_bwd(o, args["q"], args["k"], args["v"], o, lse)
+    with device.plan_for(dataclasses.replace(device.current(), cc=(8, 0))):
+        with pytest.raises(ValueError, match="^q: FP8 needs compute capability 8.9"):
+            nf.flash_attn_fwd(**args)
 
 
 # ----------------------------------------------------------------------------- flash_attn_bwd

@@ -102,13 +102,18 @@ def test_the_host_layer_reaches_kernels_through_the_registry_alone(module):
 
 def test_a_problem_option_goes_only_to_a_kernel_that_honours_it(monkeypatch):
     plain = attention_problem(64)
-    fp8 = plain._replace(descale=("q", "k", "v"))  # an option no kernel implements yet
+    fp8 = plain._replace(descale=("q", "k", "v"))  # only the FP8 kernel implements it
     assert plain.options() == frozenset() and fp8.options() == {"descale"}
-    with pytest.raises(ValueError) as refused:
-        registry.choose("forward", "tc", fp8, HOPPER)
-    assert "tc.forward_wgmma_ws: does not implement descale" in str(refused.value)
-    assert "tc.forward_wgmma: does not implement descale" in str(refused.value)
-    assert "tc.forward_mma: does not implement descale" in str(refused.value)
+    assert registry.choose("forward", "tc", fp8, HOPPER).name == "tc.forward_wgmma_fp8"
+    with pytest.raises(ValueError, match="simt.forward: does not implement descale"):
+        registry.choose("forward", "simt", fp8, HOPPER)
+    with pytest.raises(ValueError) as refused:  # paged K/V, which the FP8 kernel does not take
+        registry.choose("forward", "tc", fp8._replace(block_table="table"), HOPPER)
+    for why in ("tc.forward_wgmma_ws: does not implement block_table, descale",
+                "tc.forward_wgmma: does not implement descale",
+                "tc.forward_mma: does not implement descale",
+                "tc.forward_wgmma_fp8: does not implement block_table"):
+        assert why in str(refused.value)
     honouring = registry.ENTRIES[1]._replace(honours=frozenset({"descale", "window"}))
     monkeypatch.setattr(registry, "ENTRIES", (registry.ENTRIES[0], honouring))
     assert registry.choose("forward", "tc", fp8, HOPPER) is honouring

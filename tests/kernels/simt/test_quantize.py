@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import numba_flash as nf
-from helpers import SIMULATOR, assert_compiles_clean, later_samples, randn, to_host
+from helpers import (SIMULATOR, assert_compiles_clean, later_samples, randn, to_host,
+                     torch_device)
 from numba_flash.kernels.simt import quantize
 
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -18,18 +19,6 @@ torch = None if SIMULATOR else pytest.importorskip("torch")
 SHAPES = [((2, 40, 3, 16), "bfloat16"), ((45, 2, 24), "float16"), ((1, 5, 1, 8), "float32")]
 if not SIMULATOR:
     SHAPES += [((4, 4096, 8, 128), "bfloat16"), ((3000, 4, 256), "float16")]
-
-
-def device_array(x):
-    """A host array as the call takes it here: NumPy under the simulator, a torch CUDA tensor
-    on a GPU (CuPy has no FP8 dtype for the result)."""
-    if SIMULATOR:
-        return x
-    if x.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).cuda()
-    if x.dtype == E4M3:
-        return torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn).cuda()
-    return torch.from_numpy(x).cuda()
 
 
 def reference(x, descale=None):
@@ -53,7 +42,7 @@ def as_4d(x):
 def test_quantization_matches_numpy_bit_for_bit(shape, fmt, rng):
     x = randn(rng, shape, fmt, scale=3.0)
     x[..., 1] *= 40.0  # an outlier channel sets the scale
-    got, descale = nf.quantize_fp8(device_array(x))
+    got, descale = nf.quantize_fp8(torch_device(x))
     bits, want_descale = reference(as_4d(x))
     np.testing.assert_array_equal(to_host(descale), want_descale)
     np.testing.assert_array_equal(as_4d(to_host(got)).view(np.uint8), bits)
@@ -69,8 +58,8 @@ def test_a_given_descale_a_strided_input_and_a_buffer(rng):
     qkv = randn(rng, (2, 40, 3, 4, 16), "bfloat16")
     x = qkv[:, :, 0]  # strided over the sequence
     descale = np.array([[0.001, 0.5, 1.0, 2.0], [1.0, 1.0, 1.0, 1.0]], np.float32)
-    out = device_array(np.full(x.shape, np.nan, np.float32).astype(E4M3))
-    got, got_descale = nf.quantize_fp8(device_array(qkv)[:, :, 0], descale=device_array(descale),
+    out = torch_device(np.full(x.shape, np.nan, np.float32).astype(E4M3))
+    got, got_descale = nf.quantize_fp8(torch_device(qkv)[:, :, 0], descale=torch_device(descale),
                                        out=out)
     assert got is out
     bits, _ = reference(x, descale)
@@ -83,7 +72,7 @@ def test_zero_heads_get_descale_one_and_nans_stay_nan(rng):
     x = randn(rng, (1, 37, 2, 8), "float32")
     x[:, :, 0] = 0.0
     x[0, 3, 1, 2] = np.nan
-    got, descale = nf.quantize_fp8(device_array(x))
+    got, descale = nf.quantize_fp8(torch_device(x))
     bits, want = reference(x)
     assert to_host(descale)[0, 0] == 1.0
     np.testing.assert_array_equal(to_host(descale), want)
@@ -100,15 +89,15 @@ def test_split_rows_keep_the_grid_in_range():
 
 def test_refusals_write_nothing(rng):
     x = randn(rng, (1, 4, 2, 16), "float32")
-    out = device_array(np.full(x.shape, np.nan, np.float32).astype(E4M3))
+    out = torch_device(np.full(x.shape, np.nan, np.float32).astype(E4M3))
     for kwargs, err, match in (
-            (dict(descale=device_array(np.ones((2, 2), np.float32))), ValueError, "descale"),
-            (dict(descale=device_array(np.ones((1, 2), np.float16))), TypeError, "descale"),
-            (dict(out=device_array(np.zeros((1, 4, 2, 16), np.float32))), ValueError, "out")):
+            (dict(descale=torch_device(np.ones((2, 2), np.float32))), ValueError, "descale"),
+            (dict(descale=torch_device(np.ones((1, 2), np.float16))), TypeError, "descale"),
+            (dict(out=torch_device(np.zeros((1, 4, 2, 16), np.float32))), ValueError, "out")):
         with pytest.raises(err, match=match):
-            nf.quantize_fp8(device_array(x), out=kwargs.pop("out", out), **kwargs)
+            nf.quantize_fp8(torch_device(x), out=kwargs.pop("out", out), **kwargs)
     with pytest.raises(TypeError, match="x"):
-        nf.quantize_fp8(device_array(x.astype(np.float64)))
+        nf.quantize_fp8(torch_device(x.astype(np.float64)))
     assert np.isnan(to_host(out).astype(np.float32)).all()
 
 
