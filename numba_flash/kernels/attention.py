@@ -137,15 +137,17 @@ def sequence_arguments(p):
 
 
 class ForwardSpec(KernelSpec):
-    """The forward kernels' signature, grid and arguments (problem: q, k, v, out, lse, scale)."""
+    """The forward kernels' signature, grid and arguments (problem: q, k, v, out, lse, scale;
+    FP8 inputs, ``config.out_fmt`` set: out in that format, the three descales last)."""
 
     Config = AttentionConfig
     config = staticmethod(config_of)
 
     def signature(self, config):
-        t = tensor_type(config.fmt)
-        return types.void(t, t, t, t, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES, I2, *MODS,
-                          F32_1D)
+        t, o = tensor_type(config.fmt), tensor_type(config.out_fmt or config.fmt)
+        descales = (F32_2D,) * 3 if config.out_fmt else ()  # FP8: q's, k's and v's
+        return types.void(t, t, t, o, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES, I2, *MODS,
+                          F32_1D, *descales)
 
     def grid(self, config, tiles, p):
         b, _, hq, _ = p["q"].shape
@@ -156,7 +158,8 @@ class ForwardSpec(KernelSpec):
         return (p["q"], p["k"], p["v"], p["out"], p["lse"], *_sizes(p),
                 np.float32(p["scale"] * LOG2E), *sequence_arguments(p),
                 arrays.batched(p["status"], 1) if table is None else table, *_mods(p),
-                p.get("sink") or unread(p["status"], 1))
+                p.get("sink") or unread(p["status"], 1),
+                *(p["descale"] if config.out_fmt else ()))
 
 
 class PreprocessSpec(KernelSpec):

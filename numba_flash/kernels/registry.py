@@ -196,7 +196,7 @@ ENTRIES = (
     Entry("tc.forward_wgmma_fp8", "forward", "tc", (tc_forward_wgmma_fp8.SPEC,), _fp8_forward,
           honours=FORWARD_FP8),
     Entry("simt.forward", "forward", "simt", (simt_forward.SPEC,), _anywhere,
-          honours=FORWARD),
+          honours=FORWARD | {"descale"}),
     Entry("tc.backward_wgmma", "backward", "tc",
           (tc_backward_wgmma.DKDV, tc_backward_wgmma.DQ), _wgmma_backward, honours=BACKWARD),
     Entry("tc.backward_mma", "backward", "tc", (tc_backward_mma.DKDV, tc_backward_mma.DQ),

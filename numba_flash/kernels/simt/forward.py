@@ -60,9 +60,15 @@ Masks and score modifiers (compile-time options: off, they cost nothing)
     joins the row's sum and its lse, and a row that sees no key ends with ``out = 0``, ``lse =
     sink``.
 
+FP8 inputs (``OUT_FMT``: FlashAttention-3's FP8 forward, the readable version)
+    float8_e4m3fn q, k, v arrive as bytes and widen to float32 as they are loaded; q's and k's
+    descales join the softmax scale and v's scales each finished row, which is written in
+    ``OUT_FMT``. P stays float32 here (the tensor-core kernel rounds it to e4m3).
+
 Limits
     HEAD_DIM a multiple of 8 up to 256; any Sq, Sk; strides other than the last honoured.
-    Accumulation in float32; inputs float16 / bfloat16 (as uint16 bits) or float32.
+    Accumulation in float32; inputs float16 / bfloat16 (as uint16 bits), float32, or (compute
+    capability 8.9 and up) float8_e4m3fn.
 """
 
 import math
@@ -71,7 +77,7 @@ from functools import lru_cache
 from numba import cuda, float32
 
 from ...runtime.arrays import FLOAT_FORMATS
-from ...runtime.spec import Tiles
+from ...runtime.spec import SM80, SM90, Tiles
 from ..attention import ForwardSpec, sample
 from ..common import constants, formats
 from ..common.epilogue import lse_of
@@ -101,8 +107,11 @@ def shared_layout(BLOCK_M, BLOCK_N, HEAD_DIM):
 
 @lru_cache(maxsize=None)
 def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, PAGED=False,
-                        WINDOW=False, SOFTCAP=False, ALIBI=False, SINK=False):
-    """Python kernel function specialised for one configuration (``SPEC`` compiles it)."""
+                        WINDOW=False, SOFTCAP=False, ALIBI=False, SINK=False, OUT_FMT=None):
+    """Python kernel function specialised for one configuration (``SPEC`` compiles it).
+    ``OUT_FMT`` (FP8 inputs): the outputs' format; the kernel then takes the three descales
+    last."""
+    FP8 = OUT_FMT is not None
     assert BLOCK_M % ROW_GROUPS == 0 and BLOCK_N % LANES_PER_ROW == 0 and HEAD_DIM % 8 == 0
     TM = BLOCK_M // ROW_GROUPS
     TN = BLOCK_N // LANES_PER_ROW
@@ -121,14 +130,15 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
     key_view = make_key_view(BLOCK_M, BLOCK_N, WINDOW, PAGED)
     score_factors, modified = make_score_mods(True, SOFTCAP, ALIBI)
     sink_start = make_sink(True, SINK)
-    load, store = formats.loader(FMT), formats.storer(FMT)
+    load, store = formats.loader(FMT), formats.storer(OUT_FMT or FMT)
     shfl_xor = sync.shfl_xor
     NEG_INF = constants.NEG_INF
     ZERO, ONE = float32(0.0), float32(1.0)
 
-    def flash_fwd_simt(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
-                       cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table,
-                       window_left, window_right, softcap, alibi_slopes, sink):
+    @cuda.jit(device=True, inline="always")
+    def forward(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
+                cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table, window_left,
+                window_right, softcap, alibi_slopes, sink, q_descale, k_descale, v_descale):
         smem = cuda.shared.array(0, float32)
         scratch = cuda.shared.array(SCRATCH, float32)
         tid = cuda.threadIdx.x
@@ -141,6 +151,8 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
         b = bh // n_heads_q
         h = bh - b * n_heads_q
         hk = h // group
+        if FP8:  # stored values times their descales: q's and k's join the softmax scale
+            scale_log2 = scale_log2 * q_descale[b, hk] * k_descale[b, hk]
         keys = block_table.shape[1] * k.shape[1] if PAGED else k.shape[1]  # rows of K
         q0, k0, seqlen_q, seqlen_k, diag = seqlen_info(
             b, seqlen_q, seqlen_k, q.shape[1], keys, cu_seqlens_q, cu_seqlens_k, seqused_k,
@@ -253,11 +265,32 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, FMT, VARLEN=False, P
             l += shfl_xor(l, 4, scratch, tid)
             r = m0 + row0 + i
             if r < seqlen_q:
-                inv = ONE / l if l > ZERO else ZERO
+                scale_out = ONE
+                if FP8:  # v's descale scales the finished row
+                    scale_out = v_descale[b, hk]
+                inv = scale_out / l if l > ZERO else ZERO
                 for jd in range(TD):
                     out[b, r, h, lane + LANES_PER_ROW * jd] = store(O_i[i, jd] * inv)
                 if lane == 0:
                     lse[b, h, r] = lse_of(m_i[i], l)
+
+    if FP8:
+        def flash_fwd_simt_fp8(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group,
+                               scale_log2, cu_seqlens_q, cu_seqlens_k, seqused_k, status,
+                               block_table, window_left, window_right, softcap, alibi_slopes,
+                               sink, q_descale, k_descale, v_descale):
+            forward(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
+                    cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table, window_left,
+                    window_right, softcap, alibi_slopes, sink, q_descale, k_descale, v_descale)
+
+        return flash_fwd_simt_fp8
+
+    def flash_fwd_simt(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
+                       cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table,
+                       window_left, window_right, softcap, alibi_slopes, sink):
+        forward(q, k, v, out, lse, seqlen_q, seqlen_k, n_heads_q, group, scale_log2,
+                cu_seqlens_q, cu_seqlens_k, seqused_k, status, block_table, window_left,
+                window_right, softcap, alibi_slopes, sink, sink, sink, sink)
 
     return flash_fwd_simt
 
@@ -283,7 +316,7 @@ class Spec(ForwardSpec):
     def make(self, config, tiles):
         return make_forward_kernel(config.head_dim, tiles.BLOCK_M, tiles.BLOCK_N, config.causal,
                                    config.fmt, config.varlen, config.paged, config.window,
-                                   config.softcap, config.alibi, config.sink)
+                                   config.softcap, config.alibi, config.sink, config.out_fmt)
 
     def samples(self):
         """The smallest head dim, the largest of each tile class (causal or not, each format)
@@ -300,7 +333,10 @@ class Spec(ForwardSpec):
         configs.append((64, False, "float16", False, False, False, True))  # softcap
         configs.append((64, True, "bfloat16", True, True, True, False, True, True))  # paged
         # window, ALiBi and a sink
-        return [sample("simt fwd", config) for config in configs]
+        configs.append((128, True, "float8_e4m3fn", True, False, False, False, False, False,
+                        "bfloat16"))  # FP8 inputs, varlen
+        return [sample("simt fwd", config, ccs=(SM90,) if len(config) > 9 else (SM80, SM90))
+                for config in configs]
 
 
 SPEC = Spec()

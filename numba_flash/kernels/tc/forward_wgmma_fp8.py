@@ -60,11 +60,10 @@ Limits
 
 from functools import lru_cache
 
-from numba import cuda, float32, int32, types, uint16, uint32, uint64
+from numba import cuda, float32, int32, uint16, uint32, uint64
 
 from ...runtime.spec import SM90A, Tiles
-from ..attention import (F32, F32_1D, F32_2D, F32_3D, I2, I32, MODS, SEQUENCES, AttentionConfig,
-                         ForwardSpec, sample, tensor_type)
+from ..attention import AttentionConfig, ForwardSpec, sample
 from ..instructions import convert, memory, sync, wgmma
 from ..common.copies import make_swizzled_copy
 from ..common.epilogue import lse_of, make_row_writer
@@ -344,19 +343,8 @@ TILES = ((256, ((128, 8, 0), (128, 8, 0))),)
 
 
 class Spec(ForwardSpec):
-    """The forward's problem with FP8 q, k, v: ``out`` in its own 16-bit format
-    (``config.out_fmt``) and the three descales appended to the arguments."""
-
     name = "flash_fwd_wgmma_fp8"
     unroll_loops = True
-
-    def signature(self, config):
-        t8, t16 = tensor_type(FP8_FORMAT), tensor_type(config.out_fmt)
-        return types.void(t8, t8, t8, t16, F32_3D, I32, I32, I32, I32, F32, *SEQUENCES, I2,
-                          *MODS, F32_1D, F32_2D, F32_2D, F32_2D)
-
-    def arguments(self, config, p):
-        return super().arguments(config, p) + tuple(p["descale"])
 
     def entry(self, config, device):
         return next(t for limit, t in TILES if config.head_dim <= limit)[int(config.causal)]

@@ -7,6 +7,7 @@ import numba_flash as nf
 from numba_flash import reference as ref
 from helpers import (SIMULATOR, assert_close_rule, assert_compiles_clean, assert_lse, check_forward,
                      randn, to_device, to_host)
+from kernels._fp8_cases import check_fp8
 from kernels._window_cases import CASES as WINDOW_CASES, case_id as window_id
 from kernels._window_cases import SOFTCAP_CASES, softcap_id
 from kernels._window_cases import MODIFIER_CASES, modifier_id, modifier_options
@@ -93,6 +94,16 @@ def test_flash_attn_func_returns_out_or_out_and_lse(rng):
     out2, lse = nf.flash_attn_func(to_device(q), to_device(k), to_device(v), return_lse=True)
     np.testing.assert_array_equal(to_host(out), to_host(out2))
     assert to_host(lse).shape == (1, 1, 4)
+
+
+@pytest.mark.parametrize("case", [(1, 5, 40, 2, 1, 16, False), (1, 20, 9, 1, 1, 24, True)]
+                         if SIMULATOR else [(2, 1000, 1000, 8, 2, 128, True),
+                                            (1, 300, 700, 4, 4, 72, False)],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_fp8_inputs_within_twice_fa3s_rounding(case, rng):
+    """FP8 q, k, v with their descales (compute capability 8.9 and up): the readable FP8
+    forward, held to the tensor-core kernel's rule (it keeps P in float32, more exact)."""
+    check_fp8(rng, *case, backend="simt")
 
 
 def test_every_specialization_compiles_without_spills():
