@@ -137,9 +137,12 @@ def _decode_key(problem):
 
 def _tc_decode_config(problem):
     """The tc decodes' config: rows in 16-byte chunks, TMA boxes where each 64-key tile lies in
-    one page (wgmma; the seesaw takes the same config)."""
-    tma = problem.page % tc_mla_decode_wgmma.BLOCK_N == 0
-    return tc_mla_decode_wgmma.SPEC.Config(*_decode_key(problem), True, tma)
+    one page (wgmma; the seesaw takes the same config); a sparse decode's rows are scattered
+    (cp.async), V3.2's FP8 ones widened on the way."""
+    sparse = problem.indices is not None
+    tma = problem.page % tc_mla_decode_wgmma.BLOCK_N == 0 and not sparse
+    return tc_mla_decode_wgmma.SPEC.Config(*_decode_key(problem), True, tma)._replace(
+        cache="v32" if problem.fp8_cache else None, sparse=sparse)
 
 
 def _mma_decode_config(problem):
@@ -208,7 +211,8 @@ ENTRIES = (
     Entry("tc.mla_decode_seesaw", "decode", "tc", (tc_mla_decode_seesaw.SPEC,), _seesaw,
           _tc_decode_config, honours=DECODE),
     Entry("tc.mla_decode_wgmma", "decode", "tc", (tc_mla_decode_wgmma.SPEC,),
-          _tc_decode(tc_mla_decode_wgmma, "wgmma"), _tc_decode_config, honours=DECODE),
+          _tc_decode(tc_mla_decode_wgmma, "wgmma"), _tc_decode_config,
+          honours=DECODE | SPARSE),
     Entry("tc.mla_decode_mma", "decode", "tc", (tc_mla_decode_mma.SPEC,),
           _tc_decode(tc_mla_decode_mma, "mma"), _mma_decode_config, honours=DECODE),
     Entry("simt.mla_decode", "decode", "simt", (simt_mla_decode.SPEC,), _anywhere,

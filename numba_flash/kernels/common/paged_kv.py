@@ -155,11 +155,13 @@ V32_ROPE_AT = V32_LATENT + 4 * (V32_LATENT // V32_BLOCK)  # ... of the rope valu
 V32_ROW_BYTES = V32_ROPE_AT + 2 * V32_ROPE  # 656
 
 
-def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None):
+def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None, PLACE=None):
     """copy_row(tile, at, cache, hk, page, slot, valid, rl): this thread's share (lane ``rl`` of
     the TPR threads of a row) of the first COLS columns of one cache row -> tile[at ...]
     (storage elements): 16-byte cp.async chunks (zero-filled when not valid) or, for unaligned
-    views (``VEC`` False), elements.
+    views (``VEC`` False), elements. ``PLACE(at, c)``: where the row's 16-byte chunk c of the
+    tile lies, for a swizzled tile (``VEC``; ``tc/mla_decode_wgmma.py``'s rule); None: the
+    row's chunks one after another from ``at``.
 
     ``CACHE`` names the cache's bytes when they are not the tile's FMT (16-bit) values:
 
@@ -176,6 +178,8 @@ def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None):
     item = 1 if FP8 else 4 if FMT == "float32" else 2  # bytes per cache element
     CHUNK = memory.CP_ASYNC_BYTES // item  # elements per 16-byte copy
     LAND = CHUNK // 2 if FP8 else 0  # tile elements before the chunk's landing place
+    PER = 2 if FP8 else 1  # tile chunks a copied chunk fills (it lands in the last)
+    PLACED = PLACE is not None
     LATENT = V32_LATENT if V32 else COLS  # the columns copied as CHUNK-chunks
     CHUNKS = -(-(LATENT // CHUNK) // TPR)  # copies per thread and row
     CHUNKS_EXACT = (LATENT // CHUNK) % TPR == 0
@@ -194,18 +198,31 @@ def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None):
     def copy_row(tile, at, cache, hk, page, slot, valid, rl):
         if VEC:
             for i in range(CHUNKS):
-                col = (rl + TPR * i) * CHUNK
+                c = rl + TPR * i
+                col = c * CHUNK
                 if CHUNKS_EXACT or col < LATENT:
-                    memory.cp_async_16_zfill(tile, uint64(at + col + LAND), cache,
+                    if PLACED:
+                        dst = PLACE(at, PER * c + PER - 1)
+                    else:
+                        dst = at + col + LAND
+                    memory.cp_async_16_zfill(tile, uint64(dst), cache,
                                              (page, slot, hk, uint64(col)), valid)
             if V32:
                 if rl * CHUNK < LATENT:  # the scales, beside the lane's first chunk
-                    memory.cp_async_16_zfill(tile, uint64(at + rl * CHUNK), cache,
+                    if PLACED:
+                        dst = PLACE(at, PER * rl)
+                    else:
+                        dst = at + rl * CHUNK
+                    memory.cp_async_16_zfill(tile, uint64(dst), cache,
                                              (page, slot, hk, uint64(V32_SCALES)), valid)
                 for i in range(ROPE_CHUNKS):
                     c = rl + TPR * i
                     if c < ROPE_PER_ROW:  # 8 bfloat16 columns per chunk
-                        memory.cp_async_16_zfill(tile, uint64(at + V32_LATENT + 8 * c), cache,
+                        if PLACED:
+                            dst = PLACE(at, V32_LATENT // 8 + c)
+                        else:
+                            dst = at + V32_LATENT + 8 * c
+                        memory.cp_async_16_zfill(tile, uint64(dst), cache,
                                                  (page, slot, hk, uint64(V32_ROPE_AT + 16 * c)),
                                                  valid)
         else:
@@ -223,12 +240,13 @@ def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None):
     return copy_row
 
 
-def make_row_widen(COLS, TPR, FMT, CACHE="e4m3"):
-    """widen_row(words, at, rl): the chunks ``make_row_copy`` (``CACHE``, ``VEC``) landed for lane
-    ``rl`` in the row at tile element ``at``, turned into FMT's 16-bit values in place. Each
-    chunk's 16 bytes sit in the upper half of its 32 destination bytes, so the thread that
-    copied it reads its 4 words before writing the 8, and no other thread touches them: after
-    its own ``cp.async`` wait, before the barrier that hands the tile to the other warps.
+def make_row_widen(COLS, TPR, FMT, CACHE="e4m3", PLACE=None):
+    """widen_row(words, at, rl): the chunks ``make_row_copy`` (``CACHE``, ``VEC``, ``PLACE``)
+    landed for lane ``rl`` in the row at tile element ``at``, turned into FMT's 16-bit values in
+    place. Each chunk's 16 bytes sit in the second of the two tile chunks its 32 bytes take, so
+    the thread that copied it reads its 4 words before writing the 8, and no other thread
+    touches them: after its own ``cp.async`` wait, before the barrier that hands the tile to the
+    other warps.
 
     ``"e4m3"``: exactly (every e4m3 value is a float16 and a bfloat16). ``"v32"``: latent value
     ``x`` of block ``k`` becomes ``bf16(x * bf16(scale_k))``, FlashMLA's dequantization (exact
@@ -236,6 +254,7 @@ def make_row_widen(COLS, TPR, FMT, CACHE="e4m3"):
     chunk's widening overwrites it."""
     CHUNK = memory.CP_ASYNC_BYTES  # e4m3 elements per copy
     V32 = CACHE == "v32"
+    PLACED = PLACE is not None
     LATENT = V32_LATENT if V32 else COLS
     CHUNKS = -(-(LATENT // CHUNK) // TPR)
     CHUNKS_EXACT = (LATENT // CHUNK) % TPR == 0
@@ -263,27 +282,46 @@ def make_row_widen(COLS, TPR, FMT, CACHE="e4m3"):
         return convert.bf16_to_f32(convert.f32_to_bf16(convert.bits_to_f32(words[uint64(w)])))
 
     @cuda.jit(device=True, inline="always")
+    def widen_chunk(words, at, c, s0, s1, s2, s3):
+        """Copied chunk c of the row (latent block ``c // CHUNKS_PER_BLOCK``'s scale)."""
+        col = c * CHUNK
+        k = c // CHUNKS_PER_BLOCK
+        scale = s0 if k == 0 else s1 if k == 1 else s2 if k == 2 else s3
+        if PLACED:  # the first word of each destination chunk
+            lo = PLACE(at, 2 * c) >> 1
+            hi = PLACE(at, 2 * c + 1) >> 1
+        else:
+            lo = (at + col) >> 1
+            hi = lo + 4
+        a0 = words[uint64(hi)]
+        a1 = words[uint64(hi + 1)]
+        a2 = words[uint64(hi + 2)]
+        a3 = words[uint64(hi + 3)]
+        put_word(words, lo, a0, scale)
+        put_word(words, lo + 2, a1, scale)
+        put_word(words, hi, a2, scale)
+        put_word(words, hi + 2, a3, scale)
+
+    @cuda.jit(device=True, inline="always")
     def widen_row(words, at, rl):
         s0 = s1 = s2 = s3 = float32(1.0)  # the four blocks' scales (registers, not an array
         if V32 and rl * CHUNK < LATENT:  # indexed by the lane: local memory)
-            w = (at + rl * CHUNK) >> 1
+            if PLACED:
+                w = PLACE(at, 2 * rl) >> 1
+            else:
+                w = (at + rl * CHUNK) >> 1
             s0, s1, s2, s3 = (scale_at(words, w), scale_at(words, w + 1),
                               scale_at(words, w + 2), scale_at(words, w + 3))
-        for i in range(CHUNKS):
-            c = rl + TPR * i
-            col = c * CHUNK
-            if CHUNKS_EXACT or col < LATENT:
-                k = c // CHUNKS_PER_BLOCK
-                scale = s0 if k == 0 else s1 if k == 1 else s2 if k == 2 else s3
-                w = (at + col) >> 1  # the chunk's first destination word
-                a0 = words[uint64(w + 4)]
-                a1 = words[uint64(w + 5)]
-                a2 = words[uint64(w + 6)]
-                a3 = words[uint64(w + 7)]
-                put_word(words, w, a0, scale)
-                put_word(words, w + 2, a1, scale)
-                put_word(words, w + 4, a2, scale)
-                put_word(words, w + 6, a3, scale)
+        if PLACED:
+            # A loop of run-time length (lane rl's chunks): unrolled, the chunks' loads run
+            # ahead of their stores and spill the wgmma decode's registers (44 bytes).
+            for c in range(rl, LATENT // CHUNK, TPR):
+                widen_chunk(words, at, c, s0, s1, s2, s3)
+        else:
+            for i in range(CHUNKS):
+                c = rl + TPR * i
+                if CHUNKS_EXACT or c * CHUNK < LATENT:
+                    widen_chunk(words, at, c, s0, s1, s2, s3)
 
     return widen_row
 

@@ -47,6 +47,13 @@ Memory pipeline
       (rl = tid % 4) of cache row ``tid / 4`` (zero-filled for rows past the piece end or that
       the block table cannot place), the block-table entries read one tile ahead.
 
+    * Sparse (DeepSeek-V3.2's ``indices``, ``SPARSE``): the cp.async path with each row looked
+      up in the request's packed cache rows (``paged_kv.make_paged_kv_walk``). V3.2's FP8 rows
+      (``CACHE = "v32"``) use ``paged_kv.make_row_copy`` with this tile's chunk placement
+      (``swizzled_chunk``): e4m3 chunks land in the second of their two tile chunks, the row's
+      scales beside each lane's first one, and after its cp.async wait each thread widens its
+      own chunks to ``bf16(x * bf16(scale))``, before the tile's barrier.
+
     Q is copied with cp.async with the first tile of each piece. wgmma reads shared memory
     through the async proxy, so each ordinary or cp.async write (those tiles, Q, the P tile, the
     zeroed rows) is published by wait -> ``proxy_fence`` -> barrier.
@@ -60,7 +67,8 @@ Shared memory (16-bit elements, every tile in ``ptx/wgmma.py``'s 128-byte swizzl
     block up to 227 KiB).
 
 Limits
-    float16 / bfloat16; HEAD_DIM a multiple of 16 up to 576, HEAD_DIM_V up to 512 (VH <= 256,
+    float16 / bfloat16 (V3.2's rows: bfloat16, 576 / 512); HEAD_DIM a multiple of 16 up to
+    576, HEAD_DIM_V up to 512 (VH <= 256,
     wgmma's largest N), q and the cache 16-byte aligned rows (the API sends other views to the
     simt kernel); any page size; compute capability 9.0 (sm_90a). Unlike FlashMLA, no table
     entry, length or metadata value can move a copy or a store outside its array
@@ -73,8 +81,9 @@ from numba import cuda, float32, int32, types, uint16, uint32, uint64
 
 from ...runtime import tma as tma_maps
 from ...runtime.spec import SM90A, Sample, Tiles
-from ..attention import TC_DECODE_SAMPLES, DecodeSpec
-from ..common.paged_kv import make_page_lookup, make_paged_kv_walk, make_piece_out, make_row_keys
+from ..attention import TC_DECODE_SAMPLES, DecodeConfig, DecodeSpec, tensor_type
+from ..common.paged_kv import (make_page_lookup, make_paged_kv_walk, make_piece_out,
+                               make_row_copy, make_row_keys, make_row_widen)
 from ..common.softmax import make_online_update, make_row_max
 from ..instructions import convert, memory, sync, tma, wgmma
 from .decode_tiles import (BLOCK_M, BLOCK_N, MAX_HEAD_DIM, MAX_HEAD_DIM_V, THREADS, TPR,
@@ -152,6 +161,14 @@ def make_tile_copies(HEAD_DIM, HEAD_DIM_V):
     return chunk_at, copy_cache_row, load_tile, zero_rows_past
 
 
+@cuda.jit(device=True, inline="always")
+def swizzled_chunk(at, c):
+    """Element of 16-byte chunk ``c`` of the cache-tile row that starts (in its first column
+    block) at element ``at``: the tile's base is 1024-byte aligned, so the row's swizzle key
+    ``row % 8`` is bits 6-8 of ``at`` (``paged_kv.make_row_copy``'s PLACE for these tiles)."""
+    return at + (c >> 3) * (BLOCK_N * wgmma.BLOCK_COLS) + (((c & 7) ^ ((at >> 6) & 7)) << 3)
+
+
 @lru_cache(maxsize=None)
 def make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT):
     """``finish_piece``: the row sums of both warpgroups, then O_i / l_i staged over the tiles
@@ -193,9 +210,13 @@ def make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT):
 
 
 @lru_cache(maxsize=None)
-def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
-    """Python kernel function for one configuration (``SPEC`` compiles it, for sm_90a)."""
+def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA, CACHE=None, SPARSE=False):
+    """Python kernel function for one configuration (``SPEC`` compiles it, for sm_90a).
+    ``SPARSE``: the block table holds each request's packed cache rows; ``CACHE = "v32"``:
+    DeepSeek-V3.2's FP8 rows (cp.async only)."""
     assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)
+    V32 = CACHE == "v32"
+    assert CACHE in (None, "v32") and not (V32 and TMA) and not (SPARSE and TMA)
     QW, KW = tile_cols(HEAD_DIM, HEAD_DIM_V)
     VH = value_cols(HEAD_DIM_V)
     KSTEPS = HEAD_DIM // 16      # k-steps of Q K^T
@@ -217,10 +238,21 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
     row_max = make_row_max(1, NT)
     update = make_online_update(1, NT, DT)
     cta_work, piece_of, row_source, _, _, _ = make_paged_kv_walk(
-        HEAD_DIM, BLOCK_M, TPR, FMT, True)
+        HEAD_DIM, BLOCK_M, TPR, FMT, True, SPARSE)
     start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
     chunk_at, copy_cache_row, load_tile, zero_rows_past = make_tile_copies(HEAD_DIM, HEAD_DIM_V)
     finish_piece = make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT)
+    if V32:  # the latent chunks land as e4m3 and are widened by the thread that copied them
+        copy_v32 = make_row_copy(HEAD_DIM, TPR, FMT, True, CACHE, PLACE=swizzled_chunk)
+        widen_v32 = make_row_widen(HEAD_DIM, TPR, FMT, CACHE, PLACE=swizzled_chunk)
+
+    @cuda.jit(device=True, inline="always")
+    def copy_row(smem, tile, k_cache, hk, page, pslot, ok, even, odd, rl, row):
+        """This thread's chunks of its row of the cache tile at ``tile`` (cp.async)."""
+        if V32:
+            copy_v32(smem, tile + row * wgmma.BLOCK_COLS, k_cache, hk, page, pslot, ok, rl)
+        else:
+            copy_cache_row(smem, tile, k_cache, hk, page, pslot, ok, even, odd, rl)
 
     # Descriptor arithmetic in 16-byte units (ptx/wgmma.py, "Shared-memory operands";
     # wgmma.k_step for K-major k-steps): V's 64-column blocks are BLOCK_N rows of 128 bytes
@@ -309,8 +341,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
                 page, pslot, ok = row_source(block_table, num_pages, req, n_lo + row, n_hi,
                                              page_size, status)
                 if n_tiles > 0:
-                    copy_cache_row(smem, base + K_OFF, k_cache, hk, page, pslot, ok, even, odd,
-                                   rl)
+                    copy_row(smem, base + K_OFF, k_cache, hk, page, pslot, ok, even, odd, rl,
+                             row)
                 memory.cp_async_commit()
                 page, pslot, ok = row_source(block_table, num_pages, req, n_lo + BLOCK_N + row,
                                              n_hi, page_size, status)
@@ -322,6 +354,9 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
             for j in range(n_tiles):
                 n0 = n_lo + j * BLOCK_N
                 memory.cp_async_wait(0)  # tile j (cp.async) or Q has landed ...
+                if V32:  # (this thread's own chunks: before the barrier shows them to others)
+                    widen_v32(smem_words, base + K_OFF + (j & 1) * TILE + row * wgmma.BLOCK_COLS,
+                              rl)
                 sync.proxy_fence()       # ... is visible to wgmma reads ...
                 cuda.syncthreads()       # ... for every thread; tile j - 1 is done with
                 buf = uint64((j & 1) * BUF_STEP)
@@ -345,8 +380,8 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, TMA):
                           ks > 0, smem, scratch, tid)
                 wgmma.commit()
                 if not TMA and j + 1 < n_tiles:
-                    copy_cache_row(smem, base + K_OFF + TILE - (j & 1) * TILE, k_cache, hk, page,
-                                   pslot, ok, even, odd, rl)
+                    copy_row(smem, base + K_OFF + TILE - (j & 1) * TILE, k_cache, hk, page,
+                             pslot, ok, even, odd, rl, row)
                     memory.cp_async_commit()
                     page, pslot, ok = row_source(block_table, num_pages, req,
                                                  n0 + 2 * BLOCK_N + row, n_hi, page_size, status)
@@ -405,7 +440,10 @@ class Spec(DecodeSpec):
                      shared_layout(config.head_dim, config.head_dim_v).bytes)
 
     def signature(self, config):
-        return types.void(*super().signature(config).args, types.Array(types.uint64, 1, "A"))
+        args = list(super().signature(config).args)
+        if config.cache:  # V3.2's rows: bytes
+            args[1] = tensor_type("float8_e4m3fn")
+        return types.void(*args, types.Array(types.uint64, 1, "A"))
 
     def arguments(self, config, p):
         k_cache = p["k_cache"]
@@ -414,13 +452,18 @@ class Spec(DecodeSpec):
 
     def make(self, config, tiles):
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
-                                      config.fmt, config.tma)
+                                      config.fmt, config.tma, config.cache, config.sparse)
 
     def samples(self):
-        """Both ways of filling the cache tiles: cp.async, and TMA boxes on mbarriers."""
+        """Both ways of filling the cache tiles: cp.async, and TMA boxes on mbarriers; the
+        sparse decode of V3.2's FP8 rows (128 rows) and of a bfloat16 cache (16 rows)."""
         return [Sample(f"tc wgmma mla {label}{' tma' if tma else ''}", (*config, True, tma),
                        ccs=(SM90A,))
-                for tma in (False, True) for label, config in TC_DECODE_SAMPLES]
+                for tma in (False, True) for label, config in TC_DECODE_SAMPLES] + [
+            Sample(f"tc wgmma mla sparse q_rows={rows} {cache or 'bfloat16'} cache",
+                   DecodeConfig(rows, 576, 512, False, "bfloat16", True, cache=cache,
+                                sparse=True), ccs=(SM90A,))
+            for rows, cache in ((128, "v32"), (16, None))]
 
 
 SPEC = Spec()

@@ -10,7 +10,7 @@ from numba_flash.kernels.tc import decode_tiles, mla_decode_wgmma
 from helpers import SIMULATOR, assert_compiles_clean, decode_problem, later_samples
 from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
                                    TC_NEGATIVE_LENGTH_ON_A_GPU, check_negative_length,
-                                   run_case)
+                                   run_case, run_sparse_case)
 
 pytestmark = pytest.mark.skipif(
     not SIMULATOR and cuda.is_available()
@@ -47,6 +47,20 @@ def test_attention_sink_behind_the_overlapping_combine(rng):
     dependent: the rows it merges and the rows the decode wrote whole both shrink."""
     case = CASES[2] if SIMULATOR else DEEPSEEK_CASES[3]
     run_case(rng, *case, backend="tc", sink=True)
+
+
+SPARSE_CASES = [  # (b, s_q, h_q, h_kv, d, dv, page, topk, fp8): V3.2's rows over two tiles of
+    (1, 2, 2, 1, 576, 512, 8, 70, True),   # keys; a bfloat16 GQA cache
+    (1, 2, 4, 2, 32, 16, 8, 100, False),
+] if SIMULATOR else [(3, 2, 128, 1, 576, 512, 64, 2048, True), (4, 1, 64, 1, 576, 512, 1, 2048, True)]
+
+
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_sparse_decode_matches_reference(rng, case):
+    """DeepSeek-V3.2's sparse decode (``indices``) on the tensor cores: each token's packed
+    rows gathered by cp.async, V3.2's FP8 rows widened in the swizzled tiles by the threads that
+    copied them; with a sink, and indices past the cache skipped and reported."""
+    run_sparse_case(rng, *case, backend="tc", sink=True, bad_index=True)
 
 
 @pytest.mark.parametrize("page", [16, 64], ids=["cp.async", "tma"])
