@@ -12,7 +12,9 @@ GPU from N(0, 1/16) values (``quantize_v32``: reference.quantize_v32's power-of-
 
 Providers:
     nf-sparse        numba_flash.get_mla_metadata(..., topk) once, untimed, then
-                     flash_mla_with_kvcache(..., is_fp8_kvcache=True, indices=...)
+                     flash_mla_with_kvcache(..., is_fp8_kvcache=True, indices=...) (backend
+                     "auto": the wgmma decode on a Hopper)
+    nf-sparse-simt   the same call with backend="simt" (the CUDA-core decode)
     flashmla-sparse  FlashMLA's sparse decode (sm_90a), built from the folder FLASHMLA_DIR names
                      (``load_flashmla_sparse`` of the GPU machine's benchmark-only build; nothing
                      of it is in this repo); its first call plans, later calls reuse the plan
@@ -96,14 +98,15 @@ def make_inputs(b, s_q, h_q, topk, seqlen, seed=0):
     return q.to(torch.bfloat16), k_cache, torch.from_numpy(indices.astype(np.int32)).cuda()
 
 
-def nf_sparse(q, k_cache, indices):
+def nf_sparse(q, k_cache, indices, backend="auto"):
     import numba_flash as nf
 
     b, s_q, h_q, _ = q.shape
     meta, splits = nf.get_mla_metadata(indices.new_zeros(b), s_q * h_q, 1, h_q, True,
                                        indices.shape[2])
     return lambda: nf.flash_mla_with_kvcache(q, k_cache, None, None, DV, meta, splits,
-                                             is_fp8_kvcache=True, indices=indices)
+                                             is_fp8_kvcache=True, indices=indices,
+                                             backend=backend)
 
 
 def flashmla_sparse(q, k_cache, indices):
@@ -123,7 +126,9 @@ def flashmla_sparse(q, k_cache, indices):
                                               splits)[:2])
 
 
-PROVIDERS = {"nf-sparse": nf_sparse, "flashmla-sparse": flashmla_sparse}
+PROVIDERS = {"nf-sparse": nf_sparse,
+             "nf-sparse-simt": lambda q, k_cache, indices: nf_sparse(q, k_cache, indices, "simt"),
+             "flashmla-sparse": flashmla_sparse}
 
 
 def check_small():
