@@ -146,7 +146,8 @@ def _tc_decode_config(problem):
 
 
 def _mma_decode_config(problem):
-    return tc_mla_decode_mma.SPEC.Config(*_decode_key(problem), True, False)
+    return tc_mla_decode_mma.SPEC.Config(*_decode_key(problem), True, False)._replace(
+        cache="v32" if problem.fp8_cache else None, sparse=problem.indices is not None)
 
 
 def _modifiers(problem):
@@ -214,7 +215,7 @@ ENTRIES = (
           _tc_decode(tc_mla_decode_wgmma, "wgmma"), _tc_decode_config,
           honours=DECODE | SPARSE),
     Entry("tc.mla_decode_mma", "decode", "tc", (tc_mla_decode_mma.SPEC,),
-          _tc_decode(tc_mla_decode_mma, "mma"), _mma_decode_config, honours=DECODE),
+          _tc_decode(tc_mla_decode_mma, "mma"), _mma_decode_config, honours=DECODE | SPARSE),
     Entry("simt.mla_decode", "decode", "simt", (simt_mla_decode.SPEC,), _anywhere,
           _simt_decode_config, honours=KVCACHE | SPARSE),
 )

@@ -57,6 +57,12 @@ addresses of an ldmatrix fall in 8 different 16-byte bank groups)
     rows per CTA would need more warps than the register file allows (64 rows: 16 warps of at
     most 128 registers) or more O columns per warp (two groups: 128 accumulators, which spill).
 
+Sparse decode (DeepSeek-V3.2's ``indices``)
+    ``SPARSE`` looks each row up in the request's packed cache rows (``paged_kv``'s walk);
+    V3.2's FP8 rows (``CACHE = "v32"``) land through ``paged_kv.make_row_copy`` and are widened
+    by ``make_row_widen`` after the thread's cp.async wait, before the tile's barrier (the
+    e4m3 conversions need sm_89).
+
 Limits
     float16 / bfloat16; HEAD_DIM a multiple of 16 up to 576, HEAD_DIM_V up to 512; q and the
     cache 16-byte aligned rows (the API sends other views to the simt kernel); any page size;
@@ -67,12 +73,13 @@ Limits
 
 from functools import lru_cache
 
-from numba import cuda, float32, int32, uint16, uint32
+from numba import cuda, float32, int32, types, uint16, uint32
 
 from ...runtime.spec import SM80, Sample, Tiles
-from ..attention import TC_DECODE_SAMPLES, DecodeSpec
+from ..attention import TC_DECODE_SAMPLES, DecodeConfig, DecodeSpec, tensor_type
 from ..common.layout import SharedLayout
-from ..common.paged_kv import SCHED_BLOCK, make_paged_kv_walk, make_row_keys
+from ..common.paged_kv import (SCHED_BLOCK, make_paged_kv_walk, make_row_copy, make_row_keys,
+                               make_row_widen)
 from ..common.softmax import make_online_update, make_row_max
 from ..instructions import convert, memory, sync
 from ..instructions import mma as mma_sync
@@ -187,9 +194,14 @@ def make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT, BLOCK_M, BLOCK_N, COLS):
 
 
 @lru_cache(maxsize=None)
-def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, COLS):
-    """Python kernel function for one configuration (``SPEC`` compiles it)."""
+def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, COLS, CACHE=None,
+                           SPARSE=False):
+    """Python kernel function for one configuration (``SPEC`` compiles it). ``SPARSE``: the
+    block table holds each request's packed cache rows; ``CACHE = "v32"``: DeepSeek-V3.2's FP8
+    rows, widened in the tile by the threads that copied them (sm_89)."""
     assert FMT in ("float16", "bfloat16") and supports(HEAD_DIM, HEAD_DIM_V)
+    assert CACHE in (None, "v32")
+    V32 = CACHE == "v32"
     assert BLOCK_M % 16 == 0 and SCHED_BLOCK % BLOCK_N == 0
     assert BLOCK_N % (8 * COLS) == 0 and BLOCK_N % 16 == 0
     SLABS = BLOCK_M // 16        # row slabs of 16 (one mma M each)
@@ -216,7 +228,10 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, 
     row_max = make_row_max(1, NT)
     update = make_online_update(1, NT, DT)
     cta_work, piece_of, row_source, copy_row, _, _ = make_paged_kv_walk(
-        HEAD_DIM, BLOCK_M, TPR, FMT, True)
+        HEAD_DIM, BLOCK_M, TPR, FMT, True, SPARSE)
+    copy_cache_row = make_row_copy(HEAD_DIM, TPR, FMT, True, CACHE) if V32 else copy_row
+    if V32:
+        widen_v32 = make_row_widen(HEAD_DIM, TPR, FMT, CACHE)
     finish_piece = make_piece_end(HEAD_DIM, HEAD_DIM_V, FMT, BLOCK_M, BLOCK_N, COLS)
     start_rows, mask_keys = make_row_keys(CAUSAL, NT, DT)
     ZERO = float32(0.0)
@@ -293,7 +308,7 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, 
             page, pslot, ok = row_source(block_table, num_pages, req, n_lo + row, n_hi,
                                          page_size, status)
             if n_tiles > 0:
-                copy_row(smem, K_OFF + row * STRIDE, k_cache, hk, page, pslot, ok, rl)
+                copy_cache_row(smem, K_OFF + row * STRIDE, k_cache, hk, page, pslot, ok, rl)
             memory.cp_async_commit()
             page, pslot, ok = row_source(block_table, num_pages, req, n_lo + BLOCK_N + row, n_hi,
                                          page_size, status)
@@ -306,10 +321,12 @@ def make_mla_decode_kernel(HEAD_DIM, HEAD_DIM_V, CAUSAL, FMT, BLOCK_M, BLOCK_N, 
                 n0 = n_lo + j * BLOCK_N
                 buf = (j & 1) * TILE
                 memory.cp_async_wait(0)  # tile j, the only copy in flight, has landed ...
+                if V32:  # (this thread's own chunks: before the barrier shows them to others)
+                    widen_v32(smem_words, K_OFF + buf + row * STRIDE, rl)
                 cuda.syncthreads()       # ... for every thread; every warp is done with tile
                 if j + 1 < n_tiles:      # j - 1, so its buffer takes tile j + 1 meanwhile
-                    copy_row(smem, K_OFF + TILE - buf + row * STRIDE, k_cache, hk, page, pslot,
-                             ok, rl)
+                    copy_cache_row(smem, K_OFF + TILE - buf + row * STRIDE, k_cache, hk, page,
+                                   pslot, ok, rl)
                     memory.cp_async_commit()
                     page, pslot, ok = row_source(block_table, num_pages, req,
                                                  n0 + 2 * BLOCK_N + row, n_hi, page_size, status)
@@ -389,11 +406,25 @@ class Spec(DecodeSpec):
     def make(self, config, tiles):
         cols = tiles.threads // (32 * (tiles.BLOCK_M // 16))
         return make_mla_decode_kernel(config.head_dim, config.head_dim_v, config.causal,
-                                      config.fmt, tiles.BLOCK_M, tiles.BLOCK_N, cols)
+                                      config.fmt, tiles.BLOCK_M, tiles.BLOCK_N, cols,
+                                      config.cache, config.sparse)
+
+    def signature(self, config):
+        args = list(super().signature(config).args)
+        if config.cache:  # V3.2's rows: bytes
+            args[1] = tensor_type("float8_e4m3fn")
+        return types.void(*args)
 
     def samples(self):
+        """The decode's samples at both tile entries; the sparse decode of V3.2's FP8 rows (for
+        sm_89, whose e4m3 conversions it needs) and of a bfloat16 cache."""
         return [Sample(f"tc mma mla {label} tiles={entry}", (*config, True), entry, ccs=(SM80,))
-                for entry in TILES for label, config in TC_DECODE_SAMPLES]
+                for entry in TILES for label, config in TC_DECODE_SAMPLES] + [
+            Sample(f"tc mma mla sparse q_rows={rows} {cache or 'bfloat16'} cache tiles={entry}",
+                   DecodeConfig(rows, 576, 512, False, "bfloat16", True, cache=cache,
+                                sparse=True), entry, ccs=ccs)
+            for rows, cache, entry, ccs in ((128, "v32", TILES[1], ((8, 9),)),
+                                            (16, None, TILES[0], (SM80,)))]
 
 
 SPEC = Spec()

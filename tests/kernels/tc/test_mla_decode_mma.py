@@ -15,7 +15,7 @@ from numba_flash.runtime.device import Device
 from helpers import SIMULATOR, assert_compiles_clean, decode_problem, later_samples
 from kernels._decode_cases import (DEEPSEEK_CASES, check_bad_device_values, check_nan_query_row,
                                    TC_NEGATIVE_LENGTH_ON_A_GPU, check_negative_length,
-                                   run_case)
+                                   run_case, run_sparse_case)
 
 A100 = Device(cc=(8, 0), sms=8, shared_per_block=166912)
 SM86 = Device(cc=(8, 6), sms=8, shared_per_block=101376)
@@ -48,6 +48,21 @@ CASES_SIM = [
 # DeepSeek sizes (kernels/_decode_cases.py) on both plans.
 CASES_GPU = [(*c, plan) for plan in (A100, SM86) for c in DEEPSEEK_CASES]
 CASES = CASES_SIM if SIMULATOR else CASES_GPU
+ADA = Device(cc=(8, 9), sms=8, shared_per_block=101376)  # FP8 conversions, 99 KiB per block
+
+SPARSE_CASES = [  # (b, s_q, h_q, h_kv, d, dv, page, topk, fp8, plan): V3.2's rows on Ada's
+    (1, 2, 2, 1, 576, 512, 8, 40, True, ADA),    # tiles, two of them; a bfloat16 GQA cache
+    (1, 2, 4, 2, 32, 16, 8, 50, False, A100),
+] if SIMULATOR else [(2, 2, 128, 1, 576, 512, 64, 2048, True, ADA)]
+
+
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=lambda c: "-".join(map(str, c[:-1])))
+def test_sparse_decode_matches_reference(rng, case):
+    """DeepSeek-V3.2's sparse decode (``indices``) on mma.sync: the packed rows' walk, V3.2's FP8
+    rows widened in the padded tile rows; with a sink and indices past the cache reported."""
+    *args, plan = case
+    with planned(plan):
+        run_sparse_case(rng, *args, backend="tc", sink=True, bad_index=True)
 
 
 def _id(case):
