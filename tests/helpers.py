@@ -138,14 +138,14 @@ def assert_close_rule(out, ref, lowp_ref, fmt, factor=2.0, what="out"):
         assert err <= bound, f"{what}: max error {err:.3g} > {bound:.3g}"
 
 
-def assert_lse(lse, ref):
+def assert_lse(lse, ref, tol=2e-4):
     lse = to_host(lse)
     assert lse.dtype == np.float32
     assert np.array_equal(np.isposinf(lse), np.isposinf(ref)), "lse: +inf rows differ"
     fin = np.isfinite(ref)
     assert np.isfinite(lse[fin]).all(), "lse: non-finite values on rows that see keys"
     err = np.abs(lse[fin] - ref[fin]) / (1 + np.abs(ref[fin]))
-    assert err.size == 0 or err.max() <= 2e-4, f"lse: error {err.max():.3g}"
+    assert err.size == 0 or err.max() <= tol, f"lse: error {err.max():.3g}"
 
 
 def check_forward(rng, B, Sq, Sk, Hq, Hk, D, causal, fmt, backend, scale=1.0, softmax_scale=None,

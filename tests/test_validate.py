@@ -360,7 +360,10 @@ BAD_SPARSE = {
         (4, 4, 1, 576), np.uint8).view(ml_dtypes.float8_e4m3fn))), ValueError,
         "^k_cache: expected rows of one kv head of 656 bytes"),
     "FP8 head_dim_v": (True, dict(head_dim_v=500), ValueError, "^head_dim_v: DeepSeek-V3.2"),
-    "backend tc": (False, dict(backend="tc"), ValueError, "^backend: .*indices"),
+    "backend tc, head dim not /16": (
+        False, lambda a: dict(q=to_device(np.zeros((2, 2, 2, 24), np.float16)),
+                              k_cache=to_device(np.zeros((4, 4, 1, 24), np.float16)),
+                              backend="tc"), ValueError, "^backend: .*multiples of 16"),
 }
 
 

@@ -8,6 +8,12 @@ from numba_flash import reference as ref
 from helpers import assert_close_rule, assert_lse, nan_like, to_device, to_host
 
 
+# Hopper's FP8 tensor cores keep about 14 bits of a running sum of products (DeepSeek-V3's
+# report; the GPU test of wgmma's e4m3 chain sees errors of 2^-12.6 of the magnitudes), so the
+# scores, and with them the lse, are a few parts in 10^4 off where 16-bit inputs are exact.
+FP8_LSE_TOL = 1e-3
+
+
 def fp8_inputs(rng, shape, hk, scale=1.0):
     """Random (B, S, H, D) values quantized to e4m3 with FA3's descales: (B, hk), each the amax
     of its group of H / hk heads over 448. Returns the e4m3 array, the descales and the values
@@ -45,4 +51,4 @@ def check_fp8(rng, B, Sq, Sk, Hq, Hk, D, causal, out_dtype=None, window_size=(-1
     ro, rl = ref.attention_fwd_ref(q, k, v, causal, None, mask, softcap or None, bias, logits)
     lowp = ref.attention_fp8_lowp(q, k, v, causal, None, mask, softcap or None, bias, logits)
     assert_close_rule(to_host(o), ro, lowp, "bfloat16")
-    assert_lse(lse, rl)
+    assert_lse(lse, rl, FP8_LSE_TOL)

@@ -158,6 +158,12 @@ def rcp_approx(x):
 
 
 @cuda.jit(device=True)
+def div_rn(a, b):
+    """``a / b`` of two float32, correctly rounded."""
+    return np.float32(np.float32(a) / np.float32(b))
+
+
+@cuda.jit(device=True)
 def div_u32(a, b):
     """``a // b`` of two non-negative 32-bit integers."""
     return np.uint32(int(a) // int(b))

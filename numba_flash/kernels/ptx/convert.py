@@ -37,6 +37,7 @@ API (``fmt`` is ``"float16"`` or ``"bfloat16"``):
     bits_to_f32(bits)                                    uint32 bits -> float32 (no conversion)
     exp2_approx(x)                                       ex2.approx.ftz.f32
     rcp_approx(x)                                        rcp.approx.ftz.f32
+    div_rn(a, b)                                         div.rn.f32: a / b, IEEE-rounded
     div_u32(a, b)                                        32-bit a // b (a, b >= 0)
 """
 
@@ -298,6 +299,23 @@ def _sfu_f32(instruction):
 
 exp2_approx = _sfu_f32("ex2.approx.ftz.f32")  # 2**x: max 2 ulp error, subnormals -> 0
 rcp_approx = _sfu_f32("rcp.approx.ftz.f32")   # 1 / x: max 1 ulp error, subnormals -> 0
+
+
+@intrinsic
+def div_rn(typingctx, a, b):
+    """``a / b`` of two float32, correctly rounded (``div.rn.f32``): the kernels compile with
+    fastmath, under which a plain division may be off by an ulp, where a result must match
+    IEEE division bit for bit (an FP8 descale)."""
+    if not all(isinstance(x, (types.Float, types.Integer)) for x in (a, b)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a32, b32 = (context.cast(builder, x, t, types.float32) for x, t in zip(args, sig.args))
+        asm = ir.InlineAsm(ir.FunctionType(F32, [F32, F32]), "div.rn.f32 $0, $1, $2;",
+                           "=f,f,f")
+        return builder.call(asm, [a32, b32])
+
+    return types.float32(a, b), codegen
 
 
 @intrinsic

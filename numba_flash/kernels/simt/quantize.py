@@ -47,6 +47,7 @@ from numba import cuda, float32, types
 from ...runtime.spec import SM90, KernelSpec, Sample, Tiles
 from ..attention import I32
 from ..common.formats import loader, storage_type, storer
+from ..instructions import convert
 
 THREADS = 256
 E4M3_MAX = 448.0   # the largest finite float8_e4m3fn
@@ -127,10 +128,10 @@ def make_quantize_kernel(FMT, GIVEN):
                 if partial[bh, j] > m:
                     m = partial[bh, j]
             m = block_max(acc, tid, m)
-            d = m / MAX if m > ZERO else ONE
+            d = convert.div_rn(m, MAX) if m > ZERO else ONE  # IEEE division (fastmath's is not)
             if split == 0 and tid == 0:
                 descale[b, h] = d
-        inv = ONE / d
+        inv = convert.div_rn(ONE, d)
         s0 = split * rows
         n = min(rows, seqlen - s0) * head_dim
         for i in range(tid, n, THREADS):

@@ -58,12 +58,12 @@ def unfrag_c(frags):
     return C
 
 
-def assert_f32_product(out, A, B, C=None, what=""):
-    """``out`` (float32 accumulate) against the float64 product: within a few float32 ulps of
-    the magnitude sum |A| @ |B| + |C|."""
+def assert_f32_product(out, A, B, C=None, what="", rel=4e-6):
+    """``out`` (float32 accumulate) against the float64 product: within ``rel`` (a few float32
+    ulps) of the magnitude sum |A| @ |B| + |C|."""
     C = np.zeros((A.shape[0], B.shape[1])) if C is None else C
     ref = A @ B + C
-    bound = 4e-6 * (np.abs(A) @ np.abs(B) + np.abs(C)) + 1e-30
+    bound = rel * (np.abs(A) @ np.abs(B) + np.abs(C)) + 1e-30
     err = np.abs(out - ref)
     assert not np.isnan(out).any(), what + ": NaN"
     assert (err <= bound).all(), \

@@ -132,7 +132,10 @@ def test_e4m3_chain_of_four_k_steps(a_regs, n):
     D = np.full((64, n), np.nan)
     D.reshape(-1)[accumulator_regs(np.arange(64 * n).reshape(64, n)).reshape(-1)] = d.reshape(-1)
     f64 = lambda x: x.view(e4m3).astype(np.float64)  # noqa: E731
-    assert_f32_product(D, f64(A), f64(B), C.astype(np.float64), f"e4m3 n{n}")
+    # Hopper's FP8 tensor cores keep about 14 bits of the running sum (DeepSeek-V3's report):
+    # an H100 gives errors up to 2^-12.6 of the magnitude sum, where 16-bit inputs stay within
+    # float32's few ulps. A fragment in the wrong place errs by the magnitude itself.
+    assert_f32_product(D, f64(A), f64(B), C.astype(np.float64), f"e4m3 n{n}", rel=2.0 ** -11)
 
 
 _CHAIN = str(pathlib.Path(W.__file__).resolve()) + ":chain"
