@@ -159,9 +159,10 @@ def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None, PLACE=None):
     """copy_row(tile, at, cache, hk, page, slot, valid, rl): this thread's share (lane ``rl`` of
     the TPR threads of a row) of the first COLS columns of one cache row -> tile[at ...]
     (storage elements): 16-byte cp.async chunks (zero-filled when not valid) or, for unaligned
-    views (``VEC`` False), elements. ``PLACE(at, c)``: where the row's 16-byte chunk c of the
-    tile lies, for a swizzled tile (``VEC``; ``tc/mla_decode_wgmma.py``'s rule); None: the
-    row's chunks one after another from ``at``.
+    views (``VEC`` False), elements. ``PLACE(at, c, origin)``: where the row's 16-byte chunk c
+    of the tile lies, for a swizzled tile (``VEC``; ``tc/mla_decode_wgmma.py``'s rule), given
+    the shared address of the array's first byte (a swizzle follows absolute addresses); None:
+    the row's chunks one after another from ``at``.
 
     ``CACHE`` names the cache's bytes when they are not the tile's FMT (16-bit) values:
 
@@ -196,13 +197,14 @@ def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None, PLACE=None):
 
     @cuda.jit(device=True, inline="always")
     def copy_row(tile, at, cache, hk, page, slot, valid, rl):
+        origin = memory.shared_address(tile, 0) if PLACED else 0
         if VEC:
             for i in range(CHUNKS):
                 c = rl + TPR * i
                 col = c * CHUNK
                 if CHUNKS_EXACT or col < LATENT:
                     if PLACED:
-                        dst = PLACE(at, PER * c + PER - 1)
+                        dst = PLACE(at, PER * c + PER - 1, origin)
                     else:
                         dst = at + col + LAND
                     memory.cp_async_16_zfill(tile, uint64(dst), cache,
@@ -210,7 +212,7 @@ def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None, PLACE=None):
             if V32:
                 if rl * CHUNK < LATENT:  # the scales, beside the lane's first chunk
                     if PLACED:
-                        dst = PLACE(at, PER * rl)
+                        dst = PLACE(at, PER * rl, origin)
                     else:
                         dst = at + rl * CHUNK
                     memory.cp_async_16_zfill(tile, uint64(dst), cache,
@@ -219,7 +221,7 @@ def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None, PLACE=None):
                     c = rl + TPR * i
                     if c < ROPE_PER_ROW:  # 8 bfloat16 columns per chunk
                         if PLACED:
-                            dst = PLACE(at, V32_LATENT // 8 + c)
+                            dst = PLACE(at, V32_LATENT // 8 + c, origin)
                         else:
                             dst = at + V32_LATENT + 8 * c
                         memory.cp_async_16_zfill(tile, uint64(dst), cache,
@@ -284,12 +286,13 @@ def make_row_widen(COLS, TPR, FMT, CACHE="e4m3", PLACE=None):
     @cuda.jit(device=True, inline="always")
     def widen_chunk(words, at, c, s0, s1, s2, s3):
         """Copied chunk c of the row (latent block ``c // CHUNKS_PER_BLOCK``'s scale)."""
+        origin = memory.shared_address(words, 0) if PLACED else 0
         col = c * CHUNK
         k = c // CHUNKS_PER_BLOCK
         scale = s0 if k == 0 else s1 if k == 1 else s2 if k == 2 else s3
         if PLACED:  # the first word of each destination chunk
-            lo = PLACE(at, 2 * c) >> 1
-            hi = PLACE(at, 2 * c + 1) >> 1
+            lo = PLACE(at, 2 * c, origin) >> 1
+            hi = PLACE(at, 2 * c + 1, origin) >> 1
         else:
             lo = (at + col) >> 1
             hi = lo + 4
@@ -307,7 +310,7 @@ def make_row_widen(COLS, TPR, FMT, CACHE="e4m3", PLACE=None):
         s0 = s1 = s2 = s3 = float32(1.0)  # the four blocks' scales (registers, not an array
         if V32 and rl * CHUNK < LATENT:  # indexed by the lane: local memory)
             if PLACED:
-                w = PLACE(at, 2 * rl) >> 1
+                w = PLACE(at, 2 * rl, memory.shared_address(words, 0)) >> 1
             else:
                 w = (at + rl * CHUNK) >> 1
             s0, s1, s2, s3 = (scale_at(words, w), scale_at(words, w + 1),

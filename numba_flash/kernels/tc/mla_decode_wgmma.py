@@ -162,11 +162,14 @@ def make_tile_copies(HEAD_DIM, HEAD_DIM_V):
 
 
 @cuda.jit(device=True, inline="always")
-def swizzled_chunk(at, c):
+def swizzled_chunk(at, c, origin):
     """Element of 16-byte chunk ``c`` of the cache-tile row that starts (in its first column
-    block) at element ``at``: the tile's base is 1024-byte aligned, so the row's swizzle key
-    ``row % 8`` is bits 6-8 of ``at`` (``paged_kv.make_row_copy``'s PLACE for these tiles)."""
-    return at + (c >> 3) * (BLOCK_N * wgmma.BLOCK_COLS) + (((c & 7) ^ ((at >> 6) & 7)) << 3)
+    block) at 16-bit element ``at`` of a shared array whose first byte is at shared address
+    ``origin`` (``paged_kv.make_row_copy``'s PLACE for these tiles). The swizzle follows the
+    absolute address: the tile starts on a 1024-byte boundary, so the row's key ``row % 8`` is
+    bits 7-9 of its address (not of ``at``: the dynamic array itself is only 16-byte aligned)."""
+    key = ((origin + 2 * at) >> 7) & 7
+    return at + (c >> 3) * (BLOCK_N * wgmma.BLOCK_COLS) + (((c & 7) ^ key) << 3)
 
 
 @lru_cache(maxsize=None)
