@@ -82,7 +82,7 @@ def _wgmma_backward(problem, dev):
 
 
 def _fp8_forward(problem, dev):
-    if problem.descale is None:
+    if problem is None or problem.descale is None:
         return "runs FP8 inputs only"
     if problem.head_dim % 16:
         return (f"copies e4m3 rows in 16-byte chunks: head dims that are multiples of 16, got "

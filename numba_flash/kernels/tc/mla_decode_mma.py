@@ -417,14 +417,13 @@ class Spec(DecodeSpec):
 
     def samples(self):
         """The decode's samples at both tile entries; the sparse decode of V3.2's FP8 rows (for
-        sm_89, whose e4m3 conversions it needs) and of a bfloat16 cache."""
+        sm_89, whose e4m3 conversions it needs)."""
         return [Sample(f"tc mma mla {label} tiles={entry}", (*config, True), entry, ccs=(SM80,))
                 for entry in TILES for label, config in TC_DECODE_SAMPLES] + [
             Sample(f"tc mma mla sparse q_rows={rows} {cache or 'bfloat16'} cache tiles={entry}",
                    DecodeConfig(rows, 576, 512, False, "bfloat16", True, cache=cache,
                                 sparse=True), entry, ccs=ccs)
-            for rows, cache, entry, ccs in ((128, "v32", TILES[1], ((8, 9),)),
-                                            (16, None, TILES[0], (SM80,)))]
+            for rows, cache, entry, ccs in ((128, "v32", TILES[1], ((8, 9),)),)]
 
 
 SPEC = Spec()

@@ -96,7 +96,7 @@ def test_flash_attn_func_returns_out_or_out_and_lse(rng):
     assert to_host(lse).shape == (1, 1, 4)
 
 
-@pytest.mark.parametrize("case", [(1, 5, 40, 2, 1, 16, False), (1, 20, 9, 1, 1, 24, True)]
+@pytest.mark.parametrize("case", [(1, 20, 40, 2, 1, 24, True)]
                          if SIMULATOR else [(2, 1000, 1000, 8, 2, 128, True),
                                             (1, 300, 700, 4, 4, 72, False)],
                          ids=lambda c: "-".join(map(str, c)))

@@ -51,9 +51,9 @@ CASES = CASES_SIM if SIMULATOR else CASES_GPU
 ADA = Device(cc=(8, 9), sms=8, shared_per_block=101376)  # FP8 conversions, 99 KiB per block
 
 SPARSE_CASES = [  # (b, s_q, h_q, h_kv, d, dv, page, topk, fp8, plan): V3.2's rows on Ada's
-    (1, 2, 2, 1, 576, 512, 8, 40, True, ADA),    # tiles, two of them; a bfloat16 GQA cache
-    (1, 2, 4, 2, 32, 16, 8, 50, False, A100),
-] if SIMULATOR else [(2, 2, 128, 1, 576, 512, 64, 2048, True, ADA)]
+    (1, 2, 2, 1, 576, 512, 8, 40, True, ADA),    # tiles, two of them
+] if SIMULATOR else [(2, 2, 128, 1, 576, 512, 64, 2048, True, ADA),
+                     (1, 2, 8, 2, 64, 32, 16, 500, False, A100)]
 
 
 @pytest.mark.parametrize("case", SPARSE_CASES, ids=lambda c: "-".join(map(str, c[:-1])))
@@ -133,6 +133,9 @@ def test_decode_spec_takes_mma_on_8x_and_wgmma_on_9_0():
 def test_every_entry_compiles_to_mma_sync_without_spills():
     """Both tile entries: the kernel's samples after the first (test_registry.py compiles that
     one)."""
-    assert_compiles_clean("tc.mla_decode_mma", later_samples(mla_decode_mma.SPEC), ccs=((8, 0),),
-                          must_contain=("mma.sync.aligned.m16n8k16", "cp.async", "ldmatrix"),
-                          must_not_log=("C7509",))
+    samples = later_samples(mla_decode_mma.SPEC)
+    fp8 = [s for s in samples if mla_decode_mma.SPEC.Config(*s[0]).cache]  # e4m3: sm_89
+    for configs, cc in (([s for s in samples if s not in fp8], (8, 0)), (fp8, (8, 9))):
+        assert_compiles_clean("tc.mla_decode_mma", configs, ccs=(cc,),
+                              must_contain=("mma.sync.aligned.m16n8k16", "cp.async", "ldmatrix"),
+                              must_not_log=("C7509",))
