@@ -149,7 +149,6 @@ def main(argv=None):
                                correct=int(err <= ATOL[name]))
         point["nf-fp8"]["vs_bf16"] = point["nf-fp8"]["tflops"] / point["nf-bf16"]["tflops"]
         rows += point.values()
-        del inputs
         torch.cuda.empty_cache()
         common.write_csv(path, rows)
     print(common.format_table(rows, ["provider", "head_dim", "seqlen", "causal", "ms", "tflops",

@@ -186,8 +186,6 @@ def make_row_copy(COLS, TPR, FMT, VEC, CACHE=None, PLACE=None):
     CHUNKS_EXACT = (LATENT // CHUNK) % TPR == 0
     ROPE_CHUNKS = -(-(2 * V32_ROPE // memory.CP_ASYNC_BYTES) // TPR)  # ("v32")
     ROPE_PER_ROW = 2 * V32_ROPE // memory.CP_ASYNC_BYTES
-    ELEMS = -(-COLS // TPR)  # elements per thread and row (VEC = False)
-    ELEMS_EXACT = COLS % TPR == 0
     ZERO_BITS = np.float32(0) if FMT == "float32" else np.uint16(0)  # +0.0 in every format
     assert CACHE in (None, "e4m3", "v32")
     assert not CACHE or FMT in ("float16", "bfloat16")

@@ -179,7 +179,7 @@ def make_forward_kernel(HEAD_DIM, BLOCK_M, SUB_N, CAUSAL, OUT_FMT, VARLEN=False,
     sink_start = make_sink(False, SINK)
     key_view = make_key_view(BLOCK_M, BLOCK_N, WINDOW, False)
     transpose_v = make_v_transpose(DB, THREADS)
-    ZERO, ONE = float32(0.0), float32(1.0)
+    ZERO = float32(0.0)
 
     # Descriptor arithmetic in 16-byte units (kernels/ptx/wgmma.py): a K-major k32 step is 32
     # bytes along the rows, as a 16-bit k16 step; SUB_N keys of K are SUB_N rows of 128 bytes.

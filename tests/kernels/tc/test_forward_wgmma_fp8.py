@@ -66,7 +66,6 @@ def test_fp8_varlen_attends_each_sequence_with_its_descales(rng):
     its own descales; rows of no sequence are not written."""
     lens_q, lens_k, hq, hk, d = ((3, 9, 4), (5, 140, 2), 2, 1, 16) if SIMULATOR else \
         ((300, 1, 1000, 77), (512, 1500, 999, 3), 8, 2, 128)
-    b = len(lens_q)
     seqs = [(fp8_inputs(rng, (1, sq, hq, d), hk), fp8_inputs(rng, (1, sk, hk, d), hk),
              fp8_inputs(rng, (1, sk, hk, d), hk)) for sq, sk in zip(lens_q, lens_k)]
 
